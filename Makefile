@@ -1,0 +1,39 @@
+# Two commands do the whole set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint unit integration bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/gpuops demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check engine tests
+	$(BIN)/ruff format --check engine tests
+	$(BIN)/mypy
+	$(BIN)/gpuops validate rules
+
+test: lint
+	$(BIN)/pytest -q
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q tests/integration tests/e2e
+
+bench: $(STAMP)
+	$(BIN)/gpuops bench rules --rules 50 --gpus 10000 --seconds 20
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

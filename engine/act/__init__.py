@@ -1,0 +1,1 @@
+"""Act: the executor, the ansible-runner bridge and playbook versions."""

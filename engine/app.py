@@ -1,0 +1,179 @@
+"""Wiring only: builds the pipeline from settings and runs its loops."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass, field
+
+from engine.act.executor import Executor
+from engine.bus.conn import EVENTS, TELEMETRY, Bus
+from engine.clock import Clock
+from engine.decide.cooldown import Cooldown
+from engine.decide.inventory import KnownNode
+from engine.decide.stage import Decider, Stage
+from engine.decide.stale import StaleCutoff
+from engine.errors import RuleError
+from engine.intake.consumer import Intake
+from engine.inventory import Inventory, load_inventory
+from engine.match.loader import load_rules, rule_files
+from engine.match.matcher import Matcher
+from engine.match.rules import RuleSet
+from engine.models import AuditRecord
+from engine.pipeline import Pipeline
+from engine.record.audit import Auditor
+from engine.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def build_stages(settings: Settings, inventory: Inventory, bus: Bus) -> list[Stage]:
+    """The safety stages, in the order they run."""
+    return [
+        KnownNode(inventory),
+        StaleCutoff(settings.stale_after_s),
+        Cooldown(bus.kv["cooldowns"]),
+    ]
+
+
+@dataclass
+class App:
+    """A running engine: intake, pipeline, executor, tick and rule reloads."""
+
+    settings: Settings
+    bus: Bus
+    clock: Clock
+    rules: RuleSet
+    inventory: Inventory
+    auditor: Auditor = field(init=False)
+    pipeline: Pipeline = field(init=False)
+    executor: Executor | None = field(init=False, default=None)
+    intakes: list[Intake] = field(init=False, default_factory=list)
+    stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.auditor = Auditor(self.bus.js)
+        matcher = Matcher(self.rules)
+        matcher.seed(self.inventory.hosts, self.clock.now())
+        decider = Decider(build_stages(s, self.inventory, self.bus), self.clock, s.dry_run)
+        self.pipeline = Pipeline(
+            matcher, decider, self.auditor, self.bus.js, self.clock, self.inventory
+        )
+        if s.role in ("all", "engine"):
+            self.intakes = [
+                Intake(
+                    self.bus.js,
+                    self.clock,
+                    stream=EVENTS,
+                    subject="gpuops.events.>",
+                    durable="gpuops-engine",
+                    handler=self.pipeline.handle,
+                    batch=64,
+                ),
+                Intake(
+                    self.bus.js,
+                    self.clock,
+                    stream=TELEMETRY,
+                    subject="gpuops.telemetry.>",
+                    durable="gpuops-engine-telemetry",
+                    handler=self.pipeline.handle,
+                    batch=s.intake_batch,
+                    ack_all=True,
+                ),
+            ]
+        if s.role in ("all", "executor"):
+            self.executor = Executor(
+                self.bus,
+                self.auditor,
+                self.clock,
+                playbooks_dir=s.playbooks_dir,
+                inventory=s.inventory,
+                cache_dir=s.state_dir / "playbook-refs",
+                parallel=s.max_parallel_runs,
+                max_timeout_s=s.run_timeout_s,
+            )
+
+    async def run(self) -> None:
+        """Run every loop until `stop` is set (SIGINT/SIGTERM set it too)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stop.set)
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
+        loops = [i.run(self.stop) for i in self.intakes]
+        if self.intakes:
+            loops += [self._tick(), self._watch_rules()]
+        if self.executor is not None:
+            loops.append(self.executor.run(self.stop))
+        log.info(
+            "engine running: %d rules, %d hosts, role=%s, dry_run=%s",
+            len(self.rules.rules),
+            len(self.inventory.hosts),
+            self.settings.role,
+            self.settings.dry_run,
+        )
+        await asyncio.gather(*loops)
+
+    async def _tick(self) -> None:
+        while not self.stop.is_set():
+            await self.pipeline.tick()
+            self.pipeline.matcher.sweep(self.clock.now())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), self.settings.tick_s)
+
+    async def _watch_rules(self) -> None:
+        """Reload when a rule file changes (polling: works on every filesystem)."""
+        seen = _mtimes(self.settings)
+        while not self.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), 2.0)
+            now = _mtimes(self.settings)
+            if now != seen:
+                seen = now
+                await self.reload()
+
+    async def reload(self) -> bool:
+        """Load and check the rules; on any error keep the last good set and say why."""
+        try:
+            rules = load_rules([self.settings.rules_dir], self.settings.playbooks_dir)
+        except RuleError as exc:
+            log.error("rules not reloaded, keeping the last good set:\n%s", exc)
+            await self.auditor.write(
+                AuditRecord(
+                    type="note",
+                    at=self.clock.now(),
+                    summary="rule reload rejected; last good rules kept",
+                    body={"errors": str(exc)},
+                )
+            )
+            return False
+        self.rules = rules
+        self.pipeline.matcher.replace(rules)
+        log.info("rules reloaded: %d rules", len(rules.rules))
+        await self.auditor.write(
+            AuditRecord(
+                type="note",
+                at=self.clock.now(),
+                summary=f"rules reloaded: {len(rules.rules)} rules",
+                body={"rules": [r.name for r in rules.rules]},
+            )
+        )
+        return True
+
+
+def _mtimes(settings: Settings) -> dict[str, float]:
+    try:
+        return {str(p): p.stat().st_mtime for p in rule_files([settings.rules_dir])}
+    except (OSError, RuleError):
+        return {}
+
+
+def load_world(settings: Settings) -> tuple[RuleSet, Inventory]:
+    """Rules and inventory, checked before anything connects."""
+    return load_rules([settings.rules_dir], settings.playbooks_dir), load_inventory(
+        settings.inventory
+    )

@@ -1,0 +1,1 @@
+"""NATS: the embedded server, the connection, streams and KV buckets."""

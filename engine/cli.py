@@ -1,0 +1,207 @@
+"""The `gpuops` command. Results go to stdout, logs to stderr, so `--json` output pipes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from engine.errors import EngineError, RuleError
+from engine.settings import Settings, load_settings
+
+T = TypeVar("T")
+out = Console(soft_wrap=True)
+err = Console(stderr=True)
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    try:
+        return asyncio.run(coro)
+    except EngineError as exc:
+        err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+        sys.exit(2)
+
+
+def _settings(ctx: click.Context, **flags: Any) -> Settings:
+    base: dict[str, Any] = dict(ctx.obj or {})
+    nats_url = flags.pop("nats", None)
+    if nats_url:
+        base["nats"] = {"url": nats_url}
+    base.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        return load_settings(base.pop("config", None), base)
+    except EngineError as exc:
+        err.print(f"error: {exc}", markup=False)
+        sys.exit(2)
+
+
+@click.group()
+@click.option("--config", type=click.Path(path_type=Path), help="settings YAML (or GPUOPS_CONFIG)")
+@click.option(
+    "--state-dir", type=click.Path(path_type=Path), help="state dir (or GPUOPS_STATE_DIR)"
+)
+@click.option("-v", "--verbose", count=True, help="more logging on stderr")
+@click.pass_context
+def main(ctx: click.Context, config: Path | None, state_dir: Path | None, verbose: int) -> None:
+    """gpuops: event-driven remediation for GPU clusters."""
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    ctx.obj = {"config": config, "state_dir": state_dir}
+
+
+@main.command()
+@click.option("--nats", help="NATS URL; without one an embedded nats-server is started")
+@click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="rules directory")
+@click.option("--playbooks", "playbooks_dir", type=click.Path(path_type=Path))
+@click.option("--inventory", type=click.Path(path_type=Path), help="Ansible inventory")
+@click.option("--dry-run/--no-dry-run", default=None, help="decide and record, never execute")
+@click.option("--role", type=click.Choice(["all", "engine", "executor"]), help="which loops to run")
+@click.pass_context
+def run(ctx: click.Context, **flags: Any) -> None:
+    """Run the engine (intake, match, decide, intents) and the executor."""
+    from engine.runtime import run_engine
+
+    settings = _settings(ctx, **flags)
+    logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+    _run(run_engine(settings))
+
+
+@main.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--playbooks",
+    "playbooks_dir",
+    type=click.Path(path_type=Path),
+    help="check playbooks exist here",
+)
+def validate(paths: tuple[Path, ...], playbooks_dir: Path | None) -> None:
+    """Check rule files; print `file:line: rule NAME: message` per error, exit 1 on any."""
+    from engine.match.loader import load_rules
+    from engine.settings import checkout_root
+
+    targets = list(paths) or [checkout_root() / "rules"]
+    books = playbooks_dir or checkout_root() / "playbooks"
+    try:
+        rules = load_rules(targets, books if books.is_dir() else None)
+    except RuleError as exc:
+        for line in str(exc).splitlines():
+            click.echo(line)
+        sys.exit(1)
+    click.echo(f"ok: {len(rules.rules)} rules in {len(rules.sources)} files")
+
+
+@main.command()
+@click.argument("file", type=click.File("rb"))
+@click.option("--nats", help="NATS URL (default: the running engine's embedded server)")
+@click.pass_context
+def publish(ctx: click.Context, file: Any, nats: str | None) -> None:
+    """Publish events from a JSON lines file (`-` for stdin) to their subjects."""
+    from engine.runtime import publish_lines
+
+    settings = _settings(ctx, nats=nats)
+    sent, bad = _run(publish_lines(settings, file.read().splitlines()))
+    click.echo(
+        f"published {sent} events"
+        + (f", {bad} lines were not JSON events (skipped)" if bad else "")
+    )
+
+
+@main.command()
+@click.argument("node", required=False)
+@click.option("--json", "as_json", is_flag=True, help="one JSON record per line")
+@click.option("--nats", help="NATS URL (default: the running engine's or the state dir's store)")
+@click.option("--limit", type=int, default=200, show_default=True, help="the newest N records")
+@click.pass_context
+def history(
+    ctx: click.Context, node: str | None, as_json: bool, nats: str | None, limit: int
+) -> None:
+    """Print the audit trail: matches, decisions, runs (for NODE, or all)."""
+    from engine.record.audit import as_json_line
+    from engine.runtime import audit_records
+
+    records = _run(audit_records(_settings(ctx, nats=nats), node))[-limit:]
+    if as_json:
+        for record in records:
+            click.echo(as_json_line(record))
+        return
+    table = Table("time", "type", "node", "rule", "what")
+    for r in records:
+        from engine.clock import rfc3339
+
+        table.add_row(rfc3339(r.at)[:19], r.type, r.node, r.rule, r.summary)
+    out.print(table)
+
+
+@main.command()
+@click.argument("what", type=click.Choice(["events", "rules"]))
+def schema(what: str) -> None:
+    """Print the JSON Schema of events (format v1) or of rule files."""
+    from engine.match.schema import RULES_FILE_SCHEMA
+    from engine.models import event_json_schema
+
+    doc = event_json_schema() if what == "events" else RULES_FILE_SCHEMA
+    click.echo(json.dumps(doc, indent=2, sort_keys=True))
+
+
+@main.command()
+@click.option("--nodes", type=int, default=16, show_default=True)
+@click.option("--gpus", type=int, default=8, show_default=True)
+@click.option(
+    "--root", type=click.Path(path_type=Path), help="fleet state (default: STATE_DIR/sim)"
+)
+@click.option(
+    "--inventory-dir", type=click.Path(path_type=Path), help="also write the inventory here"
+)
+@click.pass_context
+def simulate(
+    ctx: click.Context, nodes: int, gpus: int, root: Path | None, inventory_dir: Path | None
+) -> None:
+    """Create a simulated fleet (state, tool shims) and write its Ansible inventory."""
+    from engine.sim.fleet import SimFleet
+
+    settings = _settings(ctx)
+    fleet = SimFleet.create(root or settings.state_dir / "sim", nodes, gpus)
+    click.echo(f"fleet of {nodes} x {gpus} GPUs at {fleet.root}")
+    if inventory_dir is not None:
+        click.echo(f"inventory: {fleet.write_inventory(inventory_dir)}")
+
+
+@main.command()
+@click.option("--nodes", type=int, default=4, show_default=True)
+@click.option(
+    "--speed", type=float, default=10.0, show_default=True, help="simulated seconds per second"
+)
+@click.option("--json-summary", is_flag=True, help="print the summary as JSON")
+@click.option(
+    "--timeout", type=float, default=110.0, show_default=True, help="wall seconds at most"
+)
+@click.pass_context
+def demo(ctx: click.Context, nodes: int, speed: float, json_summary: bool, timeout: float) -> None:
+    """Run the whole loop on a simulated fleet: faults, rules, playbooks, recovery."""
+    from engine.demo import run_demo
+
+    ok = _run(
+        run_demo(
+            nodes=nodes,
+            speed=speed,
+            json_summary=json_summary,
+            timeout_s=timeout,
+            state_dir=(ctx.obj or {}).get("state_dir"),
+            console=out,
+        )
+    )
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""One error tree for everything gpuops raises on purpose.
+
+    EngineError
+     +-- ConfigError          settings, inventory or paths are wrong
+     +-- RuleError            a rule file is invalid (file, line, rule)
+     |    +-- RuleSetError    several RuleErrors found in one load
+     +-- EventError           an event could not be decoded or validated (reason)
+     +-- BusError             NATS could not be reached, started or configured
+     +-- ActionError          a playbook could not be prepared or run (playbook, node)
+
+Third-party errors are translated at the boundary with ``raise ... from exc`` so a
+caller only ever needs to catch ``EngineError``.
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Base of every error gpuops raises on purpose."""
+
+
+class ConfigError(EngineError):
+    """Settings, inventory or paths are wrong; the message says which and what to do."""
+
+
+class RuleError(EngineError):
+    """A rule is invalid: carries the file, line and rule name for `file:line: rule N: msg`."""
+
+    def __init__(self, message: str, *, file: str = "", line: int = 0, rule: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.file = file
+        self.line = line
+        self.rule = rule
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.file else "<rules>"
+        who = f" rule {self.rule}:" if self.rule else ""
+        return f"{where}:{who} {self.message}"
+
+
+class RuleSetError(RuleError):
+    """Every error found while loading a rule set, reported together."""
+
+    def __init__(self, errors: list[RuleError]) -> None:
+        super().__init__("\n".join(str(e) for e in errors))
+        self.errors = errors
+
+    def __str__(self) -> str:
+        return "\n".join(str(e) for e in self.errors)
+
+
+class EventError(EngineError):
+    """An event failed decoding or validation; `reason` becomes the dead-letter subject token."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+
+
+class BusError(EngineError):
+    """NATS could not be reached, started or configured."""
+
+
+class ActionError(EngineError):
+    """A playbook could not be prepared or run."""
+
+    def __init__(self, message: str, *, playbook: str = "", node: str = "") -> None:
+        super().__init__(message)
+        self.playbook = playbook
+        self.node = node

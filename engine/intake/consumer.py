@@ -1,0 +1,96 @@
+"""Durable pull consumers: fetch, decode, hand to the pipeline, ack only when recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from engine.clock import Clock
+from engine.errors import EventError
+from engine.intake.decode import dead_letter, decode
+from engine.models import Event
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Event], Awaitable[None]]
+
+
+class Intake:
+    """One durable consumer on one stream, feeding decoded events to a handler.
+
+    Malformed messages go to `gpuops.dlq.<reason>` with the raw payload and are then
+    acked, so a poison message is kept for people and never blocks the stream.
+    """
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        clock: Clock,
+        *,
+        stream: str,
+        subject: str,
+        durable: str,
+        handler: Handler,
+        batch: int = 256,
+        ack_all: bool = False,
+    ) -> None:
+        self.js = js
+        self.clock = clock
+        self.stream = stream
+        self.subject = subject
+        self.durable = durable
+        self.handler = handler
+        self.batch = batch
+        self.ack_all = ack_all
+        self.dead: Counter[str] = Counter()
+        self.received = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch until `stop` is set."""
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.ALL if self.ack_all else AckPolicy.EXPLICIT,
+            ack_wait=60.0,
+            max_ack_pending=max(1000, self.batch * 4),
+        )
+        sub = await self.js.pull_subscribe(
+            self.subject, durable=self.durable, stream=self.stream, config=config
+        )
+        while not stop.is_set():
+            try:
+                msgs = await sub.fetch(self.batch, timeout=0.5)
+            except NatsTimeout:
+                continue
+            await self.process(msgs)
+
+    async def process(self, msgs: list[Msg]) -> None:
+        """Handle a batch in order; each message is acked after its handling is recorded."""
+        for msg in msgs:
+            self.received += 1
+            try:
+                event = decode(msg.data, msg.subject)
+            except EventError as exc:
+                await self._dead_letter(msg, exc)
+                if not self.ack_all:
+                    await msg.ack()
+                continue
+            await self.handler(event)
+            if not self.ack_all:
+                await msg.ack()
+        if self.ack_all and msgs:
+            await msgs[-1].ack()
+
+    async def _dead_letter(self, msg: Msg, exc: EventError) -> None:
+        self.dead[exc.reason] += 1
+        log.warning("dead letter (%s) from %s: %s", exc.reason, msg.subject, exc.message)
+        body = dead_letter(exc.reason, exc.message, msg.data, msg.subject, self.clock.now())
+        seq = msg.metadata.sequence.stream
+        await self.js.publish(
+            f"gpuops.dlq.{exc.reason}", body, headers={"Nats-Msg-Id": f"dlq-{self.stream}-{seq}"}
+        )

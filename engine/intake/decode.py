@@ -1,0 +1,79 @@
+"""Bytes from the bus to typed events; every failure names a dead-letter reason."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from engine.errors import EventError
+from engine.models import EVENT_ADAPTER, Event, subject_token
+
+MAX_EVENT_BYTES = 1 << 20
+
+
+def decode(payload: bytes, subject: str | None = None) -> Event:
+    """Validate one event; raise EventError(reason) for the dead-letter subject."""
+    if len(payload) > MAX_EVENT_BYTES:
+        raise EventError("too_large", f"{len(payload)} bytes > {MAX_EVENT_BYTES}")
+    try:
+        event = EVENT_ADAPTER.validate_json(payload)
+    except ValidationError as exc:
+        raise EventError(_reason(exc), _summary(exc)) from exc
+    if subject is not None:
+        _check_subject(event, subject)
+    return event
+
+
+def _reason(exc: ValidationError) -> str:
+    kinds = {e["type"] for e in exc.errors()}
+    if "json_invalid" in kinds or "json_type" in kinds:
+        return "json"
+    if kinds & {"union_tag_invalid", "union_tag_not_found"}:
+        return "unknown_kind"
+    return "schema"
+
+
+def _summary(exc: ValidationError) -> str:
+    parts = [
+        f"{'.'.join(map(str, e['loc'])) or 'event'}: {e['msg']}"
+        for e in exc.errors(include_url=False)[:5]
+    ]
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _check_subject(event: Event, subject: str) -> None:
+    """The subject's kind and node must be the payload's: per-node publish permissions hold."""
+    parts = subject.split(".")
+    if len(parts) == 3 and parts[1] == "telemetry":
+        kind, node = "telemetry", parts[2]
+    elif len(parts) == 4 and parts[1] == "events":
+        kind, node = parts[2], parts[3]
+    else:
+        return
+    if kind != event.kind or node != subject_token(event.node):
+        raise EventError(
+            "subject_mismatch",
+            f"subject {subject} does not match kind={event.kind} node={event.node}",
+        )
+
+
+def dead_letter(reason: str, error: str, payload: bytes, subject: str, at: float) -> bytes:
+    """The dead-letter record: reason, error and the raw payload, losing nothing."""
+    body: dict[str, Any] = {"reason": reason, "error": error, "subject": subject, "at": at}
+    try:
+        body["payload"] = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        body["payload_b64"] = base64.b64encode(payload).decode("ascii")
+    return json.dumps(body).encode()
+
+
+def event_subject(event: Event) -> str:
+    """Where an event is published: telemetry and health events have their own streams."""
+    token = subject_token(event.node)
+    if event.kind == "telemetry":
+        return f"gpuops.telemetry.{token}"
+    return f"gpuops.events.{event.kind}.{token}"

@@ -1,0 +1,1 @@
+"""Matching: rule loading, the rule schema, the condition compiler and time windows."""

@@ -1,0 +1,225 @@
+"""Rule conditions: a whitelisted Python expression subset compiled once to a callable.
+
+Only comparisons, boolean logic, arithmetic, bit tests, membership in literal lists and
+a named list of functions are accepted. There are no attributes, subscripts, lambdas,
+comprehensions or names starting with `_`, so a condition has no path to Python's
+object graph; after the check the tree is rewritten so every name reads from the fact
+dict, and compiled with empty builtins.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Fact = Mapping[str, Any]
+Condition = Callable[[Fact], bool]
+
+MAX_SOURCE = 2000
+
+
+def _bit(value: int, mask: int) -> bool:
+    """True when any bit of `mask` is set in `value` (clocks-event reasons)."""
+    return bool(int(value) & int(mask))
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "abs": abs,
+    "min": min,
+    "max": max,
+    "round": round,
+    "len": len,
+    "bit": _bit,
+    "lower": str.lower,
+    "startswith": str.startswith,
+}
+
+_ALLOWED = (
+    ast.Expression,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.UnaryOp,
+    ast.Not,
+    ast.USub,
+    ast.UAdd,
+    ast.BinOp,
+    ast.Add,
+    ast.Sub,
+    ast.Mult,
+    ast.Div,
+    ast.FloorDiv,
+    ast.Mod,
+    ast.BitAnd,
+    ast.BitOr,
+    ast.Compare,
+    ast.Eq,
+    ast.NotEq,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.In,
+    ast.NotIn,
+    ast.Is,
+    ast.IsNot,
+    ast.IfExp,
+    ast.Constant,
+    ast.Name,
+    ast.Load,
+    ast.Call,
+    ast.List,
+    ast.Tuple,
+)
+
+_EXPLAIN: dict[type[ast.AST], str] = {
+    ast.Attribute: "attribute access is not allowed",
+    ast.Subscript: "subscripts are not allowed",
+    ast.Lambda: "lambdas are not allowed",
+    ast.Pow: "'**' is not allowed",
+    ast.NamedExpr: "':=' is not allowed",
+    ast.ListComp: "comprehensions are not allowed",
+    ast.GeneratorExp: "comprehensions are not allowed",
+    ast.DictComp: "comprehensions are not allowed",
+    ast.SetComp: "comprehensions are not allowed",
+    ast.Starred: "'*' unpacking is not allowed",
+    ast.Dict: "dict literals are not allowed",
+    ast.JoinedStr: "f-strings are not allowed",
+}
+
+
+class _Checker(ast.NodeVisitor):
+    def __init__(self, fields: frozenset[str], string_fields: frozenset[str]) -> None:
+        self.fields = fields
+        self.string_fields = string_fields
+
+    def generic_visit(self, node: ast.AST) -> None:
+        if not isinstance(node, _ALLOWED):
+            why = _EXPLAIN.get(type(node), f"{type(node).__name__} is not allowed")
+            raise ValueError(why)
+        super().generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id.startswith("_"):
+            raise ValueError(f"name {node.id!r}: names starting with '_' are not allowed")
+        if node.id not in self.fields:
+            raise ValueError(f"unknown field {node.id!r} (known: {', '.join(sorted(self.fields))})")
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if not isinstance(node.func, ast.Name):
+            self.visit(node.func)  # names the construct (lambda, attribute, ...) when it is one
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
+            shown = ast.unparse(node.func)
+            raise ValueError(
+                f"call to {shown!r}: only {', '.join(sorted(FUNCTIONS))} may be called"
+            )
+        if node.keywords:
+            raise ValueError(f"{node.func.id}(): keyword arguments are not allowed")
+        for arg in node.args:
+            self.visit(arg)
+
+    def visit_Compare(self, node: ast.Compare) -> None:
+        for op, right in zip(node.ops, node.comparators, strict=True):
+            if isinstance(op, ast.Is | ast.IsNot) and not (
+                isinstance(right, ast.Constant) and right.value is None
+            ):
+                raise ValueError("'is' may only compare with None")
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        # Arithmetic on strings or lists could build huge values; keep it numeric.
+        for side in (node.left, node.right):
+            if isinstance(side, ast.List | ast.Tuple) or (
+                isinstance(side, ast.Constant) and isinstance(side.value, str | bytes)
+            ):
+                raise ValueError("arithmetic is only allowed on numbers")
+            if isinstance(side, ast.Name) and side.id in self.string_fields:
+                raise ValueError(f"arithmetic on text field {side.id!r} is not allowed")
+        self.generic_visit(node)
+
+    def visit_Constant(self, node: ast.Constant) -> None:
+        if not isinstance(node.value, int | float | str | bool | type(None)):
+            raise ValueError(f"constant {node.value!r} is not allowed")
+        if isinstance(node.value, int) and abs(node.value) > 2**64:
+            raise ValueError("integer constant too large")
+
+
+class _ToFactLookup(ast.NodeTransformer):
+    """Rewrite field names to `f["name"]`; function names stay as globals."""
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        node.args = [self.visit(a) for a in node.args]
+        return node
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        lookup = ast.Subscript(
+            value=ast.Name(id="f", ctx=ast.Load()), slice=ast.Constant(node.id), ctx=ast.Load()
+        )
+        return ast.copy_location(lookup, node)
+
+
+def check(
+    source: str, fields: frozenset[str], string_fields: frozenset[str] = frozenset()
+) -> ast.expr:
+    """Parse and vet a condition; raise ValueError naming the first thing not allowed."""
+    if len(source) > MAX_SOURCE:
+        raise ValueError(f"condition longer than {MAX_SOURCE} characters")
+    try:
+        tree = ast.parse(source.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"syntax error in condition: {exc.msg}") from exc
+    _Checker(fields, string_fields).visit(tree)
+    return tree.body
+
+
+def compile_condition(
+    source: str,
+    fields: frozenset[str],
+    string_fields: frozenset[str] = frozenset(),
+    label: str = "<condition>",
+) -> Condition:
+    """Compile a vetted condition to `f -> bool`; a missing or null field makes it False."""
+    body = _ToFactLookup().visit(check(source, fields, string_fields))
+    func = ast.parse(
+        "def _cond(f):\n"
+        "    try:\n"
+        "        return _bool(_EXPR)\n"
+        "    except (TypeError, ValueError, ArithmeticError, KeyError):\n"
+        "        return False\n"
+    )
+    ret = func.body[0].body[0].body[0]  # type: ignore[attr-defined]
+    ret.value.args[0] = body
+    ast.fix_missing_locations(func)
+    namespace: dict[str, Any] = {
+        "__builtins__": {},
+        "_bool": bool,
+        "TypeError": TypeError,
+        "ValueError": ValueError,
+        "ArithmeticError": ArithmeticError,
+        "KeyError": KeyError,
+        **FUNCTIONS,
+    }
+    exec(compile(func, label, "exec"), namespace)
+    cond: Condition = namespace["_cond"]
+    return cond
+
+
+_TEMPLATE = re.compile(r"\{\{\s*([A-Za-z][A-Za-z0-9_]*)\s*\}\}")
+
+
+def template_names(text: str) -> list[str]:
+    """Field names a `{{ name }}` template refers to."""
+    return _TEMPLATE.findall(text)
+
+
+def render(value: Any, fact: Fact) -> Any:
+    """Fill `{{ name }}` placeholders from the fact; only plain names, no Jinja."""
+    if isinstance(value, str):
+        return _TEMPLATE.sub(lambda m: str(fact.get(m.group(1), "")), value)
+    if isinstance(value, list):
+        return [render(v, fact) for v in value]
+    if isinstance(value, dict):
+        return {k: render(v, fact) for k, v in value.items()}
+    return value

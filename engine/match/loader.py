@@ -1,0 +1,253 @@
+"""Two-phase rule loading: JSON Schema first, then typed rules and semantic checks.
+
+Every error names the file, line and rule; all errors of a load are reported together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, get_args
+
+import jsonschema
+from pydantic import BaseModel
+
+from engine.errors import RuleError, RuleSetError
+from engine.match.durations import parse_duration
+from engine.match.expr import check, compile_condition, template_names
+from engine.match.rules import Increase, Rule, RuleAction, RuleSet
+from engine.match.schema import RULES_FILE_SCHEMA
+from engine.match.yamlsrc import LineDict, load_yaml
+from engine.models import DATA_MODELS, fact_fields
+
+_VALIDATOR = jsonschema.Draft202012Validator(RULES_FILE_SCHEMA)
+_GPU_KINDS = frozenset(k for k in DATA_MODELS if "gpu" in fact_fields(k))
+_TEMPORAL = ("for", "count", "absent", "increase")
+
+
+def _field_types(kind: str) -> dict[str, tuple[type, ...]]:
+    model: type[BaseModel] = DATA_MODELS[kind]
+    out: dict[str, tuple[type, ...]] = {"node": (str,)}
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        out[name] = tuple(a for a in (get_args(ann) or (ann,)) if isinstance(a, type))
+    if kind == "telemetry":
+        out["gpu"] = (int,)
+    return out
+
+
+def rule_files(paths: Iterable[Path]) -> list[Path]:
+    """Every *.yml / *.yaml under the given files and directories, sorted."""
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            out.extend(sorted(p for p in path.rglob("*") if p.suffix in (".yml", ".yaml")))
+        elif path.exists():
+            out.append(path)
+        else:
+            raise RuleError("no such file or directory", file=str(path))
+    return out
+
+
+def load_rules(paths: Iterable[Path], playbooks_dir: Path | None = None) -> RuleSet:
+    """Load and check rules; raise RuleSetError listing every problem found."""
+    files = rule_files(paths)
+    errors: list[RuleError] = []
+    rules: list[Rule] = []
+    for file in files:
+        rules.extend(_load_file(file, playbooks_dir, errors))
+    seen: dict[str, Rule] = {}
+    for rule in rules:
+        first = seen.setdefault(rule.name, rule)
+        if first is not rule:
+            errors.append(
+                RuleError(
+                    f"duplicate rule name (first defined at {first.file}:{first.line})",
+                    file=rule.file,
+                    line=rule.line,
+                    rule=rule.name,
+                )
+            )
+    if errors:
+        raise RuleSetError(errors)
+    return RuleSet(rules=tuple(rules), sources=tuple(str(f) for f in files))
+
+
+def _load_file(file: Path, playbooks_dir: Path | None, errors: list[RuleError]) -> list[Rule]:
+    name = str(file)
+    try:
+        doc = load_yaml(file.read_text(encoding="utf-8"), name)
+    except RuleError as exc:
+        errors.append(exc)
+        return []
+    except OSError as exc:
+        errors.append(RuleError(f"cannot read: {exc.strerror}", file=name))
+        return []
+    schema_errors = _schema_errors(doc, name)
+    if schema_errors:
+        errors.extend(schema_errors)
+        return []
+    out: list[Rule] = []
+    for raw in doc["rules"]:
+        try:
+            out.append(build_rule(raw, name, playbooks_dir))
+        except RuleError as exc:
+            errors.append(exc)
+    return out
+
+
+def _schema_errors(doc: Any, file: str) -> list[RuleError]:
+    if not isinstance(doc, dict):
+        return [RuleError("a rules file is a mapping with a 'rules' list", file=file, line=1)]
+    out = []
+    for err in sorted(_VALIDATOR.iter_errors(doc), key=lambda e: list(map(str, e.path))):
+        line, rule = _locate(doc, list(err.absolute_path))
+        out.append(RuleError(_schema_message(err), file=file, line=line, rule=rule))
+    return out
+
+
+def _locate(doc: Any, path: list[Any]) -> tuple[int, str]:
+    """The line of the deepest mapping on `path`, and the rule it belongs to."""
+    line, rule, node = getattr(doc, "line", 1), "", doc
+    for i, step in enumerate(path):
+        if isinstance(node, LineDict) and isinstance(step, str):
+            line = node.line_of(step)
+        if i == 1 and isinstance(node, list) and isinstance(step, int):
+            item = node[step]
+            rule = str(item.get("name", "")) if isinstance(item, dict) else ""
+        try:
+            node = node[step]
+        except (KeyError, IndexError, TypeError):
+            break
+        if isinstance(node, LineDict):
+            line = node.line if not isinstance(step, str) else line
+    return line, rule
+
+
+def _schema_message(err: jsonschema.ValidationError) -> str:
+    where = ".".join(str(p) for p in err.path if not isinstance(p, int)) or "file"
+    if err.validator == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        return f"unknown field {', '.join(map(repr, extra))}"
+    if err.validator == "oneOf" and where.endswith(("for", "within", "cooldown", "absent")):
+        return f"{where}: bad duration {err.instance!r}: use e.g. 500ms, 90s, 10m, 1h30m, 7d"
+    if err.validator == "enum":
+        return f"{where}: {err.instance!r} is not one of {err.validator_value}"
+    return f"{where}: {err.message}"
+
+
+def build_rule(raw: LineDict, file: str, playbooks_dir: Path | None) -> Rule:
+    """Phase two: typed rule and semantic checks; raise RuleError at the offending line."""
+    name = str(raw["name"])
+
+    def fail(message: str, key: str | None = None) -> RuleError:
+        line = raw.line_of(key) if key else raw.line
+        return RuleError(message, file=file, line=line, rule=name)
+
+    kind = raw["on"]
+    types = _field_types(kind)
+    fields = frozenset(fact_fields(kind))
+    text_fields = frozenset(f for f, t in types.items() if str in t)
+    group_by = _group_by(raw.get("group_by", "node"), kind, fail)
+    forms = [k for k in _TEMPORAL if k in raw]
+    if len(forms) > 1:
+        raise fail(f"use one temporal form, not {' and '.join(forms)}", forms[1])
+    if ("count" in raw) != ("within" in raw):
+        raise fail("'count' and 'within' go together", "count" if "count" in raw else "within")
+    condition = None
+    if "when" in raw:
+        try:
+            condition = compile_condition(raw["when"], fields, text_fields, f"<rule {name}>")
+        except ValueError as exc:
+            raise fail(f"when: {exc}", "when") from exc
+    increase = _increase(raw.get("increase"), types, fail)
+    actions = tuple(_action(a, fields, playbooks_dir, fail) for a in raw.get("actions", []))
+    return Rule(
+        name=name,
+        on=kind,
+        file=file,
+        line=raw.line,
+        description=str(raw.get("description", "")),
+        group_by=group_by,
+        when=raw.get("when"),
+        condition=condition,
+        for_s=_dur(raw, "for", fail),
+        max_gap_s=_dur(raw, "max_gap", fail) or 30.0,
+        count=raw.get("count"),
+        within_s=_dur(raw, "within", fail),
+        absent_s=_dur(raw, "absent", fail),
+        increase=increase,
+        severity=raw.get("severity", "warning"),
+        cooldown_s=_dur(raw, "cooldown", fail) or 0.0,
+        dry_run=bool(raw.get("dry_run", False)),
+        enabled=bool(raw.get("enabled", True)),
+        actions=actions,
+    )
+
+
+def _dur(raw: LineDict, key: str, fail: Any) -> float | None:
+    if key not in raw:
+        return None
+    try:
+        return parse_duration(raw[key])
+    except ValueError as exc:
+        raise fail(f"{key}: {exc}", key) from exc
+
+
+def _group_by(value: Any, kind: str, fail: Any) -> tuple[str, ...]:
+    keys = (value,) if isinstance(value, str) else tuple(value)
+    if "fleet" in keys and len(keys) > 1:
+        raise fail("group_by 'fleet' stands alone", "group_by")
+    if "gpu" in keys and kind not in _GPU_KINDS:
+        raise fail(f"group_by gpu: '{kind}' events carry no gpu", "group_by")
+    if "gpu" in keys and "node" not in keys:
+        raise fail("group_by gpu needs node too (GPU indexes repeat across nodes)", "group_by")
+    return keys
+
+
+def _increase(value: Any, types: dict[str, tuple[type, ...]], fail: Any) -> Increase | None:
+    if value is None:
+        return None
+    name = value["field"]
+    if name not in types or not any(t in (int, float) for t in types[name]):
+        raise fail(f"increase: {name!r} is not a numeric field", "increase")
+    try:
+        within = parse_duration(value["within"])
+    except ValueError as exc:
+        raise fail(f"increase.within: {exc}", "increase") from exc
+    return Increase(field=name, by=float(value["by"]), within_s=within)
+
+
+def _action(
+    raw: LineDict, fields: frozenset[str], playbooks_dir: Path | None, fail: Any
+) -> RuleAction:
+    if "notify" in raw:
+        return RuleAction(notify=raw["notify"])
+    playbook = raw["playbook"]
+    if ".." in Path(playbook).parts:
+        raise fail(f"playbook {playbook!r} must stay inside playbooks/", "actions")
+    if playbooks_dir is not None and "ref" not in raw and not (playbooks_dir / playbook).is_file():
+        raise fail(f"unknown playbook {playbook!r} (not in {playbooks_dir})", "actions")
+    for value in _strings(raw.get("vars", {})):
+        unknown = [n for n in template_names(value) if n not in fields]
+        if unknown:
+            raise fail(f"vars: unknown field {unknown[0]!r} in template {value!r}", "actions")
+    timeout = parse_duration(raw["timeout"]) if "timeout" in raw else 600.0
+    return RuleAction(
+        playbook=playbook, ref=raw.get("ref"), vars=dict(raw.get("vars", {})), timeout_s=timeout
+    )
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def check_condition(source: str, kind: str) -> None:
+    """Vet a condition for `kind` without compiling it (for editors and tests)."""
+    check(source, fact_fields(kind))

@@ -1,0 +1,1 @@
+"""Record: the audit stream, history, metrics."""

@@ -1,0 +1,77 @@
+"""Entry points the CLI runs: the engine, publishing events, reading the audit trail."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from engine.app import App, load_world
+from engine.bus.conn import open_bus
+from engine.clock import Clock, SystemClock
+from engine.intake.decode import event_subject
+from engine.models import EVENT_ADAPTER, AuditRecord
+from engine.record.audit import read_audit
+from engine.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
+    """Load rules and inventory (failing fast), connect, and run until stopped."""
+    rules, inventory = load_world(settings)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    async with open_bus(settings.nats, settings.state_dir, name="gpuops-engine") as bus:
+        app = App(
+            settings=settings,
+            bus=bus,
+            clock=clock or SystemClock(),
+            rules=rules,
+            inventory=inventory,
+        )
+        await app.run()
+
+
+async def publish_lines(settings: Settings, lines: list[bytes]) -> tuple[int, int]:
+    """Publish JSON-lines events to their subjects; lines that are not events are skipped."""
+    sent = bad = 0
+    async with open_bus(settings.nats, settings.state_dir, name="gpuops-publish") as bus:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+                subject = event_subject(EVENT_ADAPTER.validate_python(raw))
+                msg_id = str(raw.get("id"))
+            except ValueError:
+                # Published anyway to the kind's subject when it has one: the engine's
+                # dead-letter path is where a bad event is meant to end up and be seen.
+                subject, msg_id = _fallback_subject(line), None
+                bad += 1
+                if subject is None:
+                    continue
+            headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+            await bus.js.publish(subject, line, headers=headers)
+            sent += 1
+    return sent, bad
+
+
+def _fallback_subject(line: bytes) -> str | None:
+    try:
+        raw = json.loads(line)
+    except ValueError:
+        return "gpuops.events.unknown.unknown"
+    if not isinstance(raw, dict):
+        return "gpuops.events.unknown.unknown"
+    kind, node = str(raw.get("kind", "unknown")), str(raw.get("node", "unknown"))
+    from engine.models import subject_token
+
+    if kind == "telemetry":
+        return f"gpuops.telemetry.{subject_token(node) or 'unknown'}"
+    return f"gpuops.events.{subject_token(kind) or 'unknown'}.{subject_token(node) or 'unknown'}"
+
+
+async def audit_records(settings: Settings, node: str | None) -> list[AuditRecord]:
+    """Every audit record (for one node, or all), oldest first."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    async with open_bus(settings.nats, settings.state_dir, name="gpuops-history") as bus:
+        return [r async for r in read_audit(bus.js, node)]

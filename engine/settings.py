@@ -1,0 +1,115 @@
+"""One frozen settings object, from a YAML file, then `GPUOPS_*` environment, then flags."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from engine.errors import ConfigError
+
+
+def default_state_dir() -> Path:
+    """`$XDG_STATE_HOME/gpuops`, or `~/.local/state/gpuops`."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpuops"
+
+
+def checkout_root() -> Path:
+    """The directory holding rules/ and playbooks/ when run from a checkout, else cwd."""
+    here = Path(__file__).resolve().parent.parent
+    return here if (here / "rules").is_dir() and (here / "playbooks").is_dir() else Path.cwd()
+
+
+class NatsSettings(BaseModel):
+    """How to reach NATS; with no `url`, gpuops starts an embedded nats-server."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str | None = None
+    user: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
+    nkeys_seed: Path | None = None
+    creds: Path | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    replicas: int = Field(default=1, ge=1, le=5)
+
+
+class Settings(BaseModel):
+    """Everything the engine needs to run; built once, never mutated."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state_dir: Path = Field(default_factory=default_state_dir)
+    rules_dir: Path = Field(default_factory=lambda: checkout_root() / "rules")
+    playbooks_dir: Path = Field(default_factory=lambda: checkout_root() / "playbooks")
+    inventory: Path = Field(default_factory=lambda: checkout_root() / "inventories" / "sim")
+    nats: NatsSettings = NatsSettings()
+    role: Literal["all", "engine", "executor"] = "all"
+    dry_run: bool = False
+    stale_after_s: float = Field(default=900.0, gt=0)
+    run_timeout_s: float = Field(default=900.0, gt=0)
+    max_parallel_runs: int = Field(default=4, ge=1, le=256)
+    intake_batch: int = Field(default=256, ge=1, le=10_000)
+    tick_s: float = Field(default=1.0, gt=0)
+
+
+_ENV_PREFIX = "GPUOPS_"
+
+
+def _from_env(environ: dict[str, str]) -> dict[str, Any]:
+    """`GPUOPS_DRY_RUN=1` -> dry_run; `GPUOPS_NATS__URL=...` -> nats.url."""
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(_ENV_PREFIX) or name == "GPUOPS_CONFIG":
+            continue
+        path = name[len(_ENV_PREFIX) :].lower().split("__")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_settings(
+    config: Path | None = None,
+    flags: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    """Build the settings; file < environment < flags. Unknown keys are errors."""
+    env = dict(os.environ if environ is None else environ)
+    path = config or (Path(env["GPUOPS_CONFIG"]) if env.get("GPUOPS_CONFIG") else None)
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read settings file {path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"settings file {path} must be a mapping")
+        data = loaded
+    data = _merge(data, _from_env(env))
+    data = _merge(data, {k: v for k, v in (flags or {}).items() if v is not None})
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise ConfigError(f"invalid settings: {problems}") from exc
