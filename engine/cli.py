@@ -67,7 +67,7 @@ def main(ctx: click.Context, config: Path | None, state_dir: Path | None, verbos
 @click.option("--dry-run/--no-dry-run", default=None, help="decide and record, never execute")
 @click.option("--role", type=click.Choice(["all", "engine", "executor"]), help="which loops to run")
 @click.pass_context
-def run(ctx: click.Context, **flags: Any) -> None:
+def run(ctx: click.Context, /, **flags: Any) -> None:
     """Run the engine (intake, match, decide, intents) and the executor."""
     from engine.runtime import run_engine
 
@@ -172,8 +172,7 @@ def simulate(
     settings = _settings(ctx)
     fleet = SimFleet.create(root or settings.state_dir / "sim", nodes, gpus)
     click.echo(f"fleet of {nodes} x {gpus} GPUs at {fleet.root}")
-    if inventory_dir is not None:
-        click.echo(f"inventory: {fleet.write_inventory(inventory_dir)}")
+    click.echo(f"inventory: {fleet.write_inventory(inventory_dir or settings.inventory)}")
 
 
 @main.command()

@@ -32,8 +32,8 @@ def load_inventory(path: Path) -> Inventory:
     """Parse any inventory Ansible can (YAML, INI, directories, host_vars)."""
     if not path.exists():
         raise ConfigError(
-            f"inventory {path} does not exist: run `gpuops simulate --write-inventory` "
-            "or pass --inventory"
+            f"inventory {path} does not exist: pass --inventory, or create a simulated "
+            "fleet with `gpuops simulate` (it writes inventories/sim)"
         )
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader

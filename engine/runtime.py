@@ -34,6 +34,7 @@ async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
 async def publish_lines(settings: Settings, lines: list[bytes]) -> tuple[int, int]:
     """Publish JSON-lines events to their subjects; lines that are not events are skipped."""
     sent = bad = 0
+    subject: str | None
     async with open_bus(settings.nats, settings.state_dir, name="gpuops-publish") as bus:
         for line in lines:
             if not line.strip():

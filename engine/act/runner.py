@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import shutil
+import sys
 import tempfile
 import threading
 from collections.abc import Callable

@@ -10,6 +10,7 @@ dict, and compiled with empty builtins.
 from __future__ import annotations
 
 import ast
+import difflib
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -105,7 +106,13 @@ class _Checker(ast.NodeVisitor):
         if node.id.startswith("_"):
             raise ValueError(f"name {node.id!r}: names starting with '_' are not allowed")
         if node.id not in self.fields:
-            raise ValueError(f"unknown field {node.id!r} (known: {', '.join(sorted(self.fields))})")
+            near = difflib.get_close_matches(node.id, self.fields, n=3, cutoff=0.75)
+            hint = (
+                f"did you mean {' or '.join(near)}?"
+                if near
+                else "the fields of each kind are in docs/events.md"
+            )
+            raise ValueError(f"unknown field {node.id!r} ({hint})")
 
     def visit_Call(self, node: ast.Call) -> None:
         if not isinstance(node.func, ast.Name):

@@ -102,6 +102,9 @@ def _schema_errors(doc: Any, file: str) -> list[RuleError]:
     out = []
     for err in sorted(_VALIDATOR.iter_errors(doc), key=lambda e: list(map(str, e.path))):
         line, rule = _locate(doc, list(err.absolute_path))
+        if err.validator == "additionalProperties" and isinstance(err.instance, LineDict):
+            extra = [k for k in err.instance if k not in err.schema.get("properties", {})]
+            line = err.instance.line_of(extra[0]) if extra else line
         out.append(RuleError(_schema_message(err), file=file, line=line, rule=rule))
     return out
 
@@ -125,9 +128,12 @@ def _locate(doc: Any, path: list[Any]) -> tuple[int, str]:
 
 
 def _schema_message(err: jsonschema.ValidationError) -> str:
-    where = ".".join(str(p) for p in err.path if not isinstance(p, int)) or "file"
+    steps = [str(p) for p in err.path if not isinstance(p, int)]
+    where = ".".join(steps[1:] if steps[:1] == ["rules"] and len(steps) > 1 else steps) or "file"
     if err.validator == "additionalProperties":
-        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        schema = err.schema if isinstance(err.schema, dict) else {}
+        instance = err.instance if isinstance(err.instance, dict) else {}
+        extra = sorted(set(instance) - set(schema.get("properties", {})))
         return f"unknown field {', '.join(map(repr, extra))}"
     if err.validator == "oneOf" and where.endswith(("for", "within", "cooldown", "absent")):
         return f"{where}: bad duration {err.instance!r}: use e.g. 500ms, 90s, 10m, 1h30m, 7d"

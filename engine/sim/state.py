@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-H200 = {
+H200: dict[str, Any] = {
     "name": "NVIDIA H200",
     "power_default_limit_w": 700.0,
     "power_min_limit_w": 200.0,

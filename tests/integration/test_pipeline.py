@@ -1,0 +1,159 @@
+"""The whole pipeline on a real nats-server and real ansible-runner against simulated nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.bus.conn import ACTIONS, DLQ, Bus
+from engine.bus.server import EmbeddedNats
+from engine.clock import rfc3339
+from engine.record.audit import read_audit
+from engine.sim.fleet import SimFleet, envelope
+from tests.conftest import calls, engine_settings, running_engine, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def _publish(bus: Bus, event: dict) -> None:
+    kind, node = event["kind"], event["node"]
+    subject = f"gpuops.telemetry.{node}" if kind == "telemetry" else f"gpuops.events.{kind}.{node}"
+    await bus.js.publish(subject, json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]})
+
+
+def _hot_sample(fleet: SimFleet, node: str, t: float, gpu: int, **over: float) -> dict:
+    event = fleet.telemetry(node, t)
+    assert event is not None
+    event["data"]["gpus"][gpu].update(over)
+    return event
+
+
+async def test_overheat_and_low_power_limit_run_their_playbooks(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    fleet.inject("node-002", "power_limit", 1, watts=400)
+    async with running_engine(settings, bus) as app:
+        now = time.time()
+        for second in range(-70, 1, 5):  # 70 s of samples, ending now
+            t = now + second
+            await _publish(bus, _hot_sample(fleet, "node-001", t, 3, temp_c=88.0))
+            await _publish(bus, _hot_sample(fleet, "node-002", t, 1))
+        await wait_for(lambda: app.executor is not None and len(app.executor.outcomes) >= 2, 60)
+
+    drains = calls(fleet, "node-001", "scontrol")
+    assert [
+        "update",
+        "nodename=node-001",
+        "state=drain",
+        "reason=gpuops gpu-overheat: GPU 3 at 88.0 C",
+    ] in drains
+    assert ["-i", "1", "-pl", "700.0"] in calls(fleet, "node-002", "nvidia-smi")
+    assert fleet.state("node-001")["drained"] is True
+    assert fleet.state("node-002")["gpus"][1]["power_limit_w"] == 700.0
+    outcomes = {o.playbook: o for o in app.executor.outcomes}
+    assert outcomes["drain.yml"].status == "successful"
+    assert len(outcomes["power_limit.yml"].sha256 or "") == 64
+    assert outcomes["power_limit.yml"].stats["node-002"]["changed"] >= 1
+    assert calls(fleet, "node-002", "scontrol") == [], "nothing ran on the wrong host"
+
+
+async def test_malformed_event_goes_to_dead_letters_and_engine_keeps_going(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    async with running_engine(settings, bus) as app:
+        await bus.js.publish("gpuops.events.xid.node-001", b"{this is not json")
+        await bus.js.publish(
+            "gpuops.events.xid.node-001",
+            json.dumps(envelope("xid", "node-002", time.time(), {"gpu": 0, "xid": 79})).encode(),
+        )
+        await _publish(bus, envelope("heartbeat", "node-001", time.time(), {"seq": 1}))
+        await wait_for(lambda: app.pipeline.events["heartbeat"] == 1, 20)
+
+    dlq = await bus.js.stream_info(DLQ)
+    assert dlq.state.messages == 2
+    first = json.loads((await bus.js.get_msg(DLQ, 1)).data)
+    second = json.loads((await bus.js.get_msg(DLQ, 2)).data)
+    assert first["reason"] == "json" and first["payload"] == "{this is not json"
+    assert second["reason"] == "subject_mismatch"
+    assert (await bus.js.get_msg(DLQ, 1)).subject == "gpuops.dlq.json"
+    assert calls(fleet, "node-002") == [], "the event on the wrong subject was not acted upon"
+
+
+async def test_event_about_unknown_host_is_recorded_never_acted_upon(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    async with running_engine(settings, bus) as app:
+        await _publish(bus, envelope("xid", "node-999", time.time(), {"gpu": 0, "xid": 79}))
+        await wait_for(lambda: app.pipeline.decisions["unknown_node"] == 1, 20)
+    records = [r async for r in read_audit(bus.js, "node-999")]
+    assert any(r.type == "decision" and "unknown_node" in r.summary for r in records)
+    assert (await bus.js.stream_info(ACTIONS)).state.messages == 0
+
+
+def _engine(state: Path, url: str, fleet: SimFleet, role: str) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine.cli",
+        "--state-dir",
+        str(state),
+        "run",
+        "--nats",
+        url,
+        "--inventory",
+        str(fleet.root / "inventory"),
+        "--role",
+        role,
+    ]
+    log = open(state.parent / f"engine-{role}.log", "ab")  # noqa: SIM115 - closed with the process
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+
+
+async def test_crash_after_intent_runs_the_playbook_exactly_once(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    decider = _engine(state, nats_server.url, fleet, "engine")
+    try:
+        await asyncio.sleep(0.5)
+        await _publish(bus, envelope("xid", "node-001", time.time(), {"gpu": 2, "xid": 79}))
+
+        async def intent_stored() -> bool:
+            return (await bus.js.stream_info(ACTIONS)).state.messages == 1
+
+        await wait_for(intent_stored, 30)
+    finally:
+        decider.send_signal(signal.SIGKILL)  # no chance to run anything: the intent waits
+        decider.wait()
+    intent = (await bus.js.get_msg(ACTIONS, 1)).data
+    assert calls(fleet, "node-001", "reboot") == []
+
+    worker = _engine(state, nats_server.url, fleet, "all")
+    try:
+        await wait_for(lambda: len(calls(fleet, "node-001", "reboot")) == 1, 60)
+        await bus.js.publish("gpuops.actions.node-001", intent, headers={"Nats-Msg-Id": "again"})
+
+        async def skipped() -> bool:
+            return any(["not run again" in r.summary async for r in read_audit(bus.js, "node-001")])
+
+        await wait_for(skipped, 30)
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    assert len(calls(fleet, "node-001", "reboot")) == 1
+    runs = [r async for r in read_audit(bus.js, "node-001") if r.type == "run"]
+    assert len(runs) == 1 and runs[0].body["status"] == "successful"
+    assert runs[0].body["revision"], "the run records the playbook's git revision"
+    assert rfc3339(runs[0].at)

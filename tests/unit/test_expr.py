@@ -1,0 +1,74 @@
+"""The condition compiler: right answers, and no way out of the sandbox."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.match.expr import compile_condition, render
+
+FIELDS = frozenset({"temp_c", "temp_slowdown_c", "clocks_event_reasons", "node", "uuid", "xid"})
+TEXT = frozenset({"node", "uuid"})
+
+
+@pytest.mark.parametrize(
+    ("source", "fact", "expected"),
+    [
+        ("temp_c >= temp_slowdown_c - 3", {"temp_c": 86, "temp_slowdown_c": 89}, True),
+        ("temp_c >= temp_slowdown_c - 3", {"temp_c": 85.9, "temp_slowdown_c": 89}, False),
+        ("bit(clocks_event_reasons, 0x20 | 0x40)", {"clocks_event_reasons": 0x41}, True),
+        ("bit(clocks_event_reasons, 0x20 | 0x40)", {"clocks_event_reasons": 0x4}, False),
+        ("xid in [48, 79] and not node == 'n2'", {"xid": 79, "node": "n1"}, True),
+        ("startswith(node, 'gpu-')", {"node": "gpu-7"}, True),
+        ("max(temp_c, 10) > 50 if temp_c is not None else False", {"temp_c": None}, False),
+    ],
+)
+def test_condition_evaluates(source: str, fact: dict[str, object], expected: bool) -> None:
+    assert compile_condition(source, FIELDS, TEXT)(fact) is expected
+
+
+def test_missing_or_null_field_is_false_not_an_error() -> None:
+    cond = compile_condition("temp_c > 80", FIELDS)
+    assert cond({"temp_c": None}) is False
+    assert cond({}) is False
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("__import__('os')", "call to '__import__'"),
+        ("().__class__", "attribute access is not allowed"),
+        ("temp_c.__class__.__mro__", "attribute access is not allowed"),
+        ("(lambda: 1)()", "lambdas are not allowed"),
+        ("_secret > 1", "names starting with '_' are not allowed"),
+        ("open('/etc/passwd')", "call to 'open'"),
+        ("eval('1')", "call to 'eval'"),
+        ("[c for c in node]", "comprehensions are not allowed"),
+        ("temp_c ** 999999", "'**' is not allowed"),
+        ("uuid * 1000000000", "arithmetic on text field 'uuid'"),
+        ("'a' * 10", "arithmetic is only allowed on numbers"),
+        ("node[0]", "subscripts are not allowed"),
+        ("(x := 1)", "':=' is not allowed"),
+        ("f'{node}'", "f-strings are not allowed"),
+        ("temp_c is 3", "'is' may only compare with None"),
+        ("max(temp_c, key=abs)", "keyword arguments are not allowed"),
+        ("temperature > 1", "unknown field 'temperature'"),
+        ("temp_c >", "syntax error"),
+    ],
+)
+def test_escape_attempts_are_rejected(source: str, message: str) -> None:
+    with pytest.raises(ValueError, match=None) as caught:
+        compile_condition(source, FIELDS, TEXT)
+    assert message in str(caught.value)
+
+
+def test_compiled_condition_has_no_builtins() -> None:
+    cond = compile_condition("temp_c > 1", FIELDS)
+    assert cond.__globals__["__builtins__"] == {}
+
+
+def test_render_fills_only_plain_names() -> None:
+    fact = {"gpu": 3, "temp_c": 88.5}
+    assert render({"reason": "GPU {{ gpu }} at {{temp_c}} C"}, fact) == {
+        "reason": "GPU 3 at 88.5 C"
+    }
+    assert render("{{ gpu.__class__ }}", fact) == "{{ gpu.__class__ }}"

@@ -1,0 +1,73 @@
+"""Rule loading: every bad rule is rejected with file:line: rule NAME: message."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from engine.errors import RuleError, RuleSetError
+from engine.match.loader import load_rules
+
+ROOT = Path(__file__).resolve().parents[2]
+BAD = Path(__file__).resolve().parent / "bad_rules"
+
+CASES = {
+    "unknown_field.yml": "5: rule hot: unknown field 'sustain'",
+    "bad_duration.yml": "5: rule hot: for: bad duration '60 seconds'",
+    "import.yml": "4: rule sneaky: when: call to '__import__': only",
+    "dunder_class.yml": "4: rule sneaky: when: attribute access is not allowed",
+    "lambda.yml": "4: rule sneaky: when: lambdas are not allowed",
+    "unknown_event_field.yml": "4: rule hot: when: unknown field 'temperature'",
+    "unknown_playbook.yml": "5: rule hot: unknown playbook 'melt.yml'",
+    "duplicate_name.yml": "5: rule hot: duplicate rule name (first defined at",
+    "unknown_kind.yml": "3: rule hot: on: 'weather' is not one of",
+    "yaml_syntax.yml": "5: YAML: expected ',' or ']'",
+    "count_without_within.yml": "4: rule flappy: 'count' and 'within' go together",
+    "gpu_group_on_heartbeat.yml": "4: rule beat: group_by gpu: 'heartbeat' events carry no gpu",
+    "template_field.yml": "5: rule hot: vars: unknown field 'temperature' in template",
+    "two_forms.yml": "6: rule hot: use one temporal form, not for and absent",
+}
+
+
+@pytest.mark.parametrize(("name", "expected"), sorted(CASES.items()))
+def test_bad_rule_is_rejected_with_file_line_and_rule(name: str, expected: str) -> None:
+    path = BAD / name
+    with pytest.raises(RuleError) as caught:
+        load_rules([path], ROOT / "playbooks")
+    assert str(caught.value).startswith(f"{path}:{expected}"), str(caught.value)
+
+
+def test_every_fixture_has_a_case() -> None:
+    assert {p.name for p in BAD.glob("*.yml")} == set(CASES)
+
+
+def test_all_errors_of_a_load_are_reported_together(tmp_path: Path) -> None:
+    for name in ("unknown_field.yml", "lambda.yml", "unknown_playbook.yml"):
+        shutil.copy(BAD / name, tmp_path / name)
+    with pytest.raises(RuleSetError) as caught:
+        load_rules([tmp_path], ROOT / "playbooks")
+    assert len(caught.value.errors) == 3
+
+
+def test_shipped_rules_load() -> None:
+    rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
+    names = {r.name for r in rules.rules}
+    assert {"gpu-overheat", "power-limit-below-policy", "xid-79-gpu-lost", "agent-silent"} <= names
+
+
+def test_on_is_a_key_not_a_boolean(tmp_path: Path) -> None:
+    # PyYAML reads `on:` as True; the loader must keep it a key.
+    (tmp_path / "r.yml").write_text("rules:\n  - name: a\n    on: xid\n    when: xid == 79\n")
+    rules = load_rules([tmp_path], None)
+    assert rules.rules[0].on == "xid"
+    assert rules.rules[0].line == 2
+
+
+def test_durations_are_seconds(tmp_path: Path) -> None:
+    (tmp_path / "r.yml").write_text(
+        "rules:\n  - name: a\n    on: xid\n    count: 3\n    within: 1h30m\n    cooldown: 500ms\n"
+    )
+    rule = load_rules([tmp_path], None).rules[0]
+    assert (rule.count, rule.within_s, rule.cooldown_s) == (3, 5400.0, 0.5)
