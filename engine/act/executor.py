@@ -70,7 +70,7 @@ class Executor:
             await self.slots.acquire()
             try:
                 msgs = await sub.fetch(1, timeout=0.5)
-            except NatsTimeout:
+            except (NatsTimeout, TimeoutError):
                 self.slots.release()
                 continue
             task = asyncio.create_task(self._handle_slot(msgs[0]))

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
@@ -57,6 +58,7 @@ class Intake:
         config = ConsumerConfig(
             ack_policy=AckPolicy.ALL if self.ack_all else AckPolicy.EXPLICIT,
             ack_wait=60.0,
+            max_deliver=20,  # a handler bug must not redeliver one event forever
             max_ack_pending=max(1000, self.batch * 4),
         )
         sub = await self.js.pull_subscribe(
@@ -65,7 +67,11 @@ class Intake:
         while not stop.is_set():
             try:
                 msgs = await sub.fetch(self.batch, timeout=0.5)
-            except NatsTimeout:
+            except (NatsTimeout, TimeoutError):
+                continue
+            except NatsError as exc:  # a reconnect in progress: wait, the consumer is durable
+                log.warning("fetch from %s failed (%s); retrying", self.durable, exc)
+                await asyncio.sleep(1.0)
                 continue
             await self.process(msgs)
 
@@ -80,7 +86,13 @@ class Intake:
                 if not self.ack_all:
                     await msg.ack()
                 continue
-            await self.handler(event)
+            try:
+                await self.handler(event)
+            except Exception:
+                log.exception("handling %s %s failed; it will be redelivered", event.kind, event.id)
+                if not self.ack_all:
+                    await msg.nak(delay=5)
+                continue
             if not self.ack_all:
                 await msg.ack()
         if self.ack_all and msgs:

@@ -56,7 +56,7 @@ async def read_audit(
         while True:
             try:
                 msgs = await sub.fetch(batch, timeout=0.5)
-            except NatsTimeout:
+            except (NatsTimeout, TimeoutError):
                 return
             for msg in msgs:
                 await msg.ack()
