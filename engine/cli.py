@@ -142,6 +142,99 @@ def history(
     out.print(table)
 
 
+def _rules(rules_dir: Path | None) -> Any:
+    from engine.match.loader import load_rules
+    from engine.settings import checkout_root
+
+    books = checkout_root() / "playbooks"
+    try:
+        return load_rules(
+            [rules_dir or checkout_root() / "rules"], books if books.is_dir() else None
+        )
+    except RuleError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+
+
+@main.command("test-rules")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/")
+def test_rules(paths: tuple[Path, ...], rules_dir: Path | None) -> None:
+    """Run rule tests (YAML cases of events and expected actions); exit 1 on any failure."""
+    from engine.ruletest import load_cases, run_cases
+
+    rules = _rules(rules_dir)
+    files = [f for p in paths for f in (sorted(p.rglob("*.y*ml")) if p.is_dir() else [p])]
+    failed = total = 0
+    for file in files:
+        try:
+            results = asyncio.run(run_cases(str(file), load_cases(file), rules))
+        except RuleError as exc:
+            click.echo(f"FAIL {exc}")
+            failed += 1
+            continue
+        for result in results:
+            total += 1
+            click.echo(f"{'PASS' if result.passed else 'FAIL'} {file}: {result.name}")
+            for failure in result.failures:
+                click.echo(f"     {failure}")
+            failed += 0 if result.passed else 1
+    click.echo(f"{total - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/")
+@click.option(
+    "--inventory", type=click.Path(path_type=Path), help="only these hosts may be acted on"
+)
+@click.option("--json", "as_json", is_flag=True, help="one JSON line per would-be action")
+def replay(file: Path, rules_dir: Path | None, inventory: Path | None, as_json: bool) -> None:
+    """Shadow mode: recorded events through matching and safety stages, acting on nothing."""
+    from engine.replay import replay_file
+
+    rules = _rules(rules_dir)
+    actions, stats = _run(replay_file(file, rules, inventory))
+    if as_json:
+        for action in actions:
+            click.echo(json.dumps(action.as_dict(), sort_keys=True))
+    else:
+        table = Table("ts", "rule", "node", "gpu", "would run")
+        for a in actions:
+            from engine.clock import rfc3339
+
+            table.add_row(
+                rfc3339(a.ts),
+                a.rule,
+                a.node,
+                "" if a.gpu is None else str(a.gpu),
+                a.action + (" (dry-run rule)" if a.dry_run else ""),
+            )
+        out.print(table)
+    err.print(
+        f"{stats['events']} events, {stats['bad']} unreadable, {len(actions)} would-be actions",
+        highlight=False,
+    )
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks that print figures (never timed tests)."""
+
+
+@bench.command("rules")
+@click.option("--rules", "n_rules", type=int, default=50, show_default=True)
+@click.option("--gpus", type=int, default=10_000, show_default=True)
+@click.option("--seconds", type=float, default=20.0, show_default=True, help="wall seconds to run")
+def bench_rules(n_rules: int, gpus: int, seconds: float) -> None:
+    """Matcher throughput on samples built from the H200 recording."""
+    from engine.bench import bench_rules as run_bench
+
+    for line in run_bench(n_rules=n_rules, gpus=gpus, seconds=seconds):
+        click.echo(line)
+
+
 @main.command()
 @click.argument("what", type=click.Choice(["events", "rules"]))
 def schema(what: str) -> None:

@@ -10,6 +10,7 @@ dict, and compiled with empty builtins.
 from __future__ import annotations
 
 import ast
+import copy
 import difflib
 import re
 from collections.abc import Callable, Mapping
@@ -181,6 +182,39 @@ def check(
     return tree.body
 
 
+ERRORS = (TypeError, ValueError, ArithmeticError, KeyError)
+
+
+def fact_expression(
+    source: str, fields: frozenset[str], string_fields: frozenset[str] = frozenset()
+) -> ast.expr:
+    """A vetted condition rewritten to read every field from the fact dict `f`."""
+    body: ast.expr = _ToFactLookup().visit(check(source, fields, string_fields))
+    return body
+
+
+class _Splice(ast.NodeTransformer):
+    """Replace placeholder names (`_EXPR0`, ...) in generated code with vetted expressions."""
+
+    def __init__(self, parts: dict[str, ast.expr]) -> None:
+        self.parts = parts
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return self.parts.get(node.id, node)
+
+
+def compile_sandboxed(
+    code: str, parts: dict[str, ast.expr], names: dict[str, Any], label: str
+) -> dict[str, Any]:
+    """Compile generated code with vetted expressions spliced in; no builtins, only `names`."""
+    tree = _Splice(parts).visit(ast.parse(code))
+    ast.fix_missing_locations(tree)
+    namespace: dict[str, Any] = {"__builtins__": {}, "_bool": bool, "_ERRS": ERRORS, **FUNCTIONS}
+    namespace.update(names)
+    exec(compile(tree, label, "exec"), namespace)
+    return namespace
+
+
 def compile_condition(
     source: str,
     fields: frozenset[str],
@@ -188,27 +222,21 @@ def compile_condition(
     label: str = "<condition>",
 ) -> Condition:
     """Compile a vetted condition to `f -> bool`; a missing or null field makes it False."""
-    body = _ToFactLookup().visit(check(source, fields, string_fields))
-    func = ast.parse(
-        "def _cond(f):\n"
-        "    try:\n"
-        "        return _bool(_EXPR)\n"
-        "    except (TypeError, ValueError, ArithmeticError, KeyError):\n"
-        "        return False\n"
-    )
-    ret = func.body[0].body[0].body[0]  # type: ignore[attr-defined]
-    ret.value.args[0] = body
-    ast.fix_missing_locations(func)
-    namespace: dict[str, Any] = {
-        "__builtins__": {},
-        "_bool": bool,
-        "TypeError": TypeError,
-        "ValueError": ValueError,
-        "ArithmeticError": ArithmeticError,
-        "KeyError": KeyError,
-        **FUNCTIONS,
-    }
-    exec(compile(func, label, "exec"), namespace)
+    return condition_from(fact_expression(source, fields, string_fields), label)
+
+
+_COND = """
+def _cond(f):
+    try:
+        return _bool(_EXPR)
+    except _ERRS:
+        return False
+"""
+
+
+def condition_from(expr: ast.expr, label: str = "<condition>") -> Condition:
+    """`f -> bool` from an expression that `fact_expression` returned."""
+    namespace = compile_sandboxed(_COND, {"_EXPR": copy.deepcopy(expr)}, {}, label)
     cond: Condition = namespace["_cond"]
     return cond
 

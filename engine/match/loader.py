@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from engine.errors import RuleError, RuleSetError
 from engine.match.durations import parse_duration
-from engine.match.expr import check, compile_condition, template_names
+from engine.match.expr import check, condition_from, fact_expression, template_names
 from engine.match.rules import Increase, Rule, RuleAction, RuleSet
 from engine.match.schema import RULES_FILE_SCHEMA
 from engine.match.yamlsrc import LineDict, load_yaml
@@ -160,12 +160,13 @@ def build_rule(raw: LineDict, file: str, playbooks_dir: Path | None) -> Rule:
         raise fail(f"use one temporal form, not {' and '.join(forms)}", forms[1])
     if ("count" in raw) != ("within" in raw):
         raise fail("'count' and 'within' go together", "count" if "count" in raw else "within")
-    condition = None
+    condition, expr = None, None
     if "when" in raw:
         try:
-            condition = compile_condition(raw["when"], fields, text_fields, f"<rule {name}>")
+            expr = fact_expression(raw["when"], fields, text_fields)
         except ValueError as exc:
             raise fail(f"when: {exc}", "when") from exc
+        condition = condition_from(expr, f"<rule {name}>")
     increase = _increase(raw.get("increase"), types, fail)
     actions = tuple(_action(a, fields, playbooks_dir, fail) for a in raw.get("actions", []))
     return Rule(
@@ -177,6 +178,7 @@ def build_rule(raw: LineDict, file: str, playbooks_dir: Path | None) -> Rule:
         group_by=group_by,
         when=raw.get("when"),
         condition=condition,
+        expr=expr,
         for_s=_dur(raw, "for", fail),
         max_gap_s=_dur(raw, "max_gap", fail) or 30.0,
         count=raw.get("count"),

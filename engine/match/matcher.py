@@ -10,6 +10,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.match.codegen import KindEval, compile_kind
 from engine.match.rules import Rule, RuleSet
 from engine.match.windows import Absent, CountWithin, HeldFor, Increase, Instant, Window
 from engine.models import Event, Match, TelemetryEvent
@@ -74,6 +75,7 @@ class Matcher:
 
     def __init__(self, rules: RuleSet) -> None:
         self._by_kind: dict[str, list[_Compiled]] = {}
+        self._eval_kind: dict[str, KindEval] = {}
         self.rules = rules
         self.replace(rules)
 
@@ -90,6 +92,10 @@ class Matcher:
                 field = rule.increase.field if rule.increase else None
                 compiled.append(_Compiled(rule, window, _key_fn(rule.group_by), field))
             by_kind[kind] = compiled
+        self._eval_kind = {
+            kind: compile_kind([(c.rule, c.window, c.key, c.value_field) for c in cs], _match, kind)
+            for kind, cs in by_kind.items()
+        }
         self._by_kind = by_kind
         self.rules = rules
 
@@ -99,40 +105,23 @@ class Matcher:
 
     def match(self, event: Event) -> list[Match]:
         """Every rule firing on this event."""
-        compiled = self._by_kind.get(event.kind)
-        if not compiled:
+        evaluate = self._eval_kind.get(event.kind)
+        if evaluate is None:
             return []
-        t = event.epoch
+        t, event_id = event.epoch, event.id
         out: list[Match] = []
         for fact in facts_of(event):
-            self._eval(compiled, fact, t, event.id, out)
+            evaluate(fact, t, event_id, out)
         return out
 
     def match_facts(self, kind: str, facts: Iterable[Fact], t: float, event_id: str) -> list[Match]:
         """Evaluate pre-built facts (bench and replay fast path)."""
-        compiled = self._by_kind.get(kind)
+        evaluate = self._eval_kind.get(kind)
         out: list[Match] = []
-        if compiled:
+        if evaluate is not None:
             for fact in facts:
-                self._eval(compiled, fact, t, event_id, out)
+                evaluate(fact, t, event_id, out)
         return out
-
-    def _eval(
-        self, compiled: list[_Compiled], fact: Fact, t: float, event_id: str, out: list[Match]
-    ) -> None:
-        for c in compiled:
-            cond = c.rule.condition
-            hit = True if cond is None else cond(fact)
-            if type(c.window) is Instant:
-                if hit:
-                    out.append(_match(c.rule, c.key(fact), fact, t, event_id))
-                continue
-            if not hit and type(c.window) is not HeldFor:
-                continue
-            value = fact.get(c.value_field) if c.value_field else None
-            key = c.key(fact)
-            if c.window.observe(key, t, hit, value):
-                out.append(_match(c.rule, key, fact, t, event_id))
 
     def tick(self, now: float) -> list[Match]:
         """Matches that come from silence (`absent` rules), as of `now`."""

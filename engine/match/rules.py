@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ class Rule:
     group_by: tuple[str, ...] = ("node",)
     when: str | None = None
     condition: Condition | None = None
+    expr: ast.expr | None = None  # the vetted condition, for the matcher's generated code
     for_s: float | None = None
     max_gap_s: float = 30.0
     count: int | None = None

@@ -1,0 +1,37 @@
+"""`gpuops replay`: a JSON-lines file of recorded events through the shadow pipeline."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from engine.errors import EventError
+from engine.intake.decode import decode
+from engine.inventory import load_inventory
+from engine.match.rules import RuleSet
+from engine.shadow import Shadow, WouldRun
+
+log = logging.getLogger(__name__)
+
+
+async def replay_file(
+    path: Path, rules: RuleSet, inventory: Path | None
+) -> tuple[list[WouldRun], dict[str, int]]:
+    """Would-be actions, in event order, and counts of events read and unreadable."""
+    nodes = load_inventory(inventory).hosts if inventory is not None else None
+    shadow = Shadow(rules, nodes, stale_after_s=float("inf"))
+    actions: list[WouldRun] = []
+    stats = {"events": 0, "bad": 0}
+    with path.open("rb") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                event = decode(line)
+            except EventError as exc:
+                stats["bad"] += 1
+                log.warning("%s:%d: skipped (%s)", path, number, exc)
+                continue
+            stats["events"] += 1
+            actions += await shadow.feed(event)
+    return actions, stats

@@ -1,0 +1,86 @@
+"""Hot reload keeps the last good rules; replay prints would-be actions without acting."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.bus.conn import Bus
+from engine.bus.server import EmbeddedNats
+from engine.clock import rfc3339
+from engine.sim.fleet import SimFleet
+from tests.conftest import ROOT, engine_settings, running_engine
+
+pytestmark = pytest.mark.integration
+
+
+async def test_reload_with_a_bad_file_keeps_the_last_good_rules(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    rules_dir = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules_dir)
+    settings = engine_settings(tmp_path, fleet, nats_server.url, rules_dir=rules_dir)
+    async with running_engine(settings, bus) as app:
+        before = {r.name for r in app.pipeline.matcher.rules.rules}
+        bad = ROOT / "tests" / "unit" / "bad_rules" / "lambda.yml"
+        shutil.copy(bad, rules_dir / "zz-bad.yml")
+        assert await app.reload() is False
+        assert {r.name for r in app.pipeline.matcher.rules.rules} == before
+        (rules_dir / "zz-bad.yml").write_text(
+            "rules:\n  - name: new-rule\n    on: xid\n    when: xid == 13\n"
+        )
+        assert await app.reload() is True
+        assert "new-rule" in {r.name for r in app.pipeline.matcher.rules.rules}
+
+
+def test_replay_prints_would_be_actions_as_json(tmp_path: Path) -> None:
+    events = []
+    for second in range(0, 45, 5):
+        events.append(
+            {
+                "id": f"t{second}",
+                "kind": "telemetry",
+                "node": "node-001",
+                "ts": rfc3339(1_800_000_000 + second),
+                "source": "recording",
+                "data": {
+                    "gpus": [{"index": 2, "power_limit_w": 450.0, "power_default_limit_w": 700.0}]
+                },
+            }
+        )
+    events.append(
+        {
+            "id": "x",
+            "kind": "xid",
+            "node": "node-002",
+            "ts": rfc3339(1_800_000_050),
+            "source": "recording",
+            "data": {"gpu": 0, "xid": 79},
+        }
+    )
+    path = tmp_path / "week.jsonl"
+    path.write_text("\n".join(json.dumps(e) for e in events) + "\n{broken\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "replay", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert {
+        "rule": "power-limit-below-policy",
+        "node": "node-001",
+        "gpu": 2,
+        "action": "power_limit.yml",
+        "ts": "2027-01-15T08:00:30.000Z",
+        "dry_run": False,
+    } in lines
+    assert any(a["rule"] == "xid-79-gpu-lost" and a["action"] == "reboot.yml" for a in lines)
+    assert "10 events, 1 unreadable" in done.stderr

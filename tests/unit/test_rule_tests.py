@@ -1,0 +1,64 @@
+"""The shipped rule tests pass, cover every shipped rule, and a failing case fails."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from engine.match.loader import load_rules
+from engine.match.rules import RuleSet
+from engine.ruletest import load_cases, run_cases
+
+ROOT = Path(__file__).resolve().parents[2]
+RULE_TESTS = sorted((ROOT / "tests" / "rules").glob("*.yml"))
+
+
+@pytest.fixture(scope="module")
+def shipped() -> RuleSet:
+    return load_rules([ROOT / "rules"], ROOT / "playbooks")
+
+
+@pytest.mark.parametrize("path", RULE_TESTS, ids=lambda p: p.name)
+async def test_rule_test_file_passes(path: Path, shipped: RuleSet) -> None:
+    results = await run_cases(str(path), load_cases(path), shipped)
+    failed = [(r.name, r.failures) for r in results if not r.passed]
+    assert results and not failed
+
+
+def test_every_shipped_rule_has_a_test(shipped: RuleSet) -> None:
+    expected = {
+        want["rule"]
+        for path in RULE_TESTS
+        for case in load_cases(path)
+        for want in case.get("expect", [])
+        if "rule" in want
+    }
+    assert {r.name for r in shipped.rules} - expected == set()
+
+
+def test_cli_exits_nonzero_on_a_failing_case(tmp_path: Path) -> None:
+    case = {
+        "cases": [
+            {
+                "name": "wrong on purpose",
+                "events": [
+                    {"at": "0s", "kind": "xid", "node": "n1", "data": {"gpu": 0, "xid": 79}}
+                ],
+                "expect": [{"rule": "xid-79-gpu-lost", "action": "drain.yml"}],
+            }
+        ]
+    }
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(case))
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "test-rules", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert "FAIL" in done.stdout and "xid-79-gpu-lost:reboot.yml" in done.stdout
