@@ -130,6 +130,7 @@ class HeartbeatData(_Open):
     seq: int = Field(default=0, ge=0)
     agent_version: str = ""
     uptime_s: float | None = None
+    spool_dropped: int = Field(default=0, ge=0)
 
 
 class DriftData(_Open):

@@ -34,10 +34,10 @@ class EmbeddedNats:
     two servers started at once never race for the same port.
     """
 
-    def __init__(self, store_dir: Path, start_timeout_s: float = 15.0) -> None:
+    def __init__(self, store_dir: Path, start_timeout_s: float = 15.0, port: int = -1) -> None:
         self.store_dir = store_dir
         self.start_timeout_s = start_timeout_s
-        self.port = 0
+        self.port = port
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -50,7 +50,8 @@ class EmbeddedNats:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         log = self.store_dir / "nats-server.log"
         log.write_text("")
-        args = [nats_server_binary(), "-a", "127.0.0.1", "-p", "-1", "-js"]
+        # -1 lets the server pick a free port; a restart passes the port it had.
+        args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port or -1), "-js"]
         args += ["-sd", str(self.store_dir / "jetstream"), "-l", str(log)]
         self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + self.start_timeout_s

@@ -1,0 +1,1 @@
+"""The node agent: NVML sampling, the XID/ECC listener, the GPU probe, heartbeats, the spool."""

@@ -1,0 +1,84 @@
+"""Starting the agent from the command line."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from engine.agent.agent import Agent, AgentSettings, default_node, event
+from engine.agent.backend import GpuBackend
+from engine.agent.probe import run_probe
+from engine.bus.conn import open_bus
+from engine.clock import SystemClock
+from engine.errors import ConfigError
+from engine.settings import Settings
+
+
+def make_backend(opts: dict[str, Any]) -> GpuBackend:
+    """The NVML backend, or one simulated node."""
+    if opts["backend"] == "sim":
+        if not opts.get("sim_root") or not opts.get("node"):
+            raise ConfigError("--backend sim needs --sim-root and --node")
+        from engine.agent.simbackend import SimBackend
+
+        return SimBackend(Path(opts["sim_root"]), opts["node"])
+    from engine.agent.nvml import NvmlBackend
+
+    try:
+        return NvmlBackend()
+    except Exception as exc:
+        raise ConfigError(f"NVML is not available on this host: {exc}") from exc
+
+
+def agent_once(opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """One telemetry event and a probe result per GPU, without NATS (checks, debugging)."""
+    node = opts.get("node") or default_node()
+    backend = make_backend(opts)
+    try:
+        gpus, signals = backend.sample()
+        now = time.time()
+        out = [event("telemetry", node, now, {"gpus": gpus})]
+        out += [event(s.kind, node, now, s.data) for s in signals]
+        command = shlex.split(opts["probe_command"]) if opts.get("probe_command") else None
+        for result in run_probe(list(range(backend.gpu_count())), opts["probe_timeout"], command):
+            keep = {
+                k: v
+                for k, v in result.items()
+                if k in ("gpu", "ok", "outcome", "error", "duration_s")
+            }
+            out.append(event("probe", node, time.time(), keep))
+        return out
+    finally:
+        backend.close()
+
+
+async def run_agent(settings: Settings, opts: dict[str, Any]) -> None:
+    """Run until SIGINT/SIGTERM."""
+    node = opts.get("node") or default_node()
+    backend = make_backend(opts)
+    agent_settings = AgentSettings(
+        node=node,
+        interval_s=opts["interval"],
+        heartbeat_s=opts["heartbeat"],
+        probe_every_s=opts["probe_every"],
+        probe_timeout_s=opts["probe_timeout"],
+        probe_command=tuple(shlex.split(opts["probe_command"]))
+        if opts.get("probe_command")
+        else (),
+        spool_path=opts.get("spool") or settings.state_dir / f"agent-{node}-spool.jsonl",
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        async with open_bus(settings.nats, settings.state_dir, name=f"gpuops-agent-{node}") as bus:
+            await Agent(agent_settings, backend, bus.nc, SystemClock()).run(stop)
+    finally:
+        backend.close()

@@ -1,0 +1,135 @@
+"""The agent on a real nats-server: health events spool while NATS is down and flush in order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nats
+import pytest
+
+from engine.agent.agent import Agent, AgentSettings
+from engine.agent.nvml import NvmlBackend
+from engine.agent.probe import run_probe
+from engine.bus.conn import EVENTS, ensure_streams
+from engine.bus.server import EmbeddedNats
+from engine.clock import SystemClock
+from engine.models import EVENT_ADAPTER
+from tests.conftest import ROOT, wait_for
+from tests.fake_pynvml import FakeNvml
+
+pytestmark = pytest.mark.integration
+
+
+async def test_health_events_spool_while_nats_is_down_and_flush_in_order(tmp_path: Path) -> None:
+    server = EmbeddedNats(tmp_path / "nats").start()
+    nc = await nats.connect(server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    await ensure_streams(nc.jetstream())
+    settings = AgentSettings(node="node-001", spool_path=tmp_path / "spool.jsonl", spool_max=3)
+    agent = Agent(settings, NvmlBackend(FakeNvml()), nc, SystemClock())
+    try:
+        await agent.publish_heartbeat()
+        server.stop()
+        await wait_for(lambda: not nc.is_connected, 10)
+        for xid in (13, 31, 43, 48):  # four into a spool of three: the oldest is dropped
+            await agent.publish_health("xid", {"gpu": 0, "xid": xid})
+        assert len(agent.spool) == 3 and agent.spool.dropped == 1
+        server = EmbeddedNats(tmp_path / "nats", port=server.port).start()
+        await wait_for(lambda: nc.is_connected, 20)
+        await agent.flush_spool()
+        assert len(agent.spool) == 0
+        js = nc.jetstream()
+        info = await js.stream_info(EVENTS)
+        kinds = [
+            json.loads((await js.get_msg(EVENTS, seq)).data)
+            for seq in range(1, info.state.last_seq + 1)
+        ]
+        assert [e["kind"] for e in kinds] == ["heartbeat", "xid", "xid", "xid"]
+        assert [e["data"]["xid"] for e in kinds[1:]] == [31, 43, 48]
+        await agent.publish_heartbeat()
+        last = json.loads((await js.get_msg(EVENTS, info.state.last_seq + 1)).data)
+        assert last["data"]["spool_dropped"] == 1, "the heartbeat reports what was dropped"
+    finally:
+        await nc.close()
+        server.stop()
+
+
+async def test_agent_loop_publishes_telemetry_heartbeat_and_listener_events(tmp_path: Path) -> None:
+    server = EmbeddedNats(tmp_path / "nats").start()
+    nc = await nats.connect(server.url)
+    await ensure_streams(nc.jetstream())
+    fake = FakeNvml(gpus=2)
+    from types import SimpleNamespace
+
+    import pynvml
+
+    fake.events.append(
+        SimpleNamespace(eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=79, device=1)
+    )
+    settings = AgentSettings(
+        node="node-001",
+        interval_s=0.2,
+        heartbeat_s=0.5,
+        probe_every_s=3600,
+        probe_command=("true",),
+        spool_path=tmp_path / "spool.jsonl",
+    )
+    agent = Agent(settings, NvmlBackend(fake), nc, SystemClock())
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await wait_for(
+            lambda: agent.sent.get("telemetry", 0) >= 2 and agent.sent.get("xid") == 1, 15
+        )
+        assert agent.sent.get("probe") == 2 and agent.sent.get("heartbeat", 0) >= 1
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await nc.close()
+        server.stop()
+
+
+def test_probe_without_a_gpu_library_is_unavailable_not_passed() -> None:
+    result = run_probe([0], timeout_s=60)[0]
+    assert result["outcome"] == "unavailable" and result["ok"] is False
+
+
+def test_probe_command_failure_and_timeout() -> None:
+    assert run_probe([0], 10, ["false"])[0]["outcome"] == "fail"
+    assert run_probe([0], 0.5, ["sleep", "5"])[0]["outcome"] == "timeout"
+    assert run_probe([3], 10, ["sh", "-c", "test {gpu} = 3"])[0]["outcome"] == "pass"
+
+
+def test_agent_once_json_on_a_simulated_node(tmp_path: Path) -> None:
+    from engine.sim.fleet import SimFleet
+
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=2)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "agent",
+            "--once",
+            "--json",
+            "--backend",
+            "sim",
+            "--sim-root",
+            str(fleet.root),
+            "--node",
+            "node-001",
+            "--probe-command",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    events = [EVENT_ADAPTER.validate_json(line) for line in done.stdout.splitlines()]
+    assert [e.kind for e in events] == ["telemetry", "probe", "probe"]
+    assert len(events[0].data.gpus) == 2  # type: ignore[union-attr]
