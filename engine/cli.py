@@ -18,7 +18,8 @@ from engine.errors import EngineError, RuleError
 from engine.settings import Settings, load_settings
 
 T = TypeVar("T")
-out = Console(soft_wrap=True)
+# Piped output is read in logs and CI: do not squeeze tables to 80 columns there.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
 
 
@@ -300,7 +301,8 @@ def simulate(
 
 
 @main.command()
-@click.option("--nodes", type=int, default=4, show_default=True)
+@click.option("--nodes", type=int, default=16, show_default=True)
+@click.option("--scenario", default="demo", show_default=True, help="shipped name or a .yml file")
 @click.option(
     "--speed", type=float, default=10.0, show_default=True, help="simulated seconds per second"
 )
@@ -309,7 +311,9 @@ def simulate(
     "--timeout", type=float, default=110.0, show_default=True, help="wall seconds at most"
 )
 @click.pass_context
-def demo(ctx: click.Context, nodes: int, speed: float, json_summary: bool, timeout: float) -> None:
+def demo(
+    ctx: click.Context, nodes: int, scenario: str, speed: float, json_summary: bool, timeout: float
+) -> None:
     """Run the whole loop on a simulated fleet: faults, rules, playbooks, recovery."""
     from engine.demo import run_demo
 
@@ -321,6 +325,7 @@ def demo(ctx: click.Context, nodes: int, speed: float, json_summary: bool, timeo
             timeout_s=timeout,
             state_dir=(ctx.obj or {}).get("state_dir"),
             console=out,
+            scenario=scenario,
         )
     )
     sys.exit(0 if ok else 1)

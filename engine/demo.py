@@ -1,7 +1,8 @@
-"""`gpuops demo`: embedded NATS, a simulated fleet with faults, the engine, real ansible-runner.
+"""`gpuops demo`: embedded NATS, a simulated fleet with a scenario, the engine, real ansible-runner.
 
 Simulated time runs `speed` times faster than the wall (an injected ScaledClock), so a
-rule that needs a minute of sustained heat acts within seconds, unchanged.
+rule that needs a minute of sustained heat acts within seconds, unchanged. One drift
+check runs during the scenario, as the scheduler would run it.
 """
 
 from __future__ import annotations
@@ -12,137 +13,118 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from engine.act.driftcheck import drift_check, publish_report
 from engine.app import App, load_world
-from engine.bus.conn import Bus, open_bus
+from engine.bus.conn import open_bus
 from engine.clock import ScaledClock
-from engine.intake.decode import event_subject
-from engine.models import EVENT_ADAPTER, AuditRecord
+from engine.models import AuditRecord
 from engine.settings import NatsSettings, Settings, checkout_root
-from engine.sim.fleet import SimFleet, envelope
+from engine.sim.driver import SimDriver
+from engine.sim.fleet import SimFleet
+from engine.sim.scenario import Fault, load_scenario
+
+# Which rule answers each fault, and how to tell the node recovered.
+RULE_FOR = {
+    "overheat": "gpu-overheat",
+    "power_limit": "power-limit-below-policy",
+    "xid": "xid-79-gpu-lost",
+    "zombie": "probe-failed",
+    "drift": "drift-safe-fix",
+    "silent": "agent-silent",
+    "ecc": "ecc-dbe-event",
+}
+DRIFT_CHECK_AT = 40.0
+
+
+def _recovered(fleet: SimFleet, f: Fault) -> bool:
+    s = fleet.state(f.node)
+    g = s["gpus"][f.gpu]
+    checks: dict[str, Callable[[], bool]] = {
+        "overheat": lambda: bool(s["drained"]) and _temp(fleet, f) < 86.0,
+        "power_limit": lambda: g["power_limit_w"] == 700.0,
+        "xid": lambda: s["boots"] >= 1 and "lost" not in g["faults"],
+        "zombie": lambda: g["resets"] >= 1 and "zombie" not in g["faults"],
+        "drift": lambda: g[f.params.get("setting", "persistence_mode")] is True,
+        "ecc": lambda: g["resets"] >= 1,
+    }
+    check = checks.get(f.fault)
+    return check() if check is not None else False
+
+
+def _temp(fleet: SimFleet, f: Fault) -> float:
+    sample = fleet.telemetry(f.node, time.time()) or {"data": {"gpus": []}}
+    gpu = next((g for g in sample["data"]["gpus"] if g["index"] == f.gpu), None)
+    return float(gpu["temp_c"]) if gpu else 999.0
 
 
 @dataclass
-class Fault:
-    """One fault of the demo scenario and what became of it."""
+class Track:
+    """One injected fault and what became of it."""
 
-    name: str
-    node: str
-    gpu: int
-    at: float
-    rule: str
-    recovered: Callable[[SimFleet, Fault], bool]
-    params: dict[str, Any] = field(default_factory=dict)
-    injected_at: float | None = None
+    fault: Fault
+    injected_at: float
     detected_at: float | None = None
     playbook: str = ""
-    run_status: str = ""
+    run: str = ""
     recovered_at: float | None = None
 
+    @property
+    def rule(self) -> str:
+        return RULE_FOR[self.fault.fault]
 
-def _cooled(fleet: SimFleet, f: Fault) -> bool:
-    sample = fleet.telemetry(f.node, time.time())
-    gpu = next(g for g in (sample or {}).get("data", {}).get("gpus", []) if g["index"] == f.gpu)
-    return bool(fleet.state(f.node)["drained"]) and gpu["temp_c"] < gpu["temp_slowdown_c"] - 3
-
-
-def _power_restored(fleet: SimFleet, f: Fault) -> bool:
-    return bool(fleet.state(f.node)["gpus"][f.gpu]["power_limit_w"] == 700.0)
-
-
-def _gpu_back(fleet: SimFleet, f: Fault) -> bool:
-    state = fleet.state(f.node)
-    return state["boots"] >= 1 and not state["gpus"][f.gpu]["faults"].get("lost")
-
-
-def scenario(nodes: list[str]) -> list[Fault]:
-    """Overheat, a lowered power limit and a lost GPU, on different nodes."""
-    pick = [nodes[i % len(nodes)] for i in (1, 2, 3)]
-    return [
-        Fault("overheat", pick[0], 3, 10.0, "gpu-overheat", _cooled),
-        Fault(
-            "power limit 400 W",
-            pick[1],
-            5,
-            10.0,
-            "power-limit-below-policy",
-            _power_restored,
-            {"watts": 400},
-        ),
-        Fault("XID 79", pick[2], 1, 20.0, "xid-79-gpu-lost", _gpu_back),
-    ]
-
-
-class _Sim:
-    """Publishes what the fleet's agents would, and injects the scenario's faults."""
-
-    def __init__(self, fleet: SimFleet, bus: Bus, clock: ScaledClock, faults: list[Fault]) -> None:
-        self.fleet, self.bus, self.clock, self.faults = fleet, bus, clock, faults
-        self.t0 = clock.now()
-        self.published = 0
-
-    async def run(self, stop: asyncio.Event) -> None:
-        tick = 0
-        while not stop.is_set():
-            now = self.clock.now()
-            await self._inject(now)
-            for node in self.fleet.nodes:
-                await self._send(self.fleet.telemetry(node, now))
-                if tick % 10 == 0:
-                    await self._send(self.fleet.heartbeat(node, now, tick))
-            tick += 1
-            await asyncio.sleep(1.0 / self.clock.factor)
-
-    async def _inject(self, now: float) -> None:
-        for f in self.faults:
-            if f.injected_at is None and now - self.t0 >= f.at:
-                f.injected_at = now
-                if f.name == "XID 79":
-                    self.fleet.inject(f.node, "lost", f.gpu, at=now)
-                    await self._send(
-                        envelope(
-                            "xid",
-                            f.node,
-                            now,
-                            {"gpu": f.gpu, "xid": 79, "message": "GPU has fallen off the bus."},
-                        )
-                    )
-                elif f.name.startswith("power"):
-                    self.fleet.inject(f.node, "power_limit", f.gpu, at=now, **f.params)
-                else:
-                    self.fleet.inject(f.node, "overheat", f.gpu, at=now)
-
-    async def _send(self, event: dict[str, Any] | None) -> None:
-        if event is None:
-            return
-        subject = event_subject(EVENT_ADAPTER.validate_python(event))
-        await self.bus.js.publish(
-            subject, json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]}
+    @property
+    def settled(self) -> bool:
+        """Done: recovered, or (no playbook for it) detected and handed to a person."""
+        return self.recovered_at is not None or (
+            self.fault.fault == "silent" and self.detected_at is not None
         )
-        self.published += 1
+
+    def outcome(self) -> str:
+        if self.recovered_at is not None:
+            return "recovered"
+        if self.fault.fault == "silent" and self.detected_at is not None:
+            return "notified (needs a person)"
+        return "NOT recovered"
 
 
-def _watch(
-    faults: list[Fault], console: Console, t0: float, quiet: bool
-) -> Callable[[AuditRecord], None]:
-    def on_record(r: AuditRecord) -> None:
-        f = next((f for f in faults if f.node == r.node and (not r.rule or f.rule == r.rule)), None)
-        if r.type == "decision" and f is not None and f.rule == r.rule:
-            accepted = r.body.get("decision", {}).get("accepted")
-            if accepted and f.detected_at is None:
-                f.detected_at = r.at
-        if r.type == "run" and f is not None:
-            f.playbook, f.run_status = r.body.get("playbook", ""), r.body.get("status", "")
-        if not quiet and r.type in ("decision", "run", "note"):
-            console.print(f"[dim]t+{r.at - t0:6.1f}s[/dim] {r.type:8} {r.summary}", highlight=False)
+class _Demo:
+    def __init__(self, fleet: SimFleet, console: Console, quiet: bool, t0: float) -> None:
+        self.fleet, self.console, self.quiet, self.t0 = fleet, console, quiet, t0
+        self.tracks: list[Track] = []
 
-    return on_record
+    def injected(self, fault: Fault, at: float) -> None:
+        self.tracks.append(Track(fault, at))
+        self._say(at, "fault", f"{fault.fault} on {fault.node}/{fault.gpu} {fault.params or ''}")
+
+    def on_record(self, r: AuditRecord) -> None:
+        for t in self.tracks:
+            if t.fault.node != r.node or (r.rule and r.rule != t.rule):
+                continue
+            if r.type == "decision" and r.rule == t.rule and t.detected_at is None:
+                t.detected_at = r.at
+            if r.type == "run":
+                t.playbook, t.run = r.body.get("playbook", ""), r.body.get("status", "")
+        if r.type in ("decision", "run") or (r.type == "note" and r.summary.startswith("running")):
+            self._say(r.at, r.type, r.summary)
+
+    def poll(self, now: float) -> None:
+        for t in self.tracks:
+            if t.recovered_at is None and t.run == "successful" and _recovered(self.fleet, t.fault):
+                t.recovered_at = now
+                self._say(now, "recovered", f"{t.fault.node}/{t.fault.gpu} after {t.fault.fault}")
+
+    def _say(self, at: float, what: str, text: str) -> None:
+        if not self.quiet:
+            self.console.print(
+                f"[dim]t+{at - self.t0:6.1f}s[/dim] {what:9} {text}", highlight=False
+            )
 
 
 async def run_demo(
@@ -153,8 +135,9 @@ async def run_demo(
     timeout_s: float,
     state_dir: Path | None,
     console: Console,
+    scenario: str = "demo",
 ) -> bool:
-    """Run the scenario to the end; True when every fault was detected, fixed and recovered."""
+    """Run the scenario to the end; True when every fault was handled."""
     wall0 = time.monotonic()
     root = (
         Path(tempfile.mkdtemp(prefix="gpuops-demo-")) if state_dir is None else state_dir / "demo"
@@ -171,25 +154,31 @@ async def run_demo(
         tick_s=0.2,
     )
     rules, inventory = load_world(settings)
+    plan = load_scenario(scenario, fleet.nodes)
     clock = ScaledClock(speed)
-    faults = scenario(fleet.nodes)
-    quiet = json_summary
-    if not quiet:
+    demo = _Demo(fleet, console, json_summary, clock.now())
+    if not json_summary:
         console.print(
             f"[bold]gpuops demo[/bold]: {nodes} nodes x 8 H200, {len(rules.rules)} rules, "
-            f"time x{speed:g}; state in {root}"
+            f"scenario {plan.name!r}, time x{speed:g}; state in {root}"
         )
     async with open_bus(NatsSettings(), root, name="gpuops-demo") as bus:
         app = App(settings=settings, bus=bus, clock=clock, rules=rules, inventory=inventory)
-        app.auditor.listeners.append(_watch(faults, console, clock.now(), quiet))
-        sim = _Sim(fleet, bus, clock, faults)
+        app.auditor.listeners.append(demo.on_record)
+        driver = SimDriver(fleet, bus, clock, plan, on_inject=demo.injected)
         engine = asyncio.create_task(app.run())
-        feeder = asyncio.create_task(sim.run(app.stop))
-        await _until_done(fleet, faults, clock, wall0 + timeout_s)
+        feeder = asyncio.create_task(driver.run(app.stop))
+        checked = await _until_done(
+            demo,
+            clock,
+            wall0 + timeout_s,
+            len(plan.faults),
+            lambda: _drift_check(app, inventory, settings, clock, demo),
+        )
         app.stop.set()
         await asyncio.gather(engine, feeder)
-    ok = all(f.recovered_at is not None for f in faults)
-    summary = _summary(faults, app, sim, time.monotonic() - wall0, ok)
+    ok = len(demo.tracks) == len(plan.faults) and all(t.settled for t in demo.tracks)
+    summary = _summary(demo, app, driver, time.monotonic() - wall0, ok, checked)
     if json_summary:
         console.print_json(json.dumps(summary))
     else:
@@ -199,43 +188,61 @@ async def run_demo(
     return ok
 
 
+async def _drift_check(
+    app: App, inventory: Any, settings: Settings, clock: ScaledClock, demo: _Demo
+) -> dict[str, Any]:
+    report = await drift_check(inventory, settings.playbooks_dir, clock)
+    await publish_report(app.bus.js, report)
+    demo._say(
+        report.ended,
+        "drift",
+        f"check of {len(report.hosts)} hosts: drifted {report.drifted or 'none'}",
+    )
+    return report.summary()
+
+
 async def _until_done(
-    fleet: SimFleet, faults: list[Fault], clock: ScaledClock, deadline: float
-) -> None:
+    demo: _Demo, clock: ScaledClock, deadline: float, expected: int, check: Any
+) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        for f in faults:
-            if f.recovered_at is None and f.run_status and f.recovered(fleet, f):
-                f.recovered_at = clock.now()
-        if all(f.recovered_at is not None for f in faults):
-            return
+        if not summary and clock.now() - demo.t0 >= DRIFT_CHECK_AT:
+            summary = await check()
+        demo.poll(clock.now())
+        if summary and len(demo.tracks) == expected and all(t.settled for t in demo.tracks):
+            break
         await asyncio.sleep(0.2)
+    return summary
 
 
-def _summary(faults: list[Fault], app: App, sim: _Sim, wall: float, ok: bool) -> dict[str, Any]:
-    rows = []
-    for f in faults:
-        rows.append(
-            {
-                "fault": f.name,
-                "node": f.node,
-                "gpu": f.gpu,
-                "rule": f.rule,
-                "detected_after_s": _delta(f.injected_at, f.detected_at),
-                "playbook": f.playbook,
-                "run": f.run_status or "none",
-                "recovered_after_s": _delta(f.injected_at, f.recovered_at),
-                "outcome": "recovered" if f.recovered_at else "NOT recovered",
-            }
-        )
+def _summary(
+    demo: _Demo, app: App, driver: SimDriver, wall: float, ok: bool, drift: dict[str, Any]
+) -> dict[str, Any]:
+    rows = [
+        {
+            "fault": t.fault.fault,
+            "node": t.fault.node,
+            "gpu": t.fault.gpu,
+            "rule": t.rule,
+            "detected_after_s": _delta(t.injected_at, t.detected_at),
+            "playbook": t.playbook,
+            "run": t.run or "none",
+            "recovered_after_s": _delta(t.injected_at, t.recovered_at),
+            "outcome": t.outcome(),
+        }
+        for t in demo.tracks
+    ]
     p = app.pipeline
     return {
         "ok": ok,
         "wall_s": round(wall, 1),
-        "events_published": sim.published,
+        "telemetry_published": driver.stats.telemetry,
+        "health_published": driver.stats.health,
         "events_processed": sum(p.events.values()),
         "decisions": dict(p.decisions),
         "intents": p.intents,
         "runs": len(app.executor.outcomes) if app.executor else 0,
+        "drift_check": drift,
         "faults": rows,
     }
 
@@ -249,11 +256,11 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
         "fault",
         "node/gpu",
         "rule",
-        "detected after",
+        "detected",
         "playbook",
         "run",
         "outcome",
-        title="Summary (times in simulated seconds)",
+        title="Summary (simulated seconds after the fault)",
     )
     for r in s["faults"]:
         det = "-" if r["detected_after_s"] is None else f"{r['detected_after_s']}s"
@@ -262,17 +269,16 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
             f"{r['node']}/{r['gpu']}",
             r["rule"],
             det,
-            r["playbook"],
+            r["playbook"] or "-",
             r["run"],
             r["outcome"],
         )
     console.print(table)
+    verdict = (
+        "[green]every fault handled[/green]" if s["ok"] else "[red]not every fault handled[/red]"
+    )
     console.print(
-        f"events published {s['events_published']}, processed {s['events_processed']}, "
-        f"decisions {s['decisions']}, runs {s['runs']}, wall {s['wall_s']}s: "
-        + (
-            "[green]all faults recovered[/green]"
-            if s["ok"]
-            else "[red]not all faults recovered[/red]"
-        )
+        f"events processed {s['events_processed']} (telemetry {s['telemetry_published']}, "
+        f"health {s['health_published']}), decisions {s['decisions']}, runs {s['runs']}, "
+        f"wall {s['wall_s']}s: {verdict}"
     )

@@ -167,12 +167,8 @@ class Executor:
             f"running {intent.action.playbook} on {intent.node}",
             {"intent": intent.key, "revision": version.revision, "sha256": version.sha256},
         )
-        request = RunRequest(
-            intent=intent,
-            playbook=version,
-            inventory=self.inventory,
-            timeout_s=min(intent.action.timeout_s, self.max_timeout_s),
-        )
+        timeout = min(intent.action.timeout_s, self.max_timeout_s)
+        request = RunRequest.for_intent(intent, version, self.inventory, timeout)
         keepalive = asyncio.create_task(_keep_in_progress(msg))
         try:
             return await run_async(request, self.clock)

@@ -68,17 +68,38 @@ def extra_vars(intent: Intent) -> dict[str, Any]:
 
 @dataclass(slots=True)
 class RunRequest:
-    """Everything one ansible-runner call needs."""
+    """Everything one ansible-runner call needs; `key`, `rule` and `node` label the outcome."""
 
-    intent: Intent
+    key: str
+    rule: str
+    node: str
     playbook: PlaybookVersion
+    playbook_name: str
     inventory: Path
     timeout_s: float
+    extravars: dict[str, Any] = field(default_factory=dict)
+    limit: str | None = None
     check_mode: bool = False
     forks: int = 5
-    limit: str | None = None
     on_event: Callable[[dict[str, Any]], None] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def for_intent(
+        cls, intent: Intent, playbook: PlaybookVersion, inventory: Path, timeout_s: float
+    ) -> RunRequest:
+        """An intent's run: limited to its node, its data under `gpuops`."""
+        return cls(
+            key=intent.key,
+            rule=intent.rule,
+            node=intent.node,
+            playbook=playbook,
+            playbook_name=intent.action.playbook,
+            inventory=inventory,
+            timeout_s=timeout_s,
+            extravars=extra_vars(intent),
+            limit=intent.node,
+        )
 
 
 def _stats(raw: dict[str, dict[str, int]] | None) -> dict[str, dict[str, int]]:
@@ -121,13 +142,13 @@ def run_playbook(req: RunRequest, clock: Clock) -> RunOutcome:
 
     try:
         vars_file = data_dir / "gpuops-vars.yml"
-        vars_file.write_text(yaml.dump(_mark_unsafe(extra_vars(req.intent)), Dumper=_VarsDumper))
+        vars_file.write_text(yaml.dump(_mark_unsafe(req.extravars), Dumper=_VarsDumper))
         cmdline = f"-e @{vars_file}" + (" --check --diff" if req.check_mode else "")
         runner = ansible_runner.run(
             private_data_dir=str(data_dir),
             playbook=str(req.playbook.path),
             inventory=str(req.inventory.resolve()),
-            limit=req.limit or req.intent.node,
+            limit=req.limit or req.node,
             cmdline=cmdline,
             forks=req.forks,
             timeout=max(1, int(req.timeout_s)),
@@ -146,10 +167,10 @@ def run_playbook(req: RunRequest, clock: Clock) -> RunOutcome:
         stats = _stats(runner.stats)
         status = _status(runner.status, stats)
         return RunOutcome(
-            intent_key=req.intent.key,
-            rule=req.intent.rule,
-            node=req.intent.node,
-            playbook=req.intent.action.playbook,
+            intent_key=req.key,
+            rule=req.rule,
+            node=req.node,
+            playbook=req.playbook_name,
             status=status,
             rc=runner.rc,
             stats=stats,
@@ -161,14 +182,12 @@ def run_playbook(req: RunRequest, clock: Clock) -> RunOutcome:
             error=None if status is RunStatus.SUCCESSFUL else _last_error(data_dir),
         )
     except Exception as exc:
-        log.exception(
-            "playbook %s for %s failed to run", req.intent.action.playbook, req.intent.node
-        )
+        log.exception("playbook %s for %s failed to run", req.playbook_name, req.node)
         return RunOutcome(
-            intent_key=req.intent.key,
-            rule=req.intent.rule,
-            node=req.intent.node,
-            playbook=req.intent.action.playbook,
+            intent_key=req.key,
+            rule=req.rule,
+            node=req.node,
+            playbook=req.playbook_name,
             status=RunStatus.ERROR,
             started=started,
             ended=clock.now(),

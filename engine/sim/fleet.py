@@ -13,7 +13,7 @@ import stat
 import sys
 import uuid
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -60,6 +60,9 @@ class SimFleet:
     nodes: list[str]
     gpus: int
     seed: int = 7
+    _cache: dict[str, tuple[tuple[int, int], dict[str, Any]]] = field(
+        default_factory=dict, repr=False
+    )
 
     @classmethod
     def create(
@@ -113,22 +116,59 @@ class SimFleet:
     def inject(
         self, node: str, fault: str, gpu: int | None = None, at: float = 0.0, **params: Any
     ) -> None:
-        """Put a fault on a node or GPU: overheat, lost, zombie, power_limit, drift, silent."""
+        """Put a fault on a node or GPU (the kinds in engine.sim.scenario.FAULTS, and lost)."""
         with node_state.locked(self.node_dir(node)) as s:
+            g = s["gpus"][gpu or 0]
             if fault == "silent":
                 s["agent_silent"] = True
-                return
-            g = s["gpus"][gpu or 0]
-            if fault == "power_limit":
+            elif fault == "power_limit":
                 g["power_limit_w"] = float(params.get("watts", 400))
             elif fault == "drift":
                 g[params.get("setting", "persistence_mode")] = params.get("value", False)
+            elif fault == "xid":
+                xid = int(params.get("xid", 79))
+                g["faults"]["lost" if xid == 79 else "xid"] = {"since": at, "xid": xid}
+                _pending(
+                    s, "xid", {"gpu": g["index"], "xid": xid, "message": params.get("message", "")}
+                )
+            elif fault == "ecc":
+                g["faults"]["ecc"] = {"since": at, "sbe": int(params.get("sbe", 0))}
+                if params.get("type", "dbe") == "dbe":
+                    _pending(s, "ecc", {"gpu": g["index"], "type": "dbe", "count": 1})
             else:
                 g["faults"][fault] = {"since": at, **params}
 
     def state(self, node: str) -> dict[str, Any]:
-        """A node's state as it is now."""
-        return node_state.read(self.node_dir(node))
+        """A node's state as it is now (re-read only when its file changed)."""
+        info = (self.node_dir(node) / "state.json").stat()
+        stamp = (info.st_ino, info.st_mtime_ns)  # os.replace gives every write a new inode
+        cached = self._cache.get(node)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        data = node_state.read(self.node_dir(node))
+        self._cache[node] = (stamp, data)
+        return data
+
+    def take_events(self, node: str) -> list[dict[str, Any]]:
+        """Health events the node's agent would have sent since last asked (XID, ECC)."""
+        if not self.state(node).get("pending_events"):
+            return []
+        with node_state.locked(self.node_dir(node)) as s:
+            pending: list[dict[str, Any]] = s.pop("pending_events", [])
+        return pending
+
+    def probe(self, node: str) -> dict[str, Any]:
+        """The known-answer probe as this node answers it: a zombie GPU fails it."""
+        sick = [g["index"] for g in self.state(node)["gpus"] if "zombie" in g["faults"]]
+        if sick:
+            return {
+                "gpu": sick[0],
+                "ok": False,
+                "outcome": "fail",
+                "error": "max abs error 2.7e+01 > 1e-06",
+                "duration_s": 0.31,
+            }
+        return {"gpu": None, "ok": True, "outcome": "pass", "duration_s": 0.28}
 
     # --- what the agents would publish ---------------------------------------------
 
@@ -153,6 +193,10 @@ class SimFleet:
 
     def _offset(self, node: str, gpu: int) -> int:
         return stable_hash(self.seed, node, gpu) % len(h200_trace())
+
+
+def _pending(state: dict[str, Any], kind: str, data: dict[str, Any]) -> None:
+    state.setdefault("pending_events", []).append({"kind": kind, "data": data})
 
 
 def envelope(

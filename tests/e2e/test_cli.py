@@ -25,19 +25,26 @@ def test_demo_closes_the_loop_for_every_fault(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads(done.stdout)
     assert summary["ok"] is True
-    assert {f["rule"] for f in summary["faults"]} == {
-        "gpu-overheat",
-        "power-limit-below-policy",
-        "xid-79-gpu-lost",
+    rules = {f["fault"]: f for f in summary["faults"]}
+    assert set(rules) == {"overheat", "power_limit", "xid", "zombie", "drift", "silent"}
+    expected = {
+        "overheat": "drain.yml",
+        "power_limit": "power_limit.yml",
+        "xid": "reboot.yml",
+        "zombie": "gpu_reset.yml",
+        "drift": "baseline.yml",
     }
-    for fault in summary["faults"]:
-        assert fault["run"] == "successful" and fault["outcome"] == "recovered", fault
-        assert fault["detected_after_s"] is not None
-    assert summary["runs"] == 3
+    for fault, playbook in expected.items():
+        row = rules[fault]
+        assert row["playbook"] == playbook and row["run"] == "successful", row
+        assert row["outcome"] == "recovered" and row["detected_after_s"] is not None, row
+    assert rules["silent"]["outcome"] == "notified (needs a person)"
+    assert summary["drift_check"]["hosts_checked"] == 16
+    assert "node-006" in summary["drift_check"]["drifted"]
     history = _gpuops("--state-dir", str(tmp_path / "demo"), "history", "--json")
     assert history.returncode == 0, history.stderr
     runs = [json.loads(line) for line in history.stdout.splitlines() if '"type": "run"' in line]
-    assert len(runs) == 3
+    assert len(runs) == summary["runs"] >= 5
 
 
 def test_validate_reports_file_line_rule_and_exits_1() -> None:

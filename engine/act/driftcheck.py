@@ -1,0 +1,189 @@
+"""Drift checks: `baseline.yml` in check and diff mode over a group, in batches, with forks.
+
+Each host's changed "Drift <setting>" tasks become `drift` events (setting, expected,
+actual, GPU); an unreachable host becomes an `unreachable` event; a host with no drift
+gets a clean record, so "last checked" is known for every host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.act.playbooks import resolve
+from engine.act.runner import RunRequest, run_async
+from engine.clock import Clock, rfc3339
+from engine.inventory import Inventory
+from engine.models import RunStatus
+
+log = logging.getLogger(__name__)
+
+PLAYBOOK = "baseline.yml"
+
+
+@dataclass
+class HostDrift:
+    """What one host's check found."""
+
+    host: str
+    drifts: list[dict[str, Any]] = field(default_factory=list)
+    unreachable: str | None = None
+    failed: str | None = None
+
+
+@dataclass
+class DriftReport:
+    """One drift check over a group."""
+
+    group: str
+    started: float
+    ended: float = 0.0
+    hosts: dict[str, HostDrift] = field(default_factory=dict)
+
+    @property
+    def drifted(self) -> list[str]:
+        """Hosts with at least one drifted setting."""
+        return sorted(h for h, d in self.hosts.items() if d.drifts)
+
+    @property
+    def unreachable(self) -> list[str]:
+        """Hosts the check could not reach."""
+        return sorted(h for h, d in self.hosts.items() if d.unreachable)
+
+    def summary(self) -> dict[str, Any]:
+        """The audit record's body."""
+        return {
+            "group": self.group,
+            "hosts_checked": len(self.hosts),
+            "drifted": self.drifted,
+            "unreachable": self.unreachable,
+            "duration_s": round(self.ended - self.started, 2),
+            "settings": {
+                h: sorted({d["setting"] for d in r.drifts})
+                for h, r in self.hosts.items()
+                if r.drifts
+            },
+        }
+
+    def events(self, source: str = "drift-check") -> list[dict[str, Any]]:
+        """The drift and unreachable events this check produced."""
+        out = []
+        at = rfc3339(self.ended)
+        for host, result in sorted(self.hosts.items()):
+            for drift in result.drifts:
+                out.append(
+                    {
+                        "id": str(uuid.uuid4()),
+                        "kind": "drift",
+                        "node": host,
+                        "ts": at,
+                        "source": source,
+                        "data": drift,
+                    }
+                )
+            if result.unreachable:
+                out.append(
+                    {
+                        "id": str(uuid.uuid4()),
+                        "kind": "unreachable",
+                        "node": host,
+                        "ts": at,
+                        "source": source,
+                        "data": {"error": result.unreachable, "check": "drift"},
+                    }
+                )
+        return out
+
+
+def _collector(report: DriftReport) -> Callable[[dict[str, Any]], None]:
+    def on_event(event: dict[str, Any]) -> None:
+        data = event.get("event_data", {})
+        host = data.get("host")
+        if not host:
+            return
+        result = report.hosts.setdefault(host, HostDrift(host))
+        kind = event.get("event")
+        if kind == "runner_on_unreachable":
+            result.unreachable = str(data.get("res", {}).get("msg", "unreachable"))[:300]
+        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            result.failed = str(data.get("res", {}).get("msg", "failed"))[:300]
+        elif (kind == "runner_item_on_ok" and str(data.get("task", "")).startswith("Drift ")) or (
+            kind == "runner_on_ok"
+            and str(data.get("task", "")).startswith("Drift ")
+            and "results" not in data.get("res", {})  # a loop's items came one by one already
+        ):
+            _add(result, data.get("res", {}))
+
+    return on_event
+
+
+def _add(result: HostDrift, res: dict[str, Any]) -> None:
+    msg = res.get("msg")
+    if res.get("changed") and isinstance(msg, dict) and "setting" in msg:
+        gpu = msg.get("gpu")
+        drift = {
+            "setting": str(msg["setting"]),
+            "expected": msg.get("expected"),
+            "actual": msg.get("actual"),
+            "gpu": int(gpu) if gpu not in (None, "") else None,
+        }
+        if drift not in result.drifts:
+            result.drifts.append(drift)
+
+
+async def drift_check(
+    inventory: Inventory,
+    playbooks_dir: Path,
+    clock: Clock,
+    *,
+    group: str = "all",
+    batch_size: int = 50,
+    forks: int = 10,
+    timeout_s: float = 900.0,
+    progress: Callable[[int, int], None] | None = None,
+) -> DriftReport:
+    """Run the check over `group` batch by batch; every host of the group gets a result."""
+    hosts = sorted(inventory.group_hosts(group))
+    report = DriftReport(group=group, started=clock.now())
+    version = resolve(playbooks_dir, PLAYBOOK, None, playbooks_dir)
+    for i in range(0, len(hosts), batch_size):
+        batch = hosts[i : i + batch_size]
+        for host in batch:
+            report.hosts[host] = HostDrift(host)
+        request = RunRequest(
+            key=f"drift-check-{uuid.uuid4().hex[:12]}",
+            rule="drift-check",
+            node=",".join(batch),
+            playbook=version,
+            playbook_name=PLAYBOOK,
+            inventory=inventory.path,
+            timeout_s=timeout_s,
+            limit=",".join(batch),
+            check_mode=True,
+            forks=forks,
+            on_event=_collector(report),
+        )
+        outcome = await run_async(request, clock)
+        if outcome.status in (RunStatus.ERROR, RunStatus.TIMEOUT, RunStatus.CANCELED):
+            for host in batch:
+                report.hosts[host].failed = (
+                    report.hosts[host].failed or f"check {outcome.status.value}"
+                )
+        if progress is not None:
+            progress(min(i + batch_size, len(hosts)), len(hosts))
+    report.ended = clock.now()
+    return report
+
+
+async def publish_report(js: Any, report: DriftReport) -> int:
+    """Put the check's drift and unreachable events on the bus (deduplicated by id)."""
+    events = report.events()
+    for event in events:
+        subject = f"gpuops.events.{event['kind']}.{event['node']}"
+        await js.publish(subject, json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]})
+    return len(events)

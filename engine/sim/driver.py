@@ -1,0 +1,111 @@
+"""Drives a simulated fleet onto the bus: what every node's agent would publish, plus faults.
+
+One process plays every agent: telemetry each simulated second (core publish, as the
+agent does), heartbeats, probe results and XID/ECC events (JetStream publish with a
+message id), and the scenario's faults at their times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.bus.conn import Bus
+from engine.clock import ScaledClock
+from engine.sim.fleet import SimFleet, envelope
+from engine.sim.scenario import Fault, Scenario
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DriverStats:
+    """What the driver did, and how far behind schedule it fell."""
+
+    telemetry: int = 0
+    health: int = 0
+    ticks: int = 0
+    late_ticks: int = 0
+    busy_s: float = 0.0
+    injected: list[tuple[Fault, float]] = field(default_factory=list)
+
+
+class SimDriver:
+    """Publishes a fleet's events on a (possibly scaled) clock."""
+
+    def __init__(
+        self,
+        fleet: SimFleet,
+        bus: Bus,
+        clock: ScaledClock,
+        scenario: Scenario | None = None,
+        *,
+        telemetry_s: float = 1.0,
+        heartbeat_s: float = 10.0,
+        probe_s: float = 30.0,
+        on_inject: Callable[[Fault, float], None] | None = None,
+    ) -> None:
+        self.fleet, self.bus, self.clock = fleet, bus, clock
+        self.pending = list(scenario.faults) if scenario else []
+        self.telemetry_s, self.heartbeat_s, self.probe_s = telemetry_s, heartbeat_s, probe_s
+        self.on_inject = on_inject
+        self.stats = DriverStats()
+        self.t0 = clock.now()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick until `stop`; each tick is one telemetry interval of simulated time."""
+        period = self.telemetry_s / self.clock.factor
+        next_tick = time.monotonic()
+        last_hb = last_probe = float("-inf")
+        while not stop.is_set():
+            started = time.monotonic()
+            now = self.clock.now()
+            self._inject(now)
+            beat = now - last_hb >= self.heartbeat_s
+            probe = self.probe_s > 0 and now - last_probe >= self.probe_s
+            await self._tick(now, beat, probe)
+            last_hb = now if beat else last_hb
+            last_probe = now if probe else last_probe
+            self.stats.ticks += 1
+            self.stats.busy_s += time.monotonic() - started
+            next_tick += period
+            delay = next_tick - time.monotonic()
+            if delay < 0:
+                self.stats.late_ticks += 1
+                next_tick = time.monotonic()
+            await asyncio.sleep(max(0.0, delay))
+
+    async def _tick(self, now: float, beat: bool, probe: bool) -> None:
+        for node in self.fleet.nodes:
+            sample = self.fleet.telemetry(node, now)
+            if sample is None:
+                continue  # a silent agent sends nothing at all
+            await self.bus.nc.publish(f"gpuops.telemetry.{node}", json.dumps(sample).encode())
+            self.stats.telemetry += 1
+            for pending in self.fleet.take_events(node):
+                await self._health(envelope(pending["kind"], node, now, pending["data"]))
+            if beat:
+                await self._health(envelope("heartbeat", node, now, {"seq": self.stats.ticks}))
+            if probe:
+                await self._health(envelope("probe", node, now, self.fleet.probe(node)))
+
+    async def _health(self, event: dict[str, Any]) -> None:
+        subject = f"gpuops.events.{event['kind']}.{event['node']}"
+        await self.bus.js.publish(
+            subject, json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]}
+        )
+        self.stats.health += 1
+
+    def _inject(self, now: float) -> None:
+        while self.pending and now - self.t0 >= self.pending[0].at:
+            fault = self.pending.pop(0)
+            self.fleet.inject(fault.node, fault.fault, fault.gpu, at=now, **fault.params)
+            self.stats.injected.append((fault, now))
+            log.info("injected %s on %s/%s", fault.fault, fault.node, fault.gpu)
+            if self.on_inject is not None:
+                self.on_inject(fault, now)
