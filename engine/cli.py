@@ -284,20 +284,35 @@ def schema(what: str) -> None:
 @click.option(
     "--root", type=click.Path(path_type=Path), help="fleet state (default: STATE_DIR/sim)"
 )
+@click.option("--inventory-dir", type=click.Path(path_type=Path), help="default: inventories/sim")
 @click.option(
-    "--inventory-dir", type=click.Path(path_type=Path), help="also write the inventory here"
+    "--run", "seconds", type=float, help="then publish the fleet's events for this many seconds"
 )
+@click.option("--scenario", help="fault scenario while running (demo, storm, or a .yml)")
+@click.option("--nats", help="NATS URL (default: the running engine's embedded server)")
 @click.pass_context
 def simulate(
-    ctx: click.Context, nodes: int, gpus: int, root: Path | None, inventory_dir: Path | None
+    ctx: click.Context,
+    nodes: int,
+    gpus: int,
+    root: Path | None,
+    inventory_dir: Path | None,
+    seconds: float | None,
+    scenario: str | None,
+    nats: str | None,
 ) -> None:
-    """Create a simulated fleet (state, tool shims) and write its Ansible inventory."""
+    """Create a simulated fleet (state, tool shims, inventory); with --run, drive it onto NATS."""
     from engine.sim.fleet import SimFleet
 
-    settings = _settings(ctx)
+    settings = _settings(ctx, nats=nats)
     fleet = SimFleet.create(root or settings.state_dir / "sim", nodes, gpus)
     click.echo(f"fleet of {nodes} x {gpus} GPUs at {fleet.root}")
     click.echo(f"inventory: {fleet.write_inventory(inventory_dir or settings.inventory)}")
+    if seconds:
+        from engine.runtime import drive_fleet
+
+        for line in _run(drive_fleet(settings, fleet, seconds, scenario)):
+            click.echo(line)
 
 
 @main.command()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from engine.app import App, load_world
 from engine.bus.conn import open_bus
@@ -76,3 +77,32 @@ async def audit_records(settings: Settings, node: str | None) -> list[AuditRecor
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     async with open_bus(settings.nats, settings.state_dir, name="gpuops-history") as bus:
         return [r async for r in read_audit(bus.js, node)]
+
+
+async def drive_fleet(
+    settings: Settings, fleet: Any, seconds: float, scenario: str | None
+) -> list[str]:
+    """Publish a fleet's events in real time for `seconds`; report whether it kept up."""
+    import asyncio
+
+    from engine.clock import ScaledClock
+    from engine.sim.driver import SimDriver
+    from engine.sim.scenario import load_scenario
+
+    plan = load_scenario(scenario, fleet.nodes) if scenario else None
+    async with open_bus(settings.nats, settings.state_dir, name="gpuops-simulate") as bus:
+        driver = SimDriver(fleet, bus, ScaledClock(1.0), plan, probe_s=0 if plan is None else 30.0)
+        stop = asyncio.Event()
+        task = asyncio.create_task(driver.run(stop))
+        await asyncio.sleep(seconds)
+        stop.set()
+        await task
+    st = driver.stats
+    gpus = fleet.gpus * len(fleet.nodes)
+    return [
+        f"ticks={st.ticks} late_ticks={st.late_ticks} busy={st.busy_s:.1f}s of {seconds:.0f}s",
+        f"telemetry_msgs={st.telemetry} health_msgs={st.health} faults_injected={len(st.injected)}",
+        f"nodes={len(fleet.nodes)} gpus={gpus} telemetry_per_s={st.telemetry / seconds:.0f} "
+        f"gpu_samples_per_s={st.telemetry * fleet.gpus / seconds:.0f} "
+        f"tick_busy_ms={1000 * st.busy_s / max(st.ticks, 1):.0f}",
+    ]
