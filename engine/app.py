@@ -9,10 +9,18 @@ import signal
 from dataclasses import dataclass, field
 
 from engine.act.executor import Executor
+from engine.act.notify import Notifier, Webhook
 from engine.bus.conn import EVENTS, TELEMETRY, Bus
 from engine.clock import Clock
+from engine.decide.approval import APPROVED, EXECUTED, EXPIRED, PENDING, ApprovalGate, ApprovalStore
+from engine.decide.attempts import AttemptCap
+from engine.decide.breaker import CLOSED, BreakerStore, FleetBreaker
 from engine.decide.cooldown import Cooldown
+from engine.decide.equivalence import Equivalence
 from engine.decide.inventory import KnownNode
+from engine.decide.ladder import LadderStage
+from engine.decide.lock import NodeLock
+from engine.decide.silence import Silences, SilenceStore
 from engine.decide.stage import Decider, Stage
 from engine.decide.stale import StaleCutoff
 from engine.errors import RuleError
@@ -21,32 +29,58 @@ from engine.inventory import Inventory, load_inventory
 from engine.match.loader import load_rules, rule_files
 from engine.match.matcher import Matcher
 from engine.match.rules import RuleSet
-from engine.models import AuditRecord
+from engine.models import AuditRecord, Intent
 from engine.pipeline import Pipeline
 from engine.record.audit import Auditor
+from engine.record.lifecycle import Lifecycle
+from engine.record.nodestate import NodeStates
 from engine.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
-def build_stages(settings: Settings, inventory: Inventory, bus: Bus) -> list[Stage]:
+def build_stages(
+    settings: Settings, inventory: Inventory, bus: Bus, notifier: Notifier
+) -> list[Stage]:
     """The safety stages, in the order they run."""
+    s = settings.safety
+
+    async def tripped(why: str) -> None:
+        notifier.notify(
+            "breaker open", f"automated quarantine stopped: {why}; reset it when understood"
+        )
+
     return [
         KnownNode(inventory),
-        StaleCutoff(settings.stale_after_s),
+        StaleCutoff(s.stale_after_s),
+        Silences(SilenceStore(bus.kv["control"]), inventory),
         Cooldown(bus.kv["cooldowns"]),
+        Equivalence(bus.kv["history"], s.equivalence_window_s),
+        NodeLock(bus.kv["locks"], s.lock_lease_s),
+        LadderStage(bus.kv["history"]),
+        AttemptCap(bus.kv["history"], s.attempt_cap, s.attempt_window_s),
+        FleetBreaker(
+            BreakerStore(bus.kv["control"]),
+            len(inventory.hosts),
+            share=s.breaker_share,
+            absolute=s.breaker_absolute,
+            window_s=s.breaker_window_s,
+            on_trip=tripped,
+        ),
+        ApprovalGate(),
     ]
 
 
 @dataclass
 class App:
-    """A running engine: intake, pipeline, executor, tick and rule reloads."""
+    """A running engine: intake, pipeline, executor, ticks, approvals and rule reloads."""
 
     settings: Settings
     bus: Bus
     clock: Clock
     rules: RuleSet
     inventory: Inventory
+    notifier: Notifier = field(default_factory=Notifier)
     auditor: Auditor = field(init=False)
     pipeline: Pipeline = field(init=False)
     executor: Executor | None = field(init=False, default=None)
@@ -55,12 +89,28 @@ class App:
 
     def __post_init__(self) -> None:
         s = self.settings
+        if not self.notifier.webhooks and s.chatops.webhooks:
+            self.notifier.webhooks = [Webhook(w.kind, w.url, w.channel) for w in s.chatops.webhooks]
         self.auditor = Auditor(self.bus.js)
+        self.approvals = ApprovalStore(self.bus.kv["control"])
+        self.breaker = BreakerStore(self.bus.kv["control"])
+        self.silences = SilenceStore(self.bus.kv["control"])
+        self.states = NodeStates(self.bus.kv["nodes"])
+        self.lifecycle = Lifecycle(
+            self.states,
+            self.notifier,
+            self.approvals,
+            self.bus.nc,
+            self.clock,
+            s.safety.approval_timeout_s,
+        )
         matcher = Matcher(self.rules)
         matcher.seed(self.inventory.hosts, self.clock.now())
-        decider = Decider(build_stages(s, self.inventory, self.bus), self.clock, s.dry_run)
+        decider = Decider(
+            build_stages(s, self.inventory, self.bus, self.notifier), self.clock, s.dry_run
+        )
         self.pipeline = Pipeline(
-            matcher, decider, self.auditor, self.bus.js, self.clock, self.inventory
+            matcher, decider, self.auditor, self.bus.js, self.clock, self.inventory, self.lifecycle
         )
         if s.role in ("all", "engine"):
             self.intakes = [
@@ -94,6 +144,7 @@ class App:
                 cache_dir=s.state_dir / "playbook-refs",
                 parallel=s.max_parallel_runs,
                 max_timeout_s=s.run_timeout_s,
+                lifecycle=self.lifecycle,
             )
 
     async def run(self) -> None:
@@ -116,14 +167,52 @@ class App:
             self.settings.role,
             self.settings.dry_run,
         )
-        await asyncio.gather(*loops)
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            await self.notifier.drain()
 
     async def _tick(self) -> None:
         while not self.stop.is_set():
             await self.pipeline.tick()
+            await self.settle_approvals()
             self.pipeline.matcher.sweep(self.clock.now())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), self.settings.tick_s)
+
+    async def settle_approvals(self) -> None:
+        """Write the intents of approved actions; expire the ones nobody answered (a deny)."""
+        now = self.clock.now()
+        for record, rev in await self.approvals.all():
+            if record["status"] == APPROVED and await self.approvals.mark(record, EXECUTED, rev):
+                for raw in record["intents"]:
+                    await self.pipeline.write_intent(Intent.model_validate(raw))
+                if record.get("closes_breaker"):
+                    await self.breaker.set_state(
+                        CLOSED, f"half-open action approved by {record.get('by')}", now
+                    )
+                await self._note(
+                    record["node"],
+                    f"approval {record['id']} by {record.get('by')}: running "
+                    f"{len(record['intents'])} action(s)",
+                    record,
+                )
+            elif (
+                record["status"] == PENDING
+                and now >= record["expires"]
+                and await self.approvals.mark(record, EXPIRED, rev)
+            ):
+                self.notifier.notify(
+                    "approval expired", f"{record['id']}: {record['summary']} (denied)"
+                )
+                await self._note(record["node"], f"approval {record['id']} expired: denied", record)
+
+    async def _note(self, node: str, summary: str, body: dict[str, object]) -> None:
+        await self.auditor.write(
+            AuditRecord(
+                type="note", at=self.clock.now(), node=node, summary=summary, body=dict(body)
+            )
+        )
 
     async def _watch_rules(self) -> None:
         """Reload when a rule file changes (polling: works on every filesystem)."""
@@ -142,25 +231,15 @@ class App:
             rules = load_rules([self.settings.rules_dir], self.settings.playbooks_dir)
         except RuleError as exc:
             log.error("rules not reloaded, keeping the last good set:\n%s", exc)
-            await self.auditor.write(
-                AuditRecord(
-                    type="note",
-                    at=self.clock.now(),
-                    summary="rule reload rejected; last good rules kept",
-                    body={"errors": str(exc)},
-                )
-            )
+            await self._note("", "rule reload rejected; last good rules kept", {"errors": str(exc)})
             return False
         self.rules = rules
         self.pipeline.matcher.replace(rules)
         log.info("rules reloaded: %d rules", len(rules.rules))
-        await self.auditor.write(
-            AuditRecord(
-                type="note",
-                at=self.clock.now(),
-                summary=f"rules reloaded: {len(rules.rules)} rules",
-                body={"rules": [r.name for r in rules.rules]},
-            )
+        await self._note(
+            "",
+            f"rules reloaded: {len(rules.rules)} rules",
+            {"rules": [r.name for r in rules.rules]},
         )
         return True
 

@@ -25,7 +25,7 @@ from engine.app import App, load_world
 from engine.bus.conn import open_bus
 from engine.clock import ScaledClock
 from engine.models import AuditRecord
-from engine.settings import NatsSettings, Settings, checkout_root
+from engine.settings import NatsSettings, SafetySettings, Settings, checkout_root
 from engine.sim.driver import SimDriver
 from engine.sim.fleet import SimFleet
 from engine.sim.scenario import Fault, load_scenario
@@ -87,6 +87,8 @@ class Track:
         )
 
     def outcome(self) -> str:
+        if self.recovered_at is not None and self.fault.fault == "overheat":
+            return "isolated and cooled (needs a person)"
         if self.recovered_at is not None:
             return "recovered"
         if self.fault.fault == "silent" and self.detected_at is not None:
@@ -146,12 +148,16 @@ async def run_demo(
         shutil.rmtree(root, ignore_errors=True)
     fleet = SimFleet.create(root / "sim", nodes, 8)
     here = checkout_root()
+    # The demo takes 2 of 16 nodes out of service on purpose; the default breaker (5% of
+    # the fleet) would rightly stop the second. The storm scenario shows the breaker.
+    safety = SafetySettings(breaker_share=0.2) if scenario == "demo" else SafetySettings()
     settings = Settings(
         state_dir=root,
         rules_dir=here / "rules",
         playbooks_dir=here / "playbooks",
         inventory=root / "sim" / "inventory",
         tick_s=0.2,
+        safety=safety,
     )
     rules, inventory = load_world(settings)
     plan = load_scenario(scenario, fleet.nodes)
@@ -175,10 +181,11 @@ async def run_demo(
             len(plan.faults),
             lambda: _drift_check(app, inventory, settings, clock, demo),
         )
+        states = await _node_states(app, demo, wall0 + timeout_s)
         app.stop.set()
         await asyncio.gather(engine, feeder)
     ok = len(demo.tracks) == len(plan.faults) and all(t.settled for t in demo.tracks)
-    summary = _summary(demo, app, driver, time.monotonic() - wall0, ok, checked)
+    summary = _summary(states, demo, app, driver, time.monotonic() - wall0, ok, checked)
     if json_summary:
         console.print_json(json.dumps(summary))
     else:
@@ -201,6 +208,19 @@ async def _drift_check(
     return report.summary()
 
 
+async def _node_states(app: App, demo: _Demo, deadline: float) -> dict[str, str]:
+    """Wait (within the deadline) for validated nodes to return to service; their states."""
+    nodes = sorted({t.fault.node for t in demo.tracks})
+    while True:
+        states = {n: (await app.states.get(n))["state"] for n in nodes}
+        settling = [
+            n for n, st in states.items() if st in ("remediating", "validating", "quarantined")
+        ]
+        if not settling or time.monotonic() >= deadline:
+            return states
+        await asyncio.sleep(0.2)
+
+
 async def _until_done(
     demo: _Demo, clock: ScaledClock, deadline: float, expected: int, check: Any
 ) -> dict[str, Any]:
@@ -216,7 +236,13 @@ async def _until_done(
 
 
 def _summary(
-    demo: _Demo, app: App, driver: SimDriver, wall: float, ok: bool, drift: dict[str, Any]
+    states: dict[str, str],
+    demo: _Demo,
+    app: App,
+    driver: SimDriver,
+    wall: float,
+    ok: bool,
+    drift: dict[str, Any],
 ) -> dict[str, Any]:
     rows = [
         {
@@ -242,6 +268,7 @@ def _summary(
         "decisions": dict(p.decisions),
         "intents": p.intents,
         "runs": len(app.executor.outcomes) if app.executor else 0,
+        "node_states": states,
         "drift_check": drift,
         "faults": rows,
     }
@@ -260,6 +287,7 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
         "playbook",
         "run",
         "outcome",
+        "node state",
         title="Summary (simulated seconds after the fault)",
     )
     for r in s["faults"]:
@@ -272,6 +300,7 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
             r["playbook"] or "-",
             r["run"],
             r["outcome"],
+            s["node_states"].get(r["node"], "?"),
         )
     console.print(table)
     verdict = (

@@ -278,7 +278,14 @@ class Reason(StrEnum):
     ACCEPTED = "accepted"
     UNKNOWN_NODE = "unknown_node"
     STALE = "stale"
+    SILENCED = "silenced"
     COOLDOWN = "cooldown"
+    SUPERSEDED = "superseded"
+    LOCKED = "locked"
+    NEEDS_HUMAN = "needs_human"
+    ATTEMPT_CAP = "attempt_cap"
+    BREAKER_OPEN = "breaker_open"
+    APPROVAL_PENDING = "approval_pending"
     NO_ACTION = "no_action"
     DRY_RUN = "dry_run"
 
@@ -316,6 +323,8 @@ class Decision(_Frozen):
     detail: str = ""
     actions: tuple[ActionSpec, ...] = ()
     notify: bool = False
+    rung: int | None = None
+    approval_id: str | None = None
 
 
 class Intent(_Frozen):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
+from typing import Any
 
 from nats.js import JetStreamContext
 
@@ -17,8 +18,18 @@ from engine.clock import Clock
 from engine.decide.stage import Decider
 from engine.inventory import Inventory
 from engine.match.matcher import Matcher
-from engine.models import AuditRecord, Decision, Event, Intent, Match, subject_token
+from engine.models import (
+    AuditRecord,
+    Decision,
+    Event,
+    Intent,
+    Match,
+    ProbeEvent,
+    Reason,
+    subject_token,
+)
 from engine.record.audit import Auditor
+from engine.record.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +54,7 @@ class Pipeline:
         js: JetStreamContext,
         clock: Clock,
         inventory: Inventory,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.matcher = matcher
         self.decider = decider
@@ -50,7 +62,9 @@ class Pipeline:
         self.js = js
         self.clock = clock
         self.inventory = inventory
+        self.lifecycle = lifecycle
         self.events: Counter[str] = Counter()
+        self.matches: Counter[str] = Counter()
         self.decisions: Counter[str] = Counter()
         self.intents = 0
         self._repeats: dict[tuple[str, str, str], tuple[float, int]] = {}
@@ -61,6 +75,15 @@ class Pipeline:
         self.events[event.kind] += 1
         if event.node not in self.inventory:
             await self._unknown_node(event)
+        elif isinstance(event, ProbeEvent) and self.lifecycle is not None:
+            follow = await self.lifecycle.probed(event)
+            if follow is not None:
+                await self.write_intent(follow)
+                await self._note(
+                    follow.node,
+                    f"probe passed: {follow.action.playbook} for {follow.node}",
+                    {"intent": follow.key, "rule": follow.rule},
+                )
         for match in self.matcher.match(event):
             await self.handle_match(match)
 
@@ -74,17 +97,27 @@ class Pipeline:
         rule = self.matcher.rules.get(match.rule)
         if rule is None:
             return
+        self.matches[match.rule] += 1
         decision = await self.decider.decide(match, rule)
         self.decisions[decision.reason.value] += 1
         intents = [self._intent(decision, i) for i in range(len(decision.actions))]
-        for intent in intents if decision.accepted else []:
-            await self.js.publish(
-                f"gpuops.actions.{subject_token(intent.node)}",
-                intent.model_dump_json().encode(),
-                headers={"Nats-Msg-Id": intent.key},
-            )
-            self.intents += 1
-        await self._record(decision, intents if decision.accepted else [])
+        if decision.accepted:
+            for intent in intents:
+                await self.write_intent(intent)
+        approval = None
+        if self.lifecycle is not None:
+            approval = await self.lifecycle.decided(decision, intents)
+        written = intents if decision.accepted else []
+        await self._record(decision, written, approval)
+
+    async def write_intent(self, intent: Intent) -> None:
+        """Store an intent in the actions work queue (deduplicated by its key)."""
+        await self.js.publish(
+            f"gpuops.actions.{subject_token(intent.node)}",
+            intent.model_dump_json().encode(),
+            headers={"Nats-Msg-Id": intent.key},
+        )
+        self.intents += 1
 
     def _intent(self, decision: Decision, index: int) -> Intent:
         m, action = decision.match, decision.actions[index]
@@ -99,10 +132,12 @@ class Pipeline:
             decided_at=self.clock.now(),
         )
 
-    async def _record(self, decision: Decision, intents: list[Intent]) -> None:
+    async def _record(
+        self, decision: Decision, intents: list[Intent], approval: str | None
+    ) -> None:
         m = decision.match
         repeats = 0
-        if not decision.accepted:
+        if not decision.accepted and decision.reason is not Reason.APPROVAL_PENDING:
             slot = (m.rule, m.key, decision.reason.value)
             last, count = self._repeats.get(slot, (float("-inf"), 0))
             if self.clock.now() - last < REPEAT_PERIOD_S:
@@ -111,22 +146,31 @@ class Pipeline:
             self._repeats[slot] = (self.clock.now(), 0)
             repeats = count
         verdict = "accepted" if decision.accepted else f"dropped ({decision.reason.value})"
+        if approval:
+            verdict = f"waiting for approval {approval}"
         plays = ", ".join(a.playbook for a in decision.actions) or "no playbook"
+        detail = f" [{decision.detail}]" if decision.detail else ""
+        body: dict[str, Any] = {
+            "decision": decision.model_dump(mode="json", exclude={"match": {"facts"}}),
+            "facts": {k: v for k, v in m.facts.items() if v is not None},
+            "intents": [i.key for i in intents],
+            "approval": approval,
+            "repeats_suppressed": repeats,
+        }
         await self.auditor.write(
             AuditRecord(
                 type="decision",
                 at=self.clock.now(),
                 node=m.node,
                 rule=m.rule,
-                summary=f"{m.rule} on {m.key}: {verdict} -> {plays}"
-                + (f" [{decision.detail}]" if decision.detail else ""),
-                body={
-                    "decision": decision.model_dump(mode="json", exclude={"match": {"facts"}}),
-                    "facts": _brief(m),
-                    "intents": [i.key for i in intents],
-                    "repeats_suppressed": repeats,
-                },
+                summary=f"{m.rule} on {m.key}: {verdict} -> {plays}{detail}",
+                body=body,
             )
+        )
+
+    async def _note(self, node: str, summary: str, body: dict[str, Any]) -> None:
+        await self.auditor.write(
+            AuditRecord(type="note", at=self.clock.now(), node=node, summary=summary, body=body)
         )
 
     async def _unknown_node(self, event: Event) -> None:
@@ -136,17 +180,8 @@ class Pipeline:
             return
         self._unknown_seen[event.node] = now
         log.warning("event from %s, which is not in the inventory: never acted upon", event.node)
-        await self.auditor.write(
-            AuditRecord(
-                type="note",
-                at=now,
-                node=event.node,
-                summary=f"{event.node} is not in the inventory; its events are never acted upon",
-                body={"event_id": event.id, "kind": event.kind},
-            )
+        await self._note(
+            event.node,
+            f"{event.node} is not in the inventory; its events are never acted upon",
+            {"event_id": event.id, "kind": event.kind},
         )
-
-
-def _brief(match: Match) -> dict[str, object]:
-    """The facts worth keeping in the record: non-null values only."""
-    return {k: v for k, v in match.facts.items() if v is not None}

@@ -41,6 +41,55 @@ class NatsSettings(BaseModel):
     replicas: int = Field(default=1, ge=1, le=5)
 
 
+class SafetySettings(BaseModel):
+    """The decide stages' numbers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stale_after_s: float = Field(default=900.0, gt=0)
+    equivalence_window_s: float = Field(default=1800.0, ge=0)
+    lock_lease_s: float = Field(default=1800.0, gt=0)
+    attempt_cap: int = Field(default=5, ge=1)
+    attempt_window_s: float = Field(default=7 * 86400.0, gt=0)
+    breaker_share: float = Field(default=0.05, gt=0, le=1)
+    breaker_absolute: int = Field(default=20, ge=1)
+    breaker_window_s: float = Field(default=600.0, gt=0)
+    approval_timeout_s: float = Field(default=1800.0, gt=0)
+
+
+class WebhookSettings(BaseModel):
+    """An incoming webhook for notifications (the URL is a secret)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["slack", "mattermost"] = "slack"
+    url: SecretStr
+    channel: str | None = None
+
+
+class Permission(BaseModel):
+    """Who may run a ChatOps command: users and channels (empty: anyone / anywhere)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    users: tuple[str, ...] = ()
+    channels: tuple[str, ...] = ()
+
+
+class ChatopsSettings(BaseModel):
+    """Slack and Mattermost: how requests are verified, who may do what, where to notify."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    slack_signing_secret: SecretStr | None = None
+    mattermost_tokens: tuple[SecretStr, ...] = ()
+    max_skew_s: float = Field(default=300.0, gt=0)
+    # Commands without an entry are open to anyone who passed verification, except the
+    # ones that change things, which default to nobody until listed here.
+    permissions: dict[str, Permission] = Field(default_factory=dict)
+    webhooks: tuple[WebhookSettings, ...] = ()
+
+
 class Settings(BaseModel):
     """Everything the engine needs to run; built once, never mutated."""
 
@@ -53,7 +102,9 @@ class Settings(BaseModel):
     nats: NatsSettings = NatsSettings()
     role: Literal["all", "engine", "executor"] = "all"
     dry_run: bool = False
-    stale_after_s: float = Field(default=900.0, gt=0)
+    safety: SafetySettings = SafetySettings()
+    chatops: ChatopsSettings = ChatopsSettings()
+    http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
     run_timeout_s: float = Field(default=900.0, gt=0)
     max_parallel_runs: int = Field(default=4, ge=1, le=256)
     intake_batch: int = Field(default=256, ge=1, le=10_000)

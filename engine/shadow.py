@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.clock import ManualClock, rfc3339
+from engine.decide.attempts import AttemptCap
 from engine.decide.cooldown import Cooldown
 from engine.decide.inventory import KnownNode
+from engine.decide.ladder import LadderStage
 from engine.decide.stage import Decider, Stage
 from engine.decide.stale import StaleCutoff
 from engine.inventory import Inventory
@@ -55,7 +57,13 @@ class Shadow:
         self.matcher = Matcher(rules)
         self.rules = rules
         known = frozenset(nodes) if nodes is not None else None
-        stages: list[Stage] = [StaleCutoff(stale_after_s), Cooldown()]
+        # The stages that need no shared store; lock and breaker state live only in KV.
+        stages: list[Stage] = [
+            StaleCutoff(stale_after_s),
+            Cooldown(),
+            LadderStage(None),
+            AttemptCap(None),
+        ]
         if known is not None:
             stages.insert(0, KnownNode(Inventory(Path("<shadow>"), known, {}, {})))
         self.decider = Decider(stages, self.clock)
@@ -86,7 +94,12 @@ class Shadow:
             return []
         decision = await self.decider.decide(match, rule)
         self.decisions.append(decision)
-        if decision.reason not in (Reason.ACCEPTED, Reason.DRY_RUN, Reason.NO_ACTION):
+        if decision.reason not in (
+            Reason.ACCEPTED,
+            Reason.DRY_RUN,
+            Reason.NO_ACTION,
+            Reason.APPROVAL_PENDING,
+        ):
             return []
         actions = [a.playbook for a in decision.actions]
         if decision.notify:

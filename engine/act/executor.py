@@ -22,9 +22,11 @@ from engine.act.playbooks import resolve
 from engine.act.runner import RunRequest, run_async
 from engine.bus.conn import ACTIONS, Bus
 from engine.clock import Clock
+from engine.decide.lock import release
 from engine.errors import ActionError
 from engine.models import AuditRecord, Intent, RunOutcome, RunStatus
 from engine.record.audit import Auditor
+from engine.record.lifecycle import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ class Executor:
         cache_dir: Path,
         parallel: int = 4,
         max_timeout_s: float = 900.0,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.bus = bus
         self.auditor = auditor
@@ -56,6 +59,7 @@ class Executor:
         self.slots = asyncio.Semaphore(parallel)
         self.parallel = parallel
         self.outcomes: list[RunOutcome] = []
+        self.lifecycle = lifecycle
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and run intents until `stop` is set; in-flight runs are awaited."""
@@ -108,6 +112,8 @@ class Executor:
             )
             await msg.ack()
             return
+        if self.lifecycle is not None:
+            await self.lifecycle.run_started(intent)
         outcome = await self._execute(intent, msg)
         self.outcomes.append(outcome)
         await self.auditor.write(
@@ -122,6 +128,9 @@ class Executor:
             )
         )
         await self._finish_claim(intent, outcome)
+        await release(self.bus.kv["locks"], intent.node, intent.event_id)
+        if self.lifecycle is not None:
+            await self.lifecycle.run_ended(intent, outcome)
         await msg.ack()
 
     async def _claim(self, intent: Intent) -> str | None:

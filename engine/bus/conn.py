@@ -85,6 +85,11 @@ BUCKETS: dict[str, KeyValueConfig] = {
     "claims": KeyValueConfig(bucket="gpuops_claims", history=1, ttl=30 * _DAY),
     "cooldowns": KeyValueConfig(bucket="gpuops_cooldowns", history=1, ttl=30 * _DAY),
     "nodes": KeyValueConfig(bucket="gpuops_nodes", history=5),
+    "locks": KeyValueConfig(bucket="gpuops_locks", history=1),
+    # silences, approvals, the breaker, runtime switches such as dry-run
+    "control": KeyValueConfig(bucket="gpuops_control", history=5),
+    # remediation history per node: attempt counts and ladder rungs (survives restarts)
+    "history": KeyValueConfig(bucket="gpuops_history", history=1, ttl=30 * _DAY),
 }
 
 

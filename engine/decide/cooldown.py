@@ -1,30 +1,26 @@
 """Stage: after a rule fires for a group key, it stays quiet for the rule's cooldown.
 
-The last firing per (rule, key) is kept in KV so a restarted engine, or a second
-replica, honours cooldowns the first one started.
+The last firing per (rule, key) is kept in KV, so a restarted engine or a second
+replica honours cooldowns the first one started.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 
-from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from engine.decide.stage import Drop
+from engine.bus.kvjson import get_json, put_json
+from engine.decide.stage import BaseStage, Drop, Proposal
 from engine.match.durations import format_duration
-from engine.match.rules import Rule
-from engine.models import Match, Reason
-
-log = logging.getLogger(__name__)
+from engine.models import Reason
 
 
 def _kv_key(rule: str, key: str) -> str:
     return hashlib.sha256(f"{rule}|{key}".encode()).hexdigest()[:40]
 
 
-class Cooldown:
+class Cooldown(BaseStage):
     """Drops a match while its rule and group key are cooling down."""
 
     name = "cooldown"
@@ -38,28 +34,24 @@ class Cooldown:
         cached = self.last.get((rule, key))
         if cached is not None or self.kv is None:
             return cached if cached is not None else float("-inf")
-        try:
-            entry = await self.kv.get(_kv_key(rule, key))
-            value = float(entry.value.decode()) if entry.value else float("-inf")
-        except KeyNotFoundError:
-            value = float("-inf")
-        self.last[(rule, key)] = value
-        return value
+        value, _ = await get_json(self.kv, _kv_key(rule, key))
+        found = float(value) if value is not None else float("-inf")
+        self.last[(rule, key)] = found
+        return found
 
-    async def check(self, match: Match, rule: Rule, now: float) -> Drop | None:
-        if rule.cooldown_s <= 0:
+    async def check(self, p: Proposal) -> Drop | None:
+        cooldown = p.rule.cooldown_s
+        if cooldown <= 0:
             return None
-        last = await self._last(rule.name, match.key)
-        if now - last >= rule.cooldown_s:
+        last = await self._last(p.rule.name, p.match.key)
+        if p.now - last >= cooldown:
             return None
-        left = rule.cooldown_s - (now - last)
-        return Drop(
-            Reason.COOLDOWN, f"{format_duration(left)} of {format_duration(rule.cooldown_s)} left"
-        )
+        left = cooldown - (p.now - last)
+        return Drop(Reason.COOLDOWN, f"{format_duration(left)} of {format_duration(cooldown)} left")
 
-    async def accepted(self, match: Match, rule: Rule, now: float) -> None:
-        if rule.cooldown_s <= 0:
+    async def commit(self, p: Proposal) -> None:
+        if p.rule.cooldown_s <= 0:
             return
-        self.last[(rule.name, match.key)] = now
+        self.last[(p.rule.name, p.match.key)] = p.now
         if self.kv is not None:
-            await self.kv.put(_kv_key(rule.name, match.key), repr(now).encode())
+            await put_json(self.kv, _kv_key(p.rule.name, p.match.key), p.now)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from engine.decide.stage import Drop
+from engine.decide.stage import BaseStage, Drop, Proposal
 from engine.inventory import Inventory
-from engine.match.rules import Rule
-from engine.models import Match, Reason
+from engine.models import Reason
 
 
-class KnownNode:
+class KnownNode(BaseStage):
     """Drops matches about nodes that are not in the inventory."""
 
     name = "inventory"
@@ -16,10 +15,7 @@ class KnownNode:
     def __init__(self, inventory: Inventory) -> None:
         self.inventory = inventory
 
-    async def check(self, match: Match, rule: Rule, now: float) -> Drop | None:
-        if match.node in self.inventory:
+    async def check(self, p: Proposal) -> Drop | None:
+        if p.node in self.inventory:
             return None
-        return Drop(Reason.UNKNOWN_NODE, f"{match.node!r} is not in {self.inventory.path}")
-
-    async def accepted(self, match: Match, rule: Rule, now: float) -> None:
-        return None
+        return Drop(Reason.UNKNOWN_NODE, f"{p.node!r} is not in {self.inventory.path}")

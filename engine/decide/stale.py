@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from engine.decide.stage import Drop
+from engine.decide.stage import BaseStage, Drop, Proposal
 from engine.match.durations import format_duration
-from engine.match.rules import Rule
-from engine.models import Match, Reason
+from engine.models import Reason
 
 
-class StaleCutoff:
+class StaleCutoff(BaseStage):
     """After a restart or an outage, old events must not turn into actions."""
 
     name = "stale"
@@ -16,11 +15,8 @@ class StaleCutoff:
     def __init__(self, max_age_s: float) -> None:
         self.max_age_s = max_age_s
 
-    async def check(self, match: Match, rule: Rule, now: float) -> Drop | None:
-        age = now - match.event_ts
+    async def check(self, p: Proposal) -> Drop | None:
+        age = p.now - p.match.event_ts
         if age <= self.max_age_s:
             return None
         return Drop(Reason.STALE, f"event is {format_duration(age)} old")
-
-    async def accepted(self, match: Match, rule: Rule, now: float) -> None:
-        return None

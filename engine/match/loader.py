@@ -6,6 +6,7 @@ Every error names the file, line and rule; all errors of a load are reported tog
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, get_args
 
@@ -15,7 +16,7 @@ from pydantic import BaseModel
 from engine.errors import RuleError, RuleSetError
 from engine.match.durations import parse_duration
 from engine.match.expr import check, condition_from, fact_expression, template_names
-from engine.match.rules import Increase, Rule, RuleAction, RuleSet
+from engine.match.rules import Increase, Ladder, Rule, RuleAction, RuleSet, Rung
 from engine.match.schema import RULES_FILE_SCHEMA
 from engine.match.yamlsrc import LineDict, load_yaml
 from engine.models import DATA_MODELS, fact_fields
@@ -54,8 +55,23 @@ def load_rules(paths: Iterable[Path], playbooks_dir: Path | None = None) -> Rule
     files = rule_files(paths)
     errors: list[RuleError] = []
     rules: list[Rule] = []
+    ladders: dict[str, Ladder] = {}
     for file in files:
-        rules.extend(_load_file(file, playbooks_dir, errors))
+        file_rules, file_ladders = _load_file(file, playbooks_dir, errors)
+        rules.extend(file_rules)
+        for ladder in file_ladders:
+            if ladder.name in ladders:
+                earlier = ladders[ladder.name]
+                errors.append(
+                    RuleError(
+                        f"duplicate ladder {ladder.name!r} "
+                        f"(first at {earlier.file}:{earlier.line})",
+                        file=ladder.file,
+                        line=ladder.line,
+                    )
+                )
+            ladders.setdefault(ladder.name, ladder)
+    rules = [_with_ladder(r, ladders, errors) for r in rules]
     seen: dict[str, Rule] = {}
     for rule in rules:
         first = seen.setdefault(rule.name, rule)
@@ -70,30 +86,88 @@ def load_rules(paths: Iterable[Path], playbooks_dir: Path | None = None) -> Rule
             )
     if errors:
         raise RuleSetError(errors)
-    return RuleSet(rules=tuple(rules), sources=tuple(str(f) for f in files))
+    return RuleSet(
+        rules=tuple(rules), sources=tuple(str(f) for f in files), ladders=tuple(ladders.values())
+    )
 
 
-def _load_file(file: Path, playbooks_dir: Path | None, errors: list[RuleError]) -> list[Rule]:
+def _with_ladder(rule: Rule, ladders: dict[str, Ladder], errors: list[RuleError]) -> Rule:
+    if rule.ladder_name is None:
+        return rule
+    ladder = ladders.get(rule.ladder_name)
+    if ladder is None:
+        known = ", ".join(sorted(ladders)) or "none"
+        errors.append(
+            RuleError(
+                f"unknown ladder {rule.ladder_name!r} (known: {known})",
+                file=rule.file,
+                line=rule.line,
+                rule=rule.name,
+            )
+        )
+        return rule
+    return replace(rule, ladder=ladder)
+
+
+def _load_file(
+    file: Path, playbooks_dir: Path | None, errors: list[RuleError]
+) -> tuple[list[Rule], list[Ladder]]:
     name = str(file)
     try:
         doc = load_yaml(file.read_text(encoding="utf-8"), name)
     except RuleError as exc:
         errors.append(exc)
-        return []
+        return [], []
     except OSError as exc:
         errors.append(RuleError(f"cannot read: {exc.strerror}", file=name))
-        return []
+        return [], []
     schema_errors = _schema_errors(doc, name)
     if schema_errors:
         errors.extend(schema_errors)
-        return []
+        return [], []
     out: list[Rule] = []
-    for raw in doc["rules"]:
+    for raw in doc.get("rules", []):
         try:
             out.append(build_rule(raw, name, playbooks_dir))
         except RuleError as exc:
             errors.append(exc)
-    return out
+    ladders: list[Ladder] = []
+    for raw in doc.get("ladders", []):
+        try:
+            ladders.append(build_ladder(raw, name, playbooks_dir))
+        except RuleError as exc:
+            errors.append(exc)
+    return out, ladders
+
+
+def build_ladder(raw: LineDict, file: str, playbooks_dir: Path | None) -> Ladder:
+    """A ladder's rungs, each playbook checked; `needs_human` may only be the last rung."""
+    rungs = []
+    for i, rung in enumerate(raw["rungs"]):
+        where = rung.line if isinstance(rung, LineDict) else raw.line
+        if rung.get("needs_human") and i != len(raw["rungs"]) - 1:
+            raise RuleError("needs_human must be the last rung", file=file, line=where)
+        playbook = rung.get("playbook")
+        if playbook and playbooks_dir is not None and not (playbooks_dir / playbook).is_file():
+            raise RuleError(
+                f"ladder {raw['name']}: unknown playbook {playbook!r}", file=file, line=where
+            )
+        rungs.append(
+            Rung(
+                playbook=playbook,
+                vars=dict(rung.get("vars", {})),
+                approval=rung.get("approval") == "required",
+                needs_human=bool(rung.get("needs_human")),
+                timeout_s=parse_duration(rung["timeout"]) if "timeout" in rung else 600.0,
+            )
+        )
+    return Ladder(
+        name=raw["name"],
+        window_s=parse_duration(raw["window"]),
+        rungs=tuple(rungs),
+        file=file,
+        line=raw.line,
+    )
 
 
 def _schema_errors(doc: Any, file: str) -> list[RuleError]:
@@ -169,6 +243,8 @@ def build_rule(raw: LineDict, file: str, playbooks_dir: Path | None) -> Rule:
         condition = condition_from(expr, f"<rule {name}>")
     increase = _increase(raw.get("increase"), types, fail)
     actions = tuple(_action(a, fields, playbooks_dir, fail) for a in raw.get("actions", []))
+    if "ladder" in raw and any(a.playbook for a in actions):
+        raise fail("a rule with a ladder takes its playbooks from the ladder's rungs", "ladder")
     return Rule(
         name=name,
         on=kind,
@@ -189,6 +265,8 @@ def build_rule(raw: LineDict, file: str, playbooks_dir: Path | None) -> Rule:
         cooldown_s=_dur(raw, "cooldown", fail) or 0.0,
         dry_run=bool(raw.get("dry_run", False)),
         enabled=bool(raw.get("enabled", True)),
+        approval=raw.get("approval") == "required",
+        ladder_name=raw.get("ladder"),
         actions=actions,
     )
 

@@ -21,6 +21,28 @@ class RuleAction:
 
 
 @dataclass(frozen=True, slots=True)
+class Rung:
+    """One step of a remediation ladder: a playbook, or handing the node to a person."""
+
+    playbook: str | None = None
+    vars: dict[str, Any] = field(default_factory=dict)
+    approval: bool = False
+    needs_human: bool = False
+    timeout_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ladder:
+    """Rungs tried in order as a fault recurs on a node within `window_s`."""
+
+    name: str
+    window_s: float
+    rungs: tuple[Rung, ...]
+    file: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Increase:
     """`increase: {field, by, within}`: a counter rose by at least `by` inside the window."""
 
@@ -52,6 +74,9 @@ class Rule:
     cooldown_s: float = 0.0
     dry_run: bool = False
     enabled: bool = True
+    approval: bool = False
+    ladder: Ladder | None = None
+    ladder_name: str | None = None
     actions: tuple[RuleAction, ...] = ()
 
     @property
@@ -79,6 +104,7 @@ class RuleSet:
 
     rules: tuple[Rule, ...]
     sources: tuple[str, ...] = ()
+    ladders: tuple[Ladder, ...] = ()
 
     def by_kind(self) -> dict[str, list[Rule]]:
         """Enabled rules grouped by the event kind they match."""

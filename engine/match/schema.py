@@ -67,7 +67,40 @@ RULE_SCHEMA: dict[str, Any] = {
         "cooldown": _DURATION,
         "dry_run": {"type": "boolean"},
         "enabled": {"type": "boolean"},
+        "approval": {
+            "enum": ["required", "none"],
+            "description": "wait for a person's approve/deny",
+        },
+        "ladder": {
+            "type": "string",
+            "description": "a ladder of this rule set; replaces playbook actions",
+        },
         "actions": {"type": "array", "items": _ACTION},
+    },
+}
+
+_RUNG: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "playbook": {"type": "string", "pattern": r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.ya?ml$"},
+        "vars": {"type": "object"},
+        "approval": {"enum": ["required", "none"]},
+        "timeout": _DURATION,
+        "needs_human": {"const": True},
+    },
+    "oneOf": [{"required": ["playbook"]}, {"required": ["needs_human"]}],
+}
+
+LADDER_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "window", "rungs"],
+    "properties": {
+        "name": {"type": "string", "pattern": r"^[a-z0-9][a-z0-9-]{0,62}$"},
+        "description": {"type": "string"},
+        "window": _DURATION,
+        "rungs": {"type": "array", "items": _RUNG, "minItems": 1},
     },
 }
 
@@ -77,6 +110,9 @@ RULES_FILE_SCHEMA: dict[str, Any] = {
     "title": "gpuops rules file",
     "type": "object",
     "additionalProperties": False,
-    "required": ["rules"],
-    "properties": {"rules": {"type": "array", "items": RULE_SCHEMA}},
+    "anyOf": [{"required": ["rules"]}, {"required": ["ladders"]}],
+    "properties": {
+        "rules": {"type": "array", "items": RULE_SCHEMA},
+        "ladders": {"type": "array", "items": LADDER_SCHEMA},
+    },
 }

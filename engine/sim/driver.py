@@ -59,6 +59,19 @@ class SimDriver:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Tick until `stop`; each tick is one telemetry interval of simulated time."""
+        # Agents answer probe requests (the engine validates remediated nodes this way).
+        sub = await self.bus.nc.subscribe("gpuops.agent.*.probe", cb=self._on_probe_request)
+        try:
+            await self._loop(stop)
+        finally:
+            await sub.unsubscribe()
+
+    async def _on_probe_request(self, msg: Any) -> None:
+        node = msg.subject.split(".")[2]
+        if node in self.fleet.nodes and not self.fleet.state(node)["agent_silent"]:
+            await self._health(envelope("probe", node, self.clock.now(), self.fleet.probe(node)))
+
+    async def _loop(self, stop: asyncio.Event) -> None:
         period = self.telemetry_s / self.clock.factor
         next_tick = time.monotonic()
         last_hb = last_probe = float("-inf")

@@ -1,0 +1,85 @@
+"""Notifications to people: incidents, approvals needed, breaker trips, needs-human.
+
+Each configured incoming webhook (Slack or Mattermost format) gets the message with
+retries and exponential backoff, off the decision path. Webhook URLs carry tokens, so
+they never appear in a log, a message or an audit record: a webhook is named by its
+index and kind only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from pydantic import SecretStr
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """One incoming webhook."""
+
+    kind: str  # slack | mattermost
+    url: SecretStr
+    channel: str | None = None
+
+
+@dataclass
+class Notifier:
+    """Sends to every webhook; remembers what it sent (for tests and `status`)."""
+
+    webhooks: Sequence[Webhook] = ()
+    attempts: int = 4
+    backoff_s: float = 0.5
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    failed: int = 0
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def notify(self, topic: str, text: str) -> None:
+        """Queue a message; it is delivered in the background."""
+        message = {"topic": topic, "text": f"[gpuops] {topic}: {text}"}
+        self.sent.append(message)
+        log.info("notify %s: %s", topic, text)
+        for index, hook in enumerate(self.webhooks):
+            task = asyncio.create_task(self._deliver(index, hook, message["text"]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _deliver(self, index: int, hook: Webhook, text: str) -> None:
+        body: dict[str, Any] = {"text": text}
+        if hook.channel:
+            body["channel"] = hook.channel
+        delay = self.backoff_s
+        timeout = aiohttp.ClientTimeout(total=10)
+        for attempt in range(1, self.attempts + 1):
+            try:
+                async with (
+                    aiohttp.ClientSession(timeout=timeout) as session,
+                    session.post(hook.url.get_secret_value(), json=body) as reply,
+                ):
+                    if reply.status < 300:
+                        return
+                    why = f"HTTP {reply.status}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                why = type(exc).__name__
+            log.warning(
+                "webhook #%d (%s) attempt %d/%d failed: %s",
+                index,
+                hook.kind,
+                attempt,
+                self.attempts,
+                why,
+            )
+            await asyncio.sleep(delay)
+            delay *= 2
+        self.failed += 1
+
+    async def drain(self) -> None:
+        """Wait for deliveries in flight (at shutdown)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
