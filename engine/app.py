@@ -8,10 +8,13 @@ import logging
 import signal
 from dataclasses import dataclass, field
 
+from engine.act.driftcheck import drift_check, publish_report, render_report
 from engine.act.executor import Executor
 from engine.act.notify import Notifier, Webhook
 from engine.bus.conn import EVENTS, TELEMETRY, Bus
+from engine.bus.kvjson import get_json
 from engine.clock import Clock
+from engine.commands import DRY_RUN_KEY, Commands
 from engine.decide.approval import APPROVED, EXECUTED, EXPIRED, PENDING, ApprovalGate, ApprovalStore
 from engine.decide.attempts import AttemptCap
 from engine.decide.breaker import CLOSED, BreakerStore, FleetBreaker
@@ -24,6 +27,7 @@ from engine.decide.silence import Silences, SilenceStore
 from engine.decide.stage import Decider, Stage
 from engine.decide.stale import StaleCutoff
 from engine.errors import RuleError
+from engine.intake.chatops import ChatopsServer, metrics_of
 from engine.intake.consumer import Intake
 from engine.inventory import Inventory, load_inventory
 from engine.match.loader import load_rules, rule_files
@@ -33,6 +37,7 @@ from engine.models import AuditRecord, Intent
 from engine.pipeline import Pipeline
 from engine.record.audit import Auditor
 from engine.record.lifecycle import Lifecycle
+from engine.record.metrics import EngineCollector, registry_for
 from engine.record.nodestate import NodeStates
 from engine.settings import Settings
 
@@ -86,6 +91,9 @@ class App:
     executor: Executor | None = field(init=False, default=None)
     intakes: list[Intake] = field(init=False, default_factory=list)
     stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
+    metrics: EngineCollector | None = field(init=False, default=None)
+    http_port: int = field(init=False, default=0)
+    _observed: float = field(init=False, default=float("-inf"))
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -160,6 +168,7 @@ class App:
             loops += [self._tick(), self._watch_rules()]
         if self.executor is not None:
             loops.append(self.executor.run(self.stop))
+        server = await self._start_http() if self.settings.http else None
         log.info(
             "engine running: %d rules, %d hosts, role=%s, dry_run=%s",
             len(self.rules.rules),
@@ -170,15 +179,70 @@ class App:
         try:
             await asyncio.gather(*loops)
         finally:
+            if server is not None:
+                await server.stop()
             await self.notifier.drain()
+
+    def commands(self) -> Commands:
+        """The command set people use, bound to this engine (drift checks run here)."""
+        return Commands(
+            self.bus, self.clock, self.inventory, self.settings.chatops, self.run_drift_check
+        )
+
+    async def _start_http(self) -> ChatopsServer:
+        self.metrics = EngineCollector(self)
+        server = ChatopsServer(
+            self.commands(),
+            self.settings.chatops,
+            self.auditor,
+            self.clock,
+            metrics=metrics_of(registry_for(self.metrics)),
+            healthy=lambda: self.bus.nc.is_connected,
+        )
+        self.http_port = await server.start(self.settings.http or "127.0.0.1:0")
+        return server
+
+    async def run_drift_check(self, group: str) -> str:
+        """One drift check now over `group`; its events go on the bus for the drift rules."""
+        report = await drift_check(
+            self.inventory,
+            self.settings.playbooks_dir,
+            self.clock,
+            group=group,
+            batch_size=self.settings.drift.batch_size,
+            forks=self.settings.drift.forks,
+        )
+        await publish_report(self.bus.js, report)
+        await self._note(
+            "",
+            f"drift check of {group}: {len(report.hosts)} hosts, "
+            f"{len(report.drifted)} drifted, {len(report.unreachable)} unreachable",
+            {"drift_check": report.summary()},
+        )
+        return render_report(report)
 
     async def _tick(self) -> None:
         while not self.stop.is_set():
             await self.pipeline.tick()
             await self.settle_approvals()
+            switch, _ = await get_json(self.bus.kv["control"], DRY_RUN_KEY)
+            self.pipeline.decider.dry_run = self.settings.dry_run or bool(switch)
+            await self._observe()
             self.pipeline.matcher.sweep(self.clock.now())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), self.settings.tick_s)
+
+    async def _observe(self) -> None:
+        """Consumer lag and breaker state for /metrics (every few seconds, not per event)."""
+        if self.metrics is None or self.clock.now() - self._observed < 5.0:
+            return
+        self._observed = self.clock.now()
+        for intake in self.intakes:
+            with contextlib.suppress(Exception):
+                info = await self.bus.js.consumer_info(intake.stream, intake.durable)
+                self.metrics.consumer_pending[intake.durable] = info.num_pending
+        breaker, _ = await self.breaker.get()
+        self.metrics.breaker_open = 1.0 if breaker["state"] == "open" else 0.0
 
     async def settle_approvals(self) -> None:
         """Write the intents of approved actions; expire the ones nobody answered (a deny)."""

@@ -67,6 +67,7 @@ def main(ctx: click.Context, config: Path | None, state_dir: Path | None, verbos
 @click.option("--inventory", type=click.Path(path_type=Path), help="Ansible inventory")
 @click.option("--dry-run/--no-dry-run", default=None, help="decide and record, never execute")
 @click.option("--role", type=click.Choice(["all", "engine", "executor"]), help="which loops to run")
+@click.option("--http", help="host:port for ChatOps, /metrics and /healthz (e.g. 127.0.0.1:8080)")
 @click.pass_context
 def run(ctx: click.Context, /, **flags: Any) -> None:
     """Run the engine (intake, match, decide, intents) and the executor."""
@@ -265,6 +266,64 @@ def agent(ctx: click.Context, /, **opts: Any) -> None:
             click.echo(json.dumps(line, sort_keys=True) if opts["as_json"] else str(line))
         return
     _run(run_agent(settings, opts))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="the status as one JSON object")
+@click.option("--nats", help="NATS URL (default: the running engine's embedded server)")
+@click.pass_context
+def status(ctx: click.Context, as_json: bool, nats: str | None) -> None:
+    """The fleet: nodes per state, nodes not healthy and why, breaker, approvals, silences."""
+    from engine.commands import render_status
+    from engine.runtime import with_commands
+
+    result = _run(with_commands(_settings(ctx, nats=nats), lambda c: c.status()))
+    click.echo(
+        json.dumps(result, sort_keys=True, default=str) if as_json else render_status(result)
+    )
+
+
+def _command(name: str, doc: str) -> None:
+    """A CLI command that runs the ChatOps command of the same name."""
+
+    @main.command(name, help=doc, context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1)
+    @click.option("--nats", help="NATS URL (default: the running engine's embedded server)")
+    @click.pass_context
+    def command(ctx: click.Context, args: tuple[str, ...], nats: str | None) -> None:
+        import shlex
+
+        from engine.commands import Caller
+        from engine.runtime import with_commands
+
+        line = shlex.join([name, *args])
+        caller = Caller(user=_user(), platform="cli")
+        click.echo(_run(with_commands(_settings(ctx, nats=nats), lambda c: c.run(line, caller))))
+
+
+def _user() -> str:
+    import getpass
+
+    return getpass.getuser()
+
+
+for _name, _doc in (
+    ("approve", "Approve a pending action: approve ID."),
+    ("deny", "Deny a pending action: deny ID."),
+    (
+        "silence",
+        "Silence rule:NAME, node:NAME, group:NAME or label:K=V for a DURATION with a REASON.",
+    ),
+    ("unsilence", "Remove a silence: unsilence ID."),
+    (
+        "breaker",
+        "Reset the fleet breaker (reset) or let one action through on approval (half-open).",
+    ),
+    ("dry-run", "Switch the running engine's dry-run on or off."),
+    ("drain", "Drain a node now: drain NODE REASON."),
+    ("undrain", "Return a node to service: undrain NODE."),
+):
+    _command(_name, _doc)
 
 
 @main.command()

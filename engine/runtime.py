@@ -106,3 +106,14 @@ async def drive_fleet(
         f"gpu_samples_per_s={st.telemetry * fleet.gpus / seconds:.0f} "
         f"tick_busy_ms={1000 * st.busy_s / max(st.ticks, 1):.0f}",
     ]
+
+
+async def with_commands(settings: Settings, use: Any) -> Any:
+    """Connect, build the command set over the inventory, and run `use(commands)`."""
+    from engine.commands import Commands
+    from engine.inventory import load_inventory
+
+    inventory = load_inventory(settings.inventory)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    async with open_bus(settings.nats, settings.state_dir, name="gpuops-cli") as bus:
+        return await use(Commands(bus, SystemClock(), inventory, settings.chatops))

@@ -90,6 +90,28 @@ class ChatopsSettings(BaseModel):
     webhooks: tuple[WebhookSettings, ...] = ()
 
 
+class DriftSchedule(BaseModel):
+    """One scheduled drift check: when (cron, time zone) and over which hosts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "nightly"
+    cron: str = "0 3 * * *"
+    timezone: str = "UTC"
+    group: str = "all"
+
+
+class DriftSettings(BaseModel):
+    """Drift checks: schedules, batches, forks, and how late a missed slot may still run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schedules: tuple[DriftSchedule, ...] = ()
+    batch_size: int = Field(default=50, ge=1)
+    forks: int = Field(default=10, ge=1)
+    grace_s: float = Field(default=3600.0, ge=0)
+
+
 class Settings(BaseModel):
     """Everything the engine needs to run; built once, never mutated."""
 
@@ -104,6 +126,7 @@ class Settings(BaseModel):
     dry_run: bool = False
     safety: SafetySettings = SafetySettings()
     chatops: ChatopsSettings = ChatopsSettings()
+    drift: DriftSettings = DriftSettings()
     http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
     run_timeout_s: float = Field(default=900.0, gt=0)
     max_parallel_runs: int = Field(default=4, ge=1, le=256)

@@ -94,6 +94,10 @@ class Shadow:
             return []
         decision = await self.decider.decide(match, rule)
         self.decisions.append(decision)
+        if decision.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
+            return [
+                WouldRun(match.rule, match.node, match.gpu, "needs-human", match.event_ts, False)
+            ]
         if decision.reason not in (
             Reason.ACCEPTED,
             Reason.DRY_RUN,

@@ -187,3 +187,22 @@ async def publish_report(js: Any, report: DriftReport) -> int:
         subject = f"gpuops.events.{event['kind']}.{event['node']}"
         await js.publish(subject, json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]})
     return len(events)
+
+
+def render_report(report: DriftReport) -> str:
+    """A table of hosts x drifted settings, as text."""
+    lines = [
+        f"drift check of {report.group}: {len(report.hosts)} hosts, {len(report.drifted)} drifted, "
+        f"{len(report.unreachable)} unreachable, {report.ended - report.started:.1f}s"
+    ]
+    for host in report.drifted:
+        settings = ", ".join(
+            f"{d['setting']}"
+            + (f"[gpu {d['gpu']}]" if d.get("gpu") is not None else "")
+            + f" {d['actual']}!={d['expected']}"
+            for d in report.hosts[host].drifts
+        )
+        lines.append(f"  {host}: {settings}")
+    for host in report.unreachable:
+        lines.append(f"  {host}: unreachable ({report.hosts[host].unreachable})")
+    return "\n".join(lines)

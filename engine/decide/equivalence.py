@@ -43,7 +43,10 @@ class Equivalence(BaseStage):
         if recent is None or p.now - recent[0] > self.window_s:
             return None
         at, playbook = recent
-        if WEIGHT.get(playbook, 0) >= weight:
+        done = WEIGHT.get(playbook, 0)
+        # A node-wide action (reboot, reprovision) covers anything as heavy or lighter;
+        # a GPU reset covers only its own GPU, which the cooldown already handles.
+        if done > weight or (done == weight and weight >= WEIGHT["reboot.yml"]):
             ago = format_duration(p.now - at)
             return Drop(Reason.SUPERSEDED, f"{playbook} on {p.node} {ago} ago covers this")
         return None

@@ -1,0 +1,140 @@
+"""ChatOps over real HTTP on loopback: signed Slack and Mattermost commands, and refusals."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlencode
+
+import aiohttp
+import pytest
+
+from engine.app import App
+from engine.bus.conn import Bus
+from engine.bus.server import EmbeddedNats
+from engine.decide.silence import SilenceStore
+from engine.intake.chatops import slack_signature
+from engine.record.audit import read_audit
+from engine.sim.fleet import SimFleet
+from tests.conftest import engine_settings, running_engine, wait_for
+
+pytestmark = pytest.mark.integration
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+TOKEN = "mm-token-123"
+
+
+@pytest.fixture
+async def engine(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> AsyncIterator[App]:
+    settings = engine_settings(
+        tmp_path,
+        fleet,
+        nats_server.url,
+        http="127.0.0.1:0",
+        chatops={
+            "slack_signing_secret": SECRET,
+            "mattermost_tokens": [TOKEN],
+            "permissions": {
+                "silence": {"users": ["alice"], "channels": ["gpu-ops"]},
+                "dry-run": {"users": ["alice"]},
+            },
+        },
+    )
+    async with running_engine(settings, bus) as app:
+        await wait_for(lambda: app.http_port > 0, 10)
+        yield app
+
+
+async def _slack(
+    app: App,
+    text: str,
+    user: str = "alice",
+    channel: str = "gpu-ops",
+    ts: float | None = None,
+    secret: str = SECRET,
+    sign: bool = True,
+) -> tuple[int, dict]:
+    body = urlencode(
+        {"command": "/gpuops", "text": text, "user_name": user, "channel_name": channel}
+    ).encode()
+    stamp = str(int(ts if ts is not None else time.time()))
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    if sign:
+        headers |= {
+            "X-Slack-Request-Timestamp": stamp,
+            "X-Slack-Signature": slack_signature(secret, stamp, body),
+        }
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"http://127.0.0.1:{app.http_port}/chatops/slack", data=body, headers=headers
+        ) as reply,
+    ):
+        return reply.status, await reply.json()
+
+
+async def test_valid_slack_command_runs(engine: App) -> None:
+    status, body = await _slack(engine, "status")
+    assert (
+        status == 200 and "nodes: healthy 2" in body["text"] and "breaker: closed" in body["text"]
+    )
+    status, body = await _slack(engine, "silence node:node-001 30m 'fan swap'")
+    assert status == 200 and body["text"].startswith("silence ")
+    silences = await SilenceStore(engine.bus.kv["control"]).all()
+    assert [(s.target, s.reason, s.by) for s in silences] == [
+        ("node:node-001", "fan swap", "alice")
+    ]
+
+
+async def test_forged_replayed_and_unsigned_slack_requests_get_401(engine: App) -> None:
+    assert (await _slack(engine, "status", secret="not-the-secret"))[0] == 401
+    assert (await _slack(engine, "status", ts=time.time() - 600))[0] == 401
+    assert (await _slack(engine, "status", sign=False))[0] == 401
+    records = [r async for r in read_audit(engine.bus.js)]
+    reasons = [r.body.get("why") for r in records if "rejected" in r.summary]
+    assert reasons == ["bad signature", "stale timestamp (replay?)", "unsigned"]
+    assert not any(SECRET in r.model_dump_json() for r in records), "no secret in the audit trail"
+
+
+async def test_user_without_permission_is_refused_with_why(engine: App) -> None:
+    status, body = await _slack(engine, "silence node:node-001 1h x", user="mallory")
+    assert status == 200 and body["text"] == "refused: user 'mallory' may not run 'silence'"
+    status, body = await _slack(engine, "silence node:node-001 1h x", channel="random")
+    assert body["text"] == "refused: 'silence' may not be run in channel 'random'"
+    status, body = await _slack(engine, "breaker reset")
+    assert body["text"] == "refused: 'breaker' is not granted to anyone in settings"
+    assert await SilenceStore(engine.bus.kv["control"]).all() == []
+
+
+async def test_mattermost_token_and_trigger_word(engine: App) -> None:
+    url = f"http://127.0.0.1:{engine.http_port}/chatops/mattermost"
+    async with aiohttp.ClientSession() as session:
+        ok = await session.post(
+            url,
+            data={
+                "token": TOKEN,
+                "text": "gpuops status",
+                "trigger_word": "gpuops",
+                "user_name": "bob",
+                "channel_name": "town-square",
+            },
+        )
+        assert ok.status == 200 and "breaker: closed" in (await ok.json())["text"]
+        missing = await session.post(url, data={"text": "status"})
+        assert missing.status == 401
+        wrong = await session.post(url, json={"token": "guess", "text": "status"})
+        assert wrong.status == 401
+
+
+async def test_commands_become_chatops_events_and_metrics_and_health(engine: App) -> None:
+    await _slack(engine, "dry-run on")
+    await wait_for(lambda: engine.pipeline.events["chatops"] >= 1, 10)
+    await wait_for(lambda: engine.pipeline.decider.dry_run, 10)
+    async with aiohttp.ClientSession() as session:
+        metrics = await (await session.get(f"http://127.0.0.1:{engine.http_port}/metrics")).text()
+        health = await session.get(f"http://127.0.0.1:{engine.http_port}/healthz")
+    assert 'gpuops_events_total{kind="chatops"}' in metrics
+    assert "gpuops_breaker_open" in metrics
+    assert health.status == 200
