@@ -29,6 +29,7 @@ from engine.decide.stale import StaleCutoff
 from engine.errors import RuleError
 from engine.intake.chatops import ChatopsServer, metrics_of
 from engine.intake.consumer import Intake
+from engine.intake.scheduler import DriftScheduler
 from engine.inventory import Inventory, load_inventory
 from engine.match.loader import load_rules, rule_files
 from engine.match.matcher import Matcher
@@ -169,6 +170,8 @@ class App:
         if self.executor is not None:
             loops.append(self.executor.run(self.stop))
         server = await self._start_http() if self.settings.http else None
+        if self.settings.drift.schedules and self.intakes:
+            loops.append(self.scheduler().run(self.stop))
         log.info(
             "engine running: %d rules, %d hosts, role=%s, dry_run=%s",
             len(self.rules.rules),
@@ -187,6 +190,24 @@ class App:
         """The command set people use, bound to this engine (drift checks run here)."""
         return Commands(
             self.bus, self.clock, self.inventory, self.settings.chatops, self.run_drift_check
+        )
+
+    def scheduler(self) -> DriftScheduler:
+        """The drift-check schedules of the settings, run by this engine."""
+
+        async def record(summary: str, body: dict[str, object]) -> None:
+            await self._note("", summary, body)
+
+        async def check(group: str) -> None:
+            await self.run_drift_check(group)
+
+        return DriftScheduler(
+            self.settings.drift.schedules,
+            self.bus.kv["control"],
+            self.clock,
+            check,
+            record,
+            self.settings.drift.grace_s,
         )
 
     async def _start_http(self) -> ChatopsServer:
@@ -213,12 +234,7 @@ class App:
             forks=self.settings.drift.forks,
         )
         await publish_report(self.bus.js, report)
-        await self._note(
-            "",
-            f"drift check of {group}: {len(report.hosts)} hosts, "
-            f"{len(report.drifted)} drifted, {len(report.unreachable)} unreachable",
-            {"drift_check": report.summary()},
-        )
+        await self._note("", report.line(), {"drift_check": report.summary()})
         return render_report(report)
 
     async def _tick(self) -> None:

@@ -123,24 +123,33 @@ def publish(ctx: click.Context, file: Any, nats: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="one JSON record per line")
 @click.option("--nats", help="NATS URL (default: the running engine's or the state dir's store)")
 @click.option("--limit", type=int, default=200, show_default=True, help="the newest N records")
+@click.option("--drift", is_flag=True, help="only drift-check summaries")
 @click.pass_context
 def history(
-    ctx: click.Context, node: str | None, as_json: bool, nats: str | None, limit: int
+    ctx: click.Context, node: str | None, as_json: bool, nats: str | None, limit: int, drift: bool
 ) -> None:
-    """Print the audit trail: matches, decisions, runs (for NODE, or all)."""
+    """Print the audit trail: decisions, runs (with playbook revision), notes (for NODE, or all)."""
+    from engine.clock import rfc3339
     from engine.record.audit import as_json_line
     from engine.runtime import audit_records
 
-    records = _run(audit_records(_settings(ctx, nats=nats), node))[-limit:]
+    records = _run(audit_records(_settings(ctx, nats=nats), node))
+    if drift:
+        records = [r for r in records if "drift_check" in r.body]
+    records = records[-limit:]
     if as_json:
         for record in records:
             click.echo(as_json_line(record))
         return
-    table = Table("time", "type", "node", "rule", "what")
+    table = Table("time", "type", "node", "rule", "what", "playbook version")
     for r in records:
-        from engine.clock import rfc3339
-
-        table.add_row(rfc3339(r.at)[:19], r.type, r.node, r.rule, r.summary)
+        version = ""
+        if r.type == "run":
+            rev, sha = r.body.get("revision") or "-", r.body.get("sha256") or "-"
+            version = (
+                f"{rev[:12]}{'+dirty' if str(rev).endswith('+dirty') else ''} sha256:{sha[:12]}"
+            )
+        table.add_row(rfc3339(r.at)[:19], r.type, r.node, r.rule, r.summary, version)
     out.print(table)
 
 
@@ -324,6 +333,61 @@ for _name, _doc in (
     ("undrain", "Return a node to service: undrain NODE."),
 ):
     _command(_name, _doc)
+
+
+@main.command("drift-check")
+@click.option("--group", default="all", show_default=True, help="inventory group to check")
+@click.option("--json", "as_json", is_flag=True, help="the report as one JSON object")
+@click.option("--nats", help="NATS URL (default: the running engine's embedded server)")
+@click.option("--no-publish", is_flag=True, help="only report; send no drift events to the engine")
+@click.pass_context
+def drift_check_cmd(
+    ctx: click.Context, group: str, as_json: bool, nats: str | None, no_publish: bool
+) -> None:
+    """Run baseline.yml in check mode over a group now; print hosts x drifted settings."""
+    from rich.progress import Progress
+
+    from engine.runtime import run_drift_check
+
+    settings = _settings(ctx, nats=nats)
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task(f"drift check of {group}", total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        report = _run(run_drift_check(settings, group, advance, publish=not no_publish))
+    if as_json:
+        hosts = {
+            h: {"drifts": r.drifts, "unreachable": r.unreachable, "failed": r.failed}
+            for h, r in sorted(report.hosts.items())
+        }
+        click.echo(json.dumps({**report.summary(), "hosts": hosts}, sort_keys=True))
+        return
+    table = Table("host", "drifted settings", "state", title=f"drift check of {group}")
+    for host, result in sorted(report.hosts.items()):
+        drifted = ", ".join(
+            f"{d['setting']}"
+            + (f"[{d['gpu']}]" if d.get("gpu") is not None else "")
+            + f": {d['actual']} (want {d['expected']})"
+            for d in result.drifts
+        )
+        state = (
+            "unreachable"
+            if result.unreachable
+            else "failed"
+            if result.failed
+            else "drift"
+            if result.drifts
+            else "clean"
+        )
+        table.add_row(host, drifted or "-", state)
+    out.print(table)
+    s = report.summary()
+    out.print(
+        f"{s['hosts_checked']} hosts, {len(s['drifted'])} drifted, "
+        f"{len(s['unreachable'])} unreachable, {s['duration_s']}s"
+    )
 
 
 @main.command()

@@ -117,3 +117,37 @@ async def with_commands(settings: Settings, use: Any) -> Any:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     async with open_bus(settings.nats, settings.state_dir, name="gpuops-cli") as bus:
         return await use(Commands(bus, SystemClock(), inventory, settings.chatops))
+
+
+async def run_drift_check(
+    settings: Settings, group: str, progress: Any, publish: bool = True
+) -> Any:
+    """One drift check now; its events and summary go to the bus unless `publish` is off."""
+    from engine.act.driftcheck import drift_check, publish_report
+    from engine.inventory import load_inventory
+    from engine.record.audit import Auditor
+
+    inventory = load_inventory(settings.inventory)
+    clock = SystemClock()
+    report = await drift_check(
+        inventory,
+        settings.playbooks_dir,
+        clock,
+        group=group,
+        batch_size=settings.drift.batch_size,
+        forks=settings.drift.forks,
+        progress=progress,
+    )
+    if publish:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        async with open_bus(settings.nats, settings.state_dir, name="gpuops-drift") as bus:
+            await publish_report(bus.js, report)
+            await Auditor(bus.js).write(
+                AuditRecord(
+                    type="note",
+                    at=clock.now(),
+                    summary=report.line(),
+                    body={"drift_check": report.summary()},
+                )
+            )
+    return report

@@ -70,6 +70,13 @@ class DriftReport:
             },
         }
 
+    def line(self) -> str:
+        """One line for the audit trail and replies."""
+        return (
+            f"drift check of {self.group}: {len(self.hosts)} hosts, {len(self.drifted)} drifted, "
+            f"{len(self.unreachable)} unreachable"
+        )
+
     def events(self, source: str = "drift-check") -> list[dict[str, Any]]:
         """The drift and unreachable events this check produced."""
         out = []

@@ -80,6 +80,15 @@ def nvidia_smi(node_dir: Path, argv: list[str]) -> int:
             for g in gpus:
                 g["compute_mode"] = int(_opt(argv, "-c") or 0)
             return 0
+        if "-e" in argv:  # real GPUs apply this at the next reset; the simulation at once
+            for g in gpus:
+                g["ecc_mode"] = _opt(argv, "-e") in ("1", "ENABLED")
+            print(f"Enabled ECC support for {len(gpus)} GPU(s). All done.")
+            return 0
+        if "-mig" in argv:
+            for g in gpus:
+                g["mig_mode"] = _opt(argv, "-mig") in ("1", "ENABLED")
+            return 0
         if "-ac" in argv:
             for g in gpus:
                 g["app_clock_sm_mhz"] = int((_opt(argv, "-ac") or "0,0").split(",")[1])
