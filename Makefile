@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# molecule and ansible-lint call ansible-* by name: the venv's must come first.
+export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test lint unit integration bench clean venv
+.PHONY: demo test lint unit integration molecule bench clean venv
 
 venv: $(STAMP)
 
@@ -18,10 +20,12 @@ demo: $(STAMP)
 	$(BIN)/gpuops demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check engine tests
-	$(BIN)/ruff format --check engine tests
+	$(BIN)/ruff check engine tests scripts
+	$(BIN)/ruff format --check engine tests scripts
 	$(BIN)/mypy
 	$(BIN)/gpuops validate rules
+	$(BIN)/yamllint -c .yamllint.yml playbooks rules tests/rules molecule
+	$(BIN)/ansible-lint --profile production playbooks/
 
 test: lint
 	$(BIN)/pytest -q
@@ -31,6 +35,10 @@ unit: $(STAMP)
 
 integration: $(STAMP)
 	$(BIN)/pytest -q tests/integration tests/e2e
+
+# One scenario per playbook against simulated local hosts: converge, idempotence, verify.
+molecule: $(STAMP)
+	$(BIN)/molecule test --all
 
 bench: $(STAMP)
 	$(BIN)/gpuops bench rules --rules 50 --gpus 10000 --seconds 20

@@ -244,7 +244,7 @@ class App:
             switch, _ = await get_json(self.bus.kv["control"], DRY_RUN_KEY)
             self.pipeline.decider.dry_run = self.settings.dry_run or bool(switch)
             await self._observe()
-            self.pipeline.matcher.sweep(self.clock.now())
+            self.pipeline.matcher.sweep()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), self.settings.tick_s)
 

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from engine.errors import EngineError, RuleError
 from engine.settings import Settings, load_settings
+from engine.sim.scenario import FAULTS
 
 T = TypeVar("T")
 # Piped output is read in logs and CI: do not squeeze tables to 80 columns there.
@@ -436,6 +437,34 @@ def simulate(
 
         for line in _run(drive_fleet(settings, fleet, seconds, scenario)):
             click.echo(line)
+
+
+@main.command("sim-fault")
+@click.option(
+    "--root", required=True, type=click.Path(exists=True, path_type=Path), help="the fleet"
+)
+@click.option("--node", required=True)
+@click.option(
+    "--fault",
+    required=True,
+    type=click.Choice([*FAULTS, "lost", "drained"]),
+)
+@click.option("--gpu", type=int, default=0, show_default=True)
+@click.option("--param", "params", multiple=True, help="KEY=VALUE, e.g. watts=400 or value=false")
+def sim_fault(root: Path, node: str, fault: str, gpu: int, params: tuple[str, ...]) -> None:
+    """Put a fault on a simulated node (tests, molecule scenarios, hands-on demos)."""
+    import time
+
+    import yaml
+
+    from engine.sim.fleet import SimFleet
+    from engine.sim.state import read
+
+    nodes = sorted(p.name for p in (root / "nodes").iterdir())
+    fleet = SimFleet(root=root, nodes=nodes, gpus=len(read(root / "nodes" / node)["gpus"]))
+    values = {k: yaml.safe_load(v) for k, _, v in (p.partition("=") for p in params)}
+    fleet.inject(node, fault, gpu, at=time.time(), **values)
+    click.echo(f"{fault} on {node}/{gpu} {values or ''}")
 
 
 @main.command()

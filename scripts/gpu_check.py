@@ -26,8 +26,14 @@ def main(out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report: dict[str, object] = {}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "engine.cli", "agent", "--once", "--json"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "agent", "--once", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        check=False,
+    )
     report["agent_once_s"] = round(time.perf_counter() - started, 3)
     report["agent_once_rc"] = done.returncode
     report["agent_once_stderr"] = done.stderr[-2000:]
@@ -35,8 +41,11 @@ def main(out: Path) -> int:
     validator = jsonschema.Draft202012Validator(event_json_schema())
     events = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     report["events"] = [
-        {"kind": e["kind"], "schema_errors": [x.message for x in validator.iter_errors(e)],
-         "model_ok": bool(EVENT_ADAPTER.validate_python(e))}
+        {
+            "kind": e["kind"],
+            "schema_errors": [x.message for x in validator.iter_errors(e)],
+            "model_ok": bool(EVENT_ADAPTER.validate_python(e)),
+        }
         for e in events
     ]
     telemetry = next((e for e in events if e["kind"] == "telemetry"), None)
@@ -54,9 +63,12 @@ def main(out: Path) -> int:
         backend.sample()
     report["sample_ms_per_node"] = round((time.perf_counter() - t0) / 20 * 1000, 2)
     backend.close()
-    ok = (done.returncode == 0 and telemetry is not None
-          and all(not e["schema_errors"] for e in report["events"])  # type: ignore[union-attr]
-          and all(p["outcome"] == "pass" for p in report["probes"]))  # type: ignore[union-attr]
+    ok = (
+        done.returncode == 0
+        and telemetry is not None
+        and all(not e["schema_errors"] for e in report["events"])  # type: ignore[union-attr]
+        and all(p["outcome"] == "pass" for p in report["probes"])
+    )  # type: ignore[union-attr]
     report["ok"] = ok
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))

@@ -76,6 +76,9 @@ class Matcher:
     def __init__(self, rules: RuleSet) -> None:
         self._by_kind: dict[str, list[_Compiled]] = {}
         self._eval_kind: dict[str, KindEval] = {}
+        # The newest event time seen: windows run on event time, so eviction must too
+        # (a backlog of old samples after an outage must not be swept away by the wall clock).
+        self.watermark = float("-inf")
         self.rules = rules
         self.replace(rules)
 
@@ -109,6 +112,8 @@ class Matcher:
         if evaluate is None:
             return []
         t, event_id = event.epoch, event.id
+        if t > self.watermark:
+            self.watermark = t
         out: list[Match] = []
         for fact in facts_of(event):
             evaluate(fact, t, event_id, out)
@@ -118,6 +123,8 @@ class Matcher:
         """Evaluate pre-built facts (bench and replay fast path)."""
         evaluate = self._eval_kind.get(kind)
         out: list[Match] = []
+        if t > self.watermark:
+            self.watermark = t
         if evaluate is not None:
             for fact in facts:
                 evaluate(fact, t, event_id, out)
@@ -144,9 +151,10 @@ class Matcher:
                     for node in names:
                         c.window.seed(node, now)
 
-    def sweep(self, now: float) -> int:
-        """Evict window state for keys that went quiet; returns how many."""
-        return sum(c.window.sweep(now) for cs in self._by_kind.values() for c in cs)
+    def sweep(self, now: float | None = None) -> int:
+        """Evict window state for keys quiet as of `now` (default: the newest event time)."""
+        at = self.watermark if now is None else now
+        return sum(c.window.sweep(at) for cs in self._by_kind.values() for c in cs)
 
     def state_size(self) -> int:
         """Keys held across all windows (bounded by live keys)."""

@@ -88,6 +88,7 @@ class SimFleet:
             bin_dir = self.node_dir(name) / "bin"
             hosts[name] = {
                 "sim_node_dir": str(self.node_dir(name)),
+                "gpuops_marker_dir": str(self.node_dir(name) / "done"),
                 **{f"{tool.replace('-', '_')}_bin": str(bin_dir / tool) for tool in TOOLS},
             }
         doc = {
@@ -131,6 +132,11 @@ class SimFleet:
                 _pending(
                     s, "xid", {"gpu": g["index"], "xid": xid, "message": params.get("message", "")}
                 )
+            elif fault == "drained":  # taken out of service earlier (Slurm and Kubernetes)
+                s["drained"], s["cordoned"] = True, True
+                s["drain_reason"] = str(params.get("reason", "earlier remediation"))
+            elif fault == "busy":  # a job holds the GPU (for MIG and reset refusals)
+                g["processes"] = [int(params.get("pid", 4242))]
             elif fault == "ecc":
                 g["faults"]["ecc"] = {"since": at, "sbe": int(params.get("sbe", 0))}
                 if params.get("type", "dbe") == "dbe":

@@ -12,7 +12,7 @@ import yaml
 from engine.errors import ConfigError
 from engine.match.durations import parse_duration
 
-FAULTS = ("overheat", "power_limit", "xid", "zombie", "drift", "silent", "ecc")
+FAULTS = ("overheat", "power_limit", "xid", "zombie", "drift", "silent", "ecc", "busy")
 
 
 @dataclass(frozen=True, slots=True)

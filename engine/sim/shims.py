@@ -63,8 +63,13 @@ def nvidia_smi(node_dir: Path, argv: list[str]) -> int:
         for g in _gpus(state, argv):
             print(", ".join(str(_QUERY[f.strip()](state, g)) for f in query.split(",")))
         return 0
-    if "--query-compute-apps=pid" in " ".join(argv):
-        return 0  # nothing runs on a simulated GPU
+    if any(a.startswith("--query-compute-apps=") for a in argv):
+        for g in _gpus(read(node_dir), argv):
+            for pid in g.get("processes", []):
+                print(pid)
+        return 0
+    if argv[:1] == ["mig"]:
+        return _mig(node_dir, argv[1:])
     with locked(node_dir) as state:
         gpus = _gpus(state, argv)
         if "-pl" in argv or "--power-limit" in argv:
@@ -94,6 +99,38 @@ def nvidia_smi(node_dir: Path, argv: list[str]) -> int:
                 g["app_clock_sm_mhz"] = int((_opt(argv, "-ac") or "0,0").split(",")[1])
             return 0
     print("NVIDIA-SMI (simulated) " + H200["driver_version"])
+    return 0
+
+
+def _mig(node_dir: Path, argv: list[str]) -> int:
+    """`nvidia-smi mig -i N -lgi | -dci | -dgi | -cgi PROFILES [-C]`."""
+    with locked(node_dir) as state:
+        gpus = _gpus(state, argv)
+        for g in gpus:
+            if not g["mig_mode"]:
+                print(
+                    f"MIG mode is disabled on GPU {g['index']}. Enable it with -mig 1.",
+                    file=sys.stderr,
+                )
+                return 6
+        for g in gpus:
+            if "-lgi" in argv:
+                for n, profile in enumerate(g.get("mig_instances", [])):
+                    print(f"| {g['index']:>3}  MIG profile {profile:>3}  instance {n:>2} |")
+            elif "-dgi" in argv or "-dci" in argv:
+                g["mig_instances"] = []
+            elif "-cgi" in argv:
+                if g.get("processes"):
+                    print(
+                        f"GPU {g['index']} is in use by processes {g['processes']}", file=sys.stderr
+                    )
+                    return 6
+                profiles = (_opt(argv, "-cgi") or "").split(",")
+                g["mig_instances"] = [*g.get("mig_instances", []), *[p for p in profiles if p]]
+                made = ",".join(profiles)
+                print(
+                    f"Successfully created GPU instances with profiles {made} on GPU {g['index']}"
+                )
     return 0
 
 
@@ -168,13 +205,16 @@ def kubectl(node_dir: Path, argv: list[str]) -> int:
     with locked(node_dir) as s:
         verb = argv[0] if argv else ""
         if verb in ("cordon", "drain"):
+            if s["cordoned"]:  # what kubectl says when the node was cordoned already
+                print(f"node/{s['node']} already cordoned")
             s["cordoned"] = True
             s["drained"] = s["drained"] or verb == "drain"
             print(f"node/{s['node']} {'cordoned' if verb == 'cordon' else 'drained'}")
             return 0
         if verb == "uncordon":
+            was = s["cordoned"]
             s["cordoned"], s["drained"] = False, False
-            print(f"node/{s['node']} uncordoned")
+            print(f"node/{s['node']} {'uncordoned' if was else 'already uncordoned'}")
             return 0
         if verb == "get":
             print("true" if s["cordoned"] else "false")

@@ -75,3 +75,20 @@ def test_sustained_heat_fires_after_the_for_duration() -> None:
         fired.append((second, [m.rule for m in matcher.match(hot)]))
     first = next(s for s, rules in fired if "gpu-overheat" in rules)
     assert first == 60
+
+
+def test_sweeping_during_a_backlog_keeps_windows_on_event_time() -> None:
+    # After an outage the engine reads a backlog of old samples; eviction of quiet keys
+    # must follow event time, or a minute of old heat would be swept away mid-run.
+    matcher = Matcher(load_rules([ROOT / "rules"], ROOT / "playbooks"))
+    rec = json.loads(TRACE.read_text().splitlines()[0])
+    start = 1_800_000_000.0
+    fired = []
+    for second in range(0, 70, 5):
+        fired += [
+            m.rule for m in matcher.match(_telemetry(start + second, {**rec, "t": 0}, temp_c=88))
+        ]
+        matcher.sweep()  # what the engine's tick does, at any moment
+    assert "gpu-overheat" in fired
+    matcher.sweep(start + 10_000)  # keys quiet for longer than every window are evicted
+    assert matcher.state_size() == 0
