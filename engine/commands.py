@@ -23,7 +23,7 @@ from engine.decide.silence import SilenceStore
 from engine.errors import EngineError
 from engine.inventory import Inventory
 from engine.match.durations import format_duration, parse_duration
-from engine.models import ActionSpec, AuditRecord, Intent
+from engine.models import ActionSpec, AuditRecord, Intent, action_subject, new_event, subject_for
 from engine.record.audit import Auditor, read_audit
 from engine.record.nodestate import HEALTHY, STATES, NodeStates
 from engine.settings import ChatopsSettings
@@ -124,22 +124,16 @@ class Commands:
 
     async def _publish(self, command: str, args: list[str], caller: Caller) -> None:
         node = args[0] if args and args[0] in self.inventory else "fleet"
-        event = {
-            "id": str(uuid.uuid4()),
-            "kind": "chatops",
-            "node": node,
-            "ts": rfc3339(self.clock.now()),
-            "source": f"chatops:{caller.platform}",
-            "data": {
-                "command": command,
-                "args": args,
-                "user": caller.user,
-                "channel": caller.channel,
-                "platform": caller.platform,
-            },
+        data = {
+            "command": command,
+            "args": args,
+            "user": caller.user,
+            "channel": caller.channel,
+            "platform": caller.platform,
         }
+        event = new_event("chatops", node, self.clock.now(), data, f"chatops:{caller.platform}")
         await self.bus.js.publish(
-            f"gpuops.events.chatops.{node}",
+            subject_for("chatops", node),
             json.dumps(event).encode(),
             headers={"Nats-Msg-Id": event["id"]},
         )
@@ -241,7 +235,7 @@ class Commands:
             decided_at=now,
         )
         await self.bus.js.publish(
-            f"gpuops.actions.{node}",
+            action_subject(node),
             intent.model_dump_json().encode(),
             headers={"Nats-Msg-Id": key},
         )

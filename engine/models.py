@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import re
+import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+from engine.clock import rfc3339
 
 NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
 _SUBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -16,6 +19,31 @@ _SUBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 def subject_token(node: str) -> str:
     """A node name as one NATS subject token (dots and anything odd become `_`)."""
     return _SUBJECT_UNSAFE.sub("_", node)
+
+
+def subject_for(kind: str, node: str) -> str:
+    """Where an event is published: telemetry and health events have their own streams."""
+    token = subject_token(node) or "unknown"
+    if kind == "telemetry":
+        return f"gpuops.telemetry.{token}"
+    return f"gpuops.events.{subject_token(kind) or 'unknown'}.{token}"
+
+
+def action_subject(node: str) -> str:
+    """Where intents for a node go (the actions work queue)."""
+    return f"gpuops.actions.{subject_token(node) or 'unknown'}"
+
+
+def new_event(kind: str, node: str, t: float, data: dict[str, Any], source: str) -> dict[str, Any]:
+    """A fresh event in format v1, as publishers (agent, simulator, checks, ChatOps) send it."""
+    return {
+        "id": str(uuid.uuid4()),
+        "kind": kind,
+        "node": node,
+        "ts": rfc3339(t),
+        "source": source,
+        "data": data,
+    }
 
 
 class _Frozen(BaseModel):

@@ -26,7 +26,7 @@ from engine.models import (
     Match,
     ProbeEvent,
     Reason,
-    subject_token,
+    action_subject,
 )
 from engine.record.audit import Auditor
 from engine.record.lifecycle import Lifecycle
@@ -113,7 +113,7 @@ class Pipeline:
     async def write_intent(self, intent: Intent) -> None:
         """Store an intent in the actions work queue (deduplicated by its key)."""
         await self.js.publish(
-            f"gpuops.actions.{subject_token(intent.node)}",
+            action_subject(intent.node),
             intent.model_dump_json().encode(),
             headers={"Nats-Msg-Id": intent.key},
         )

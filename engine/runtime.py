@@ -10,7 +10,7 @@ from engine.app import App, load_world
 from engine.bus.conn import open_bus
 from engine.clock import Clock, SystemClock
 from engine.intake.decode import event_subject
-from engine.models import EVENT_ADAPTER, AuditRecord
+from engine.models import EVENT_ADAPTER, AuditRecord, subject_for
 from engine.record.audit import read_audit
 from engine.settings import Settings
 
@@ -61,15 +61,10 @@ def _fallback_subject(line: bytes) -> str | None:
     try:
         raw = json.loads(line)
     except ValueError:
-        return "gpuops.events.unknown.unknown"
+        raw = None
     if not isinstance(raw, dict):
-        return "gpuops.events.unknown.unknown"
-    kind, node = str(raw.get("kind", "unknown")), str(raw.get("node", "unknown"))
-    from engine.models import subject_token
-
-    if kind == "telemetry":
-        return f"gpuops.telemetry.{subject_token(node) or 'unknown'}"
-    return f"gpuops.events.{subject_token(kind) or 'unknown'}.{subject_token(node) or 'unknown'}"
+        return subject_for("unknown", "unknown")
+    return subject_for(str(raw.get("kind", "unknown")), str(raw.get("node", "unknown")))
 
 
 async def audit_records(settings: Settings, node: str | None) -> list[AuditRecord]:

@@ -17,9 +17,9 @@ from typing import Any
 
 from engine.act.playbooks import resolve
 from engine.act.runner import RunRequest, run_async
-from engine.clock import Clock, rfc3339
+from engine.clock import Clock
 from engine.inventory import Inventory
-from engine.models import RunStatus
+from engine.models import RunStatus, new_event, subject_for
 
 log = logging.getLogger(__name__)
 
@@ -80,30 +80,11 @@ class DriftReport:
     def events(self, source: str = "drift-check") -> list[dict[str, Any]]:
         """The drift and unreachable events this check produced."""
         out = []
-        at = rfc3339(self.ended)
         for host, result in sorted(self.hosts.items()):
-            for drift in result.drifts:
-                out.append(
-                    {
-                        "id": str(uuid.uuid4()),
-                        "kind": "drift",
-                        "node": host,
-                        "ts": at,
-                        "source": source,
-                        "data": drift,
-                    }
-                )
+            out += [new_event("drift", host, self.ended, drift, source) for drift in result.drifts]
             if result.unreachable:
-                out.append(
-                    {
-                        "id": str(uuid.uuid4()),
-                        "kind": "unreachable",
-                        "node": host,
-                        "ts": at,
-                        "source": source,
-                        "data": {"error": result.unreachable, "check": "drift"},
-                    }
-                )
+                error = {"error": result.unreachable, "check": "drift"}
+                out.append(new_event("unreachable", host, self.ended, error, source))
         return out
 
 
@@ -191,7 +172,7 @@ async def publish_report(js: Any, report: DriftReport) -> int:
     """Put the check's drift and unreachable events on the bus (deduplicated by id)."""
     events = report.events()
     for event in events:
-        subject = f"gpuops.events.{event['kind']}.{event['node']}"
+        subject = subject_for(event["kind"], event["node"])
         await js.publish(subject, json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]})
     return len(events)
 

@@ -13,7 +13,6 @@ import json
 import logging
 import socket
 import threading
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,8 @@ from engine import __version__
 from engine.agent.backend import GpuBackend, HealthSignal
 from engine.agent.probe import run_probe
 from engine.agent.spool import Spool, Spooled
-from engine.clock import Clock, rfc3339
-from engine.models import subject_token
+from engine.clock import Clock
+from engine.models import new_event, subject_for, subject_token
 
 log = logging.getLogger(__name__)
 
@@ -46,24 +45,9 @@ class AgentSettings:
     spool_max: int = 10_000
 
 
-def event(
-    kind: str, node: str, t: float, data: dict[str, Any], source: str = "agent"
-) -> dict[str, Any]:
+def event(kind: str, node: str, t: float, data: dict[str, Any]) -> dict[str, Any]:
     """An event in format v1 from this agent."""
-    return {
-        "id": str(uuid.uuid4()),
-        "kind": kind,
-        "node": node,
-        "ts": rfc3339(t),
-        "source": source,
-        "data": data,
-    }
-
-
-def subject(kind: str, node: str) -> str:
-    """Where an agent publishes an event of `kind`."""
-    token = subject_token(node)
-    return f"gpuops.telemetry.{token}" if kind == "telemetry" else f"gpuops.events.{kind}.{token}"
+    return new_event(kind, node, t, data, "agent")
 
 
 def default_node() -> str:
@@ -146,7 +130,9 @@ class Agent:
             return
         payload = event("telemetry", self.s.node, self.clock.now(), {"gpus": gpus})
         with contextlib.suppress(NatsError):  # not spooled: the next sample replaces it
-            await self.nc.publish(subject("telemetry", self.s.node), json.dumps(payload).encode())
+            await self.nc.publish(
+                subject_for("telemetry", self.s.node), json.dumps(payload).encode()
+            )
             self.sent["telemetry"] = self.sent.get("telemetry", 0) + 1
 
     async def publish_heartbeat(self) -> None:
@@ -179,7 +165,7 @@ class Agent:
     async def publish_health(self, kind: str, data: dict[str, Any]) -> None:
         """Publish with a message id and an awaited ack; spool if that fails."""
         payload = event(kind, self.s.node, self.clock.now(), data)
-        item = Spooled(subject(kind, self.s.node), json.dumps(payload), payload["id"])
+        item = Spooled(subject_for(kind, self.s.node), json.dumps(payload), payload["id"])
         if len(self.spool) or not await self._send(item):
             self.spool.push(item)  # keep order: nothing overtakes what is already spooled
             return

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from engine.errors import EventError
-from engine.models import EVENT_ADAPTER, Event, subject_token
+from engine.models import EVENT_ADAPTER, Event, subject_for, subject_token
 
 MAX_EVENT_BYTES = 1 << 20
 
@@ -72,8 +72,5 @@ def dead_letter(reason: str, error: str, payload: bytes, subject: str, at: float
 
 
 def event_subject(event: Event) -> str:
-    """Where an event is published: telemetry and health events have their own streams."""
-    token = subject_token(event.node)
-    if event.kind == "telemetry":
-        return f"gpuops.telemetry.{token}"
-    return f"gpuops.events.{event.kind}.{token}"
+    """Where a typed event is published."""
+    return subject_for(event.kind, event.node)

@@ -17,6 +17,7 @@ from typing import Any
 
 from engine.bus.conn import Bus
 from engine.clock import ScaledClock
+from engine.models import subject_for
 from engine.sim.fleet import SimFleet, envelope
 from engine.sim.scenario import Fault, Scenario
 
@@ -98,7 +99,7 @@ class SimDriver:
             sample = self.fleet.telemetry(node, now)
             if sample is None:
                 continue  # a silent agent sends nothing at all
-            await self.bus.nc.publish(f"gpuops.telemetry.{node}", json.dumps(sample).encode())
+            await self.bus.nc.publish(subject_for("telemetry", node), json.dumps(sample).encode())
             self.stats.telemetry += 1
             for pending in self.fleet.take_events(node):
                 await self._health(envelope(pending["kind"], node, now, pending["data"]))
@@ -108,7 +109,7 @@ class SimDriver:
                 await self._health(envelope("probe", node, now, self.fleet.probe(node)))
 
     async def _health(self, event: dict[str, Any]) -> None:
-        subject = f"gpuops.events.{event['kind']}.{event['node']}"
+        subject = subject_for(event["kind"], event["node"])
         await self.bus.js.publish(
             subject, json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]}
         )

@@ -11,7 +11,6 @@ import json
 import random
 import stat
 import sys
-import uuid
 import zlib
 from dataclasses import dataclass, field
 from functools import cache
@@ -21,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from engine.clock import rfc3339
+from engine.models import new_event
 from engine.sim import state as node_state
 from engine.sim.shims import TOOLS
 from engine.sim.state import H200
@@ -208,15 +207,8 @@ def _pending(state: dict[str, Any], kind: str, data: dict[str, Any]) -> None:
 def envelope(
     kind: str, node: str, t: float, data: dict[str, Any], source: str = "sim"
 ) -> dict[str, Any]:
-    """An event in format v1."""
-    return {
-        "id": str(uuid.uuid4()),
-        "kind": kind,
-        "node": node,
-        "ts": rfc3339(t),
-        "source": source,
-        "data": data,
-    }
+    """An event in format v1 from the simulated fleet."""
+    return new_event(kind, node, t, data, source)
 
 
 def _gpu_sample(
