@@ -373,16 +373,7 @@ def drift_check_cmd(
             + f": {d['actual']} (want {d['expected']})"
             for d in result.drifts
         )
-        state = (
-            "unreachable"
-            if result.unreachable
-            else "failed"
-            if result.failed
-            else "drift"
-            if result.drifts
-            else "clean"
-        )
-        table.add_row(host, drifted or "-", state)
+        table.add_row(host, drifted or "-", report.state_of(host))
     out.print(table)
     s = report.summary()
     out.print(

@@ -55,14 +55,29 @@ class DriftReport:
         """Hosts the check could not reach."""
         return sorted(h for h, d in self.hosts.items() if d.unreachable)
 
+    def state_of(self, host: str) -> str:
+        """clean, drift, unreachable or failed: every checked host gets one."""
+        r = self.hosts[host]
+        return (
+            "unreachable"
+            if r.unreachable
+            else "failed"
+            if r.failed
+            else "drift"
+            if r.drifts
+            else "clean"
+        )
+
     def summary(self) -> dict[str, Any]:
-        """The audit record's body."""
+        """The audit record's body: counts, and each host's result (its 'last checked')."""
         return {
             "group": self.group,
             "hosts_checked": len(self.hosts),
             "drifted": self.drifted,
             "unreachable": self.unreachable,
             "duration_s": round(self.ended - self.started, 2),
+            "checked_at": self.ended,
+            "hosts": {h: self.state_of(h) for h in sorted(self.hosts)},
             "settings": {
                 h: sorted({d["setting"] for d in r.drifts})
                 for h, r in self.hosts.items()

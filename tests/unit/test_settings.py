@@ -1,0 +1,39 @@
+"""Settings: a file, then GPUOPS_* environment, then flags; one frozen object; clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.errors import ConfigError
+from engine.settings import load_settings
+
+
+def test_file_then_environment_then_flags(tmp_path: Path) -> None:
+    config = tmp_path / "gpuops.yml"
+    config.write_text(
+        "dry_run: true\nmax_parallel_runs: 2\nnats: {url: nats://file:4222}\n"
+        "safety: {attempt_cap: 3}\n"
+    )
+    env = {"GPUOPS_MAX_PARALLEL_RUNS": "6", "GPUOPS_NATS__URL": "nats://env:4222", "HOME": "/x"}
+    s = load_settings(config, {"nats": {"url": "nats://flag:4222"}}, env)
+    assert s.dry_run is True and s.max_parallel_runs == 6 and s.safety.attempt_cap == 3
+    assert s.nats.url == "nats://flag:4222"
+    with pytest.raises(Exception, match="frozen"):
+        s.dry_run = False  # type: ignore[misc]
+
+
+def test_secrets_are_not_printed(tmp_path: Path) -> None:
+    env = {"GPUOPS_NATS__PASSWORD": "hunter2", "GPUOPS_CHATOPS__SLACK_SIGNING_SECRET": "s3cr3t"}
+    s = load_settings(None, {}, env)
+    assert "hunter2" not in repr(s) and "s3cr3t" not in repr(s)
+    assert s.chatops.slack_signing_secret is not None
+    assert s.chatops.slack_signing_secret.get_secret_value() == "s3cr3t"
+
+
+def test_unknown_key_is_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "gpuops.yml"
+    config.write_text("dryrun: true\n")
+    with pytest.raises(ConfigError, match="dryrun: Extra inputs are not permitted"):
+        load_settings(config, {}, {})
