@@ -221,6 +221,7 @@ class App:
             healthy=lambda: self.bus.nc.is_connected,
         )
         self.http_port = await server.start(self.settings.http or "127.0.0.1:0")
+        self.metrics.chatops = server
         return server
 
     async def run_drift_check(self, group: str) -> str:

@@ -13,7 +13,6 @@ import resource
 import statistics
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from engine.match.loader import build_rule, load_rules
@@ -143,8 +142,3 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> Iterator[str]:
     )
     yield f"window state keys={matcher.state_size()}"
     yield f"samples_per_s={rate:.0f} rss_mb={rss_mb:.0f}"
-
-
-def main_path() -> Path:
-    """Where the shipped rules come from (for the report)."""
-    return checkout_root() / "rules"

@@ -51,7 +51,6 @@ class Intake:
         self.batch = batch
         self.ack_all = ack_all
         self.dead: Counter[str] = Counter()
-        self.received = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch until `stop` is set."""
@@ -78,7 +77,6 @@ class Intake:
     async def process(self, msgs: list[Msg]) -> None:
         """Handle a batch in order; each message is acked after its handling is recorded."""
         for msg in msgs:
-            self.received += 1
             try:
                 event = decode(msg.data, msg.subject)
             except EventError as exc:

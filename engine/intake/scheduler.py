@@ -80,7 +80,6 @@ class DriftScheduler:
         self.kv, self.clock, self.run_check, self.record = kv, clock, run, record
         self.grace_s = grace_s
         self.replica = replica
-        self.history: list[Slot] = []
 
     async def tick(self) -> list[Slot]:
         """Run what is due now; returns what happened to each slot considered."""
@@ -89,7 +88,6 @@ class DriftScheduler:
             slot = await self._consider(schedule, trigger)
             if slot is not None:
                 out.append(slot)
-        self.history += out
         return out
 
     async def _consider(self, schedule: DriftSchedule, trigger: CronTrigger) -> Slot | None:

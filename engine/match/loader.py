@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from engine.errors import RuleError, RuleSetError
 from engine.match.durations import parse_duration
-from engine.match.expr import check, condition_from, fact_expression, template_names
+from engine.match.expr import condition_from, fact_expression, template_names
 from engine.match.rules import Increase, Ladder, Rule, RuleAction, RuleSet, Rung
 from engine.match.schema import RULES_FILE_SCHEMA
 from engine.match.yamlsrc import LineDict, load_yaml
@@ -332,8 +332,3 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, list):
         return [s for v in value for s in _strings(v)]
     return []
-
-
-def check_condition(source: str, kind: str) -> None:
-    """Vet a condition for `kind` without compiling it (for editors and tests)."""
-    check(source, fact_fields(kind))

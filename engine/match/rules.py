@@ -92,11 +92,6 @@ class Rule:
             return "increase"
         return "instant"
 
-    @property
-    def playbooks(self) -> list[str]:
-        """Playbooks this rule may run."""
-        return [a.playbook for a in self.actions if a.playbook]
-
 
 @dataclass(frozen=True, slots=True)
 class RuleSet:

@@ -6,7 +6,7 @@ runs by status, consumer lag, breaker state.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -22,6 +22,7 @@ class EngineCollector:
         self.app = app
         self.consumer_pending: dict[str, int] = {}
         self.breaker_open = 0.0
+        self.chatops: Any = None  # the ChatOps server, for its count of rejected requests
 
     def collect(self) -> Iterator[Metric]:
         p = self.app.pipeline
@@ -55,8 +56,12 @@ class EngineCollector:
         yield GaugeMetricFamily(
             "gpuops_breaker_open", "1 when the fleet breaker is open", value=self.breaker_open
         )
-        yield GaugeMetricFamily(
-            "gpuops_intents_written", "Intents written to the actions queue", value=p.intents
+        rejected = getattr(self.chatops, "rejected", 0)
+        yield CounterMetricFamily(
+            "gpuops_chatops_rejected", "ChatOps requests refused with 401", value=rejected
+        )
+        yield CounterMetricFamily(
+            "gpuops_intents", "Intents written to the actions queue", value=p.intents
         )
 
 

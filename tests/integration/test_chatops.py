@@ -137,4 +137,5 @@ async def test_commands_become_chatops_events_and_metrics_and_health(engine: App
         health = await session.get(f"http://127.0.0.1:{engine.http_port}/healthz")
     assert 'gpuops_events_total{kind="chatops"}' in metrics
     assert "gpuops_breaker_open" in metrics
+    assert "gpuops_chatops_rejected_total 0.0" in metrics
     assert health.status == 200
