@@ -132,7 +132,7 @@ def drift_check_cmd(
             h: {"drifts": r.drifts, "unreachable": r.unreachable, "failed": r.failed}
             for h, r in sorted(report.hosts.items())
         }
-        click.echo(json.dumps({**report.summary(), "hosts": hosts}, sort_keys=True))
+        click.echo(json.dumps({**report.summary(), "results": hosts}, sort_keys=True))
         return
     table = Table("host", "drifted settings", "state", title=f"drift check of {group}")
     for host, result in sorted(report.hosts.items()):
