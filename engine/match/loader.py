@@ -55,40 +55,38 @@ def load_rules(paths: Iterable[Path], playbooks_dir: Path | None = None) -> Rule
     files = rule_files(paths)
     errors: list[RuleError] = []
     rules: list[Rule] = []
-    ladders: dict[str, Ladder] = {}
+    all_ladders: list[Ladder] = []
     for file in files:
         file_rules, file_ladders = _load_file(file, playbooks_dir, errors)
         rules.extend(file_rules)
-        for ladder in file_ladders:
-            if ladder.name in ladders:
-                earlier = ladders[ladder.name]
-                errors.append(
-                    RuleError(
-                        f"duplicate ladder {ladder.name!r} "
-                        f"(first at {earlier.file}:{earlier.line})",
-                        file=ladder.file,
-                        line=ladder.line,
-                    )
-                )
-            ladders.setdefault(ladder.name, ladder)
-    rules = [_with_ladder(r, ladders, errors) for r in rules]
-    seen: dict[str, Rule] = {}
-    for rule in rules:
-        first = seen.setdefault(rule.name, rule)
-        if first is not rule:
-            errors.append(
-                RuleError(
-                    f"duplicate rule name (first defined at {first.file}:{first.line})",
-                    file=rule.file,
-                    line=rule.line,
-                    rule=rule.name,
-                )
-            )
+        all_ladders.extend(file_ladders)
+    ladders = _unique(all_ladders, "ladder", errors)
+    rules = list(
+        _unique([_with_ladder(r, ladders, errors) for r in rules], "rule name", errors).values()
+    )
     if errors:
         raise RuleSetError(errors)
     return RuleSet(
         rules=tuple(rules), sources=tuple(str(f) for f in files), ladders=tuple(ladders.values())
     )
+
+
+def _unique(items: list[Any], what: str, errors: list[RuleError]) -> dict[str, Any]:
+    """Items by name; a name given twice is an error at the second place."""
+    seen: dict[str, Any] = {}
+    for item in items:
+        first = seen.setdefault(item.name, item)
+        if first is not item:
+            rule = item.name if isinstance(item, Rule) else ""
+            errors.append(
+                RuleError(
+                    f"duplicate {what} (first defined at {first.file}:{first.line})",
+                    file=item.file,
+                    line=item.line,
+                    rule=rule,
+                )
+            )
+    return seen
 
 
 def _with_ladder(rule: Rule, ladders: dict[str, Ladder], errors: list[RuleError]) -> Rule:
