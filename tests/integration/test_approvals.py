@@ -1,0 +1,109 @@
+"""Approvals end to end in a running engine: approve writes the intents (and closes a
+half-open breaker), deny and timeout run nothing; notifications retry with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from pydantic import SecretStr
+
+from engine.act.notify import Notifier, Webhook
+from engine.bus.conn import ACTIONS, Bus
+from engine.bus.server import EmbeddedNats
+from engine.clock import ManualClock
+from engine.commands import Caller
+from engine.decide.breaker import HALF_OPEN
+from engine.models import Match, Reason
+from engine.sim.fleet import SimFleet
+from tests.conftest import calls, engine_settings, running_engine, wait_for
+
+pytestmark = pytest.mark.integration
+ALICE = Caller(user="alice", platform="cli")
+
+
+def _overheat(node: str, t: float) -> Match:
+    return Match(
+        rule="gpu-overheat",
+        kind="telemetry",
+        node=node,
+        gpu=3,
+        key=f"{node}/3",
+        event_id=f"e-{node}-{t}",
+        event_ts=t,
+        at=t,
+        facts={"node": node, "gpu": 3, "temp_c": 88.0},
+    )
+
+
+async def test_half_open_breaker_action_runs_after_approval_and_closes_it(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    async with running_engine(settings, bus) as app:
+        await app.breaker.set_state(HALF_OPEN, "test", app.clock.now(), "alice")
+        await app.pipeline.handle_match(_overheat("node-001", app.clock.now()))
+        assert app.pipeline.decisions[Reason.APPROVAL_PENDING.value] == 1
+        [(record, _)] = await app.approvals.all()
+        assert (await bus.js.stream_info(ACTIONS)).state.messages == 0, (
+            "nothing runs before approval"
+        )
+        assert any(
+            m["topic"] == "approval needed" and record["id"] in m["text"] for m in app.notifier.sent
+        )
+        reply = await app.commands().run(f"approve {record['id']}", ALICE)
+        assert reply.startswith(f"approved {record['id']}")
+        await wait_for(
+            lambda: any("state=drain" in " ".join(c) for c in calls(fleet, "node-001", "scontrol")),
+            30,
+        )
+        state, _ = await app.breaker.get()
+        assert state["state"] == "closed" and "alice" in state["why"]
+
+
+async def test_denied_and_expired_approvals_run_nothing(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    clock = ManualClock(1_800_000_000.0)
+    async with running_engine(settings, bus, clock) as app:
+        await app.breaker.set_state(HALF_OPEN, "test", clock.now(), "alice")
+        await app.pipeline.handle_match(_overheat("node-001", clock.now()))
+        await app.pipeline.handle_match(_overheat("node-002", clock.now()))
+        first, second = sorted((r for r, _ in await app.approvals.all()), key=lambda r: r["node"])
+        assert (await app.commands().run(f"deny {first['id']}", ALICE)).startswith("denied")
+        clock.advance(settings.safety.approval_timeout_s + 1)
+        await app.settle_approvals()
+        statuses = {r["node"]: r["status"] for r, _ in await app.approvals.all()}
+        assert statuses == {"node-001": "denied", "node-002": "expired"}
+        too_late = await app.commands().run(f"approve {second['id']}", ALICE)
+        assert "is already expired" in too_late
+        assert any(m["topic"] == "approval expired" for m in app.notifier.sent)
+    assert (await bus.js.stream_info(ACTIONS)).state.messages == 0
+    assert calls(fleet, "node-001") == [] and calls(fleet, "node-002") == []
+
+
+async def test_notifications_retry_with_backoff_until_delivered() -> None:
+    attempts: list[dict[str, Any]] = []
+
+    async def flaky(request: web.Request) -> web.Response:
+        attempts.append(await request.json())
+        return web.Response(status=503 if len(attempts) < 3 else 200)
+
+    app = web.Application()
+    app.add_routes([web.post("/hook", flaky)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/hook"
+    try:
+        notifier = Notifier([Webhook("mattermost", SecretStr(url), "ops")], backoff_s=0.05)
+        notifier.notify("breaker open", "6 nodes")
+        await asyncio.wait_for(notifier.drain(), 10)
+    finally:
+        await runner.cleanup()
+    assert len(attempts) == 3 and notifier.failed == 0
+    assert attempts[-1] == {"text": "[gpuops] breaker open: 6 nodes", "channel": "ops"}
