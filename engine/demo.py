@@ -103,7 +103,7 @@ class _Demo:
 
     def injected(self, fault: Fault, at: float) -> None:
         self.tracks.append(Track(fault, at))
-        self._say(at, "fault", f"{fault.fault} on {fault.node}/{fault.gpu} {fault.params or ''}")
+        self.say(at, "fault", f"{fault.fault} on {fault.node}/{fault.gpu} {fault.params or ''}")
 
     def on_record(self, r: AuditRecord) -> None:
         for t in self.tracks:
@@ -114,15 +114,15 @@ class _Demo:
             if r.type == "run":
                 t.playbook, t.run = r.body.get("playbook", ""), r.body.get("status", "")
         if r.type in ("decision", "run") or (r.type == "note" and r.summary.startswith("running")):
-            self._say(r.at, r.type, r.summary)
+            self.say(r.at, r.type, r.summary)
 
     def poll(self, now: float) -> None:
         for t in self.tracks:
             if t.recovered_at is None and t.run == "successful" and _recovered(self.fleet, t.fault):
                 t.recovered_at = now
-                self._say(now, "recovered", f"{t.fault.node}/{t.fault.gpu} after {t.fault.fault}")
+                self.say(now, "recovered", f"{t.fault.node}/{t.fault.gpu} after {t.fault.fault}")
 
-    def _say(self, at: float, what: str, text: str) -> None:
+    def say(self, at: float, what: str, text: str) -> None:
         if not self.quiet:
             self.console.print(
                 f"[dim]t+{at - self.t0:6.1f}s[/dim] {what:9} {text}", highlight=False
@@ -200,7 +200,7 @@ async def _drift_check(
 ) -> dict[str, Any]:
     report = await drift_check(inventory, settings.playbooks_dir, clock)
     await publish_report(app.bus.js, report)
-    demo._say(
+    demo.say(
         report.ended,
         "drift",
         f"check of {len(report.hosts)} hosts: drifted {report.drifted or 'none'}",
