@@ -74,6 +74,7 @@ class Track:
     playbook: str = ""
     run: str = ""
     recovered_at: float | None = None
+    held: bool = False  # the fleet breaker stopped its remediation (a storm)
 
     @property
     def rule(self) -> str:
@@ -82,11 +83,15 @@ class Track:
     @property
     def settled(self) -> bool:
         """Done: recovered, or (no playbook for it) detected and handed to a person."""
-        return self.recovered_at is not None or (
-            self.fault.fault == "silent" and self.detected_at is not None
+        return (
+            self.recovered_at is not None
+            or self.held
+            or (self.fault.fault == "silent" and self.detected_at is not None)
         )
 
     def outcome(self) -> str:
+        if self.held and self.recovered_at is None:
+            return "held by the fleet breaker"
         if self.recovered_at is not None and self.fault.fault == "overheat":
             return "isolated and cooled (needs a person)"
         if self.recovered_at is not None:
@@ -111,6 +116,8 @@ class _Demo:
                 continue
             if r.type == "decision" and r.rule == t.rule and t.detected_at is None:
                 t.detected_at = r.at
+            if r.type == "decision" and r.rule == t.rule and "(breaker_open)" in r.summary:
+                t.held = True
             if r.type == "run":
                 t.playbook, t.run = r.body.get("playbook", ""), r.body.get("status", "")
         if r.type in ("decision", "run") or (r.type == "note" and r.summary.startswith("running")):
