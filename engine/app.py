@@ -34,7 +34,7 @@ from engine.inventory import Inventory, load_inventory
 from engine.match.loader import load_rules, rule_files
 from engine.match.matcher import Matcher
 from engine.match.rules import RuleSet
-from engine.models import AuditRecord, Intent
+from engine.models import Intent
 from engine.pipeline import Pipeline
 from engine.record.audit import Auditor
 from engine.record.lifecycle import Lifecycle
@@ -196,7 +196,7 @@ class App:
         """The drift-check schedules of the settings, run by this engine."""
 
         async def record(summary: str, body: dict[str, object]) -> None:
-            await self._note("", summary, body)
+            await self.auditor.note(self.clock.now(), "", summary, body)
 
         async def check(group: str) -> None:
             await self.run_drift_check(group)
@@ -235,7 +235,9 @@ class App:
             forks=self.settings.drift.forks,
         )
         await publish_report(self.bus.js, report)
-        await self._note("", report.line(), {"drift_check": report.summary()})
+        await self.auditor.note(
+            self.clock.now(), "", report.line(), {"drift_check": report.summary()}
+        )
         return render_report(report)
 
     async def _tick(self) -> None:
@@ -272,7 +274,8 @@ class App:
                     await self.breaker.set_state(
                         CLOSED, f"half-open action approved by {record.get('by')}", now
                     )
-                await self._note(
+                await self.auditor.note(
+                    self.clock.now(),
                     record["node"],
                     f"approval {record['id']} by {record.get('by')}: running "
                     f"{len(record['intents'])} action(s)",
@@ -286,14 +289,12 @@ class App:
                 self.notifier.notify(
                     "approval expired", f"{record['id']}: {record['summary']} (denied)"
                 )
-                await self._note(record["node"], f"approval {record['id']} expired: denied", record)
-
-    async def _note(self, node: str, summary: str, body: dict[str, object]) -> None:
-        await self.auditor.write(
-            AuditRecord(
-                type="note", at=self.clock.now(), node=node, summary=summary, body=dict(body)
-            )
-        )
+                await self.auditor.note(
+                    self.clock.now(),
+                    record["node"],
+                    f"approval {record['id']} expired: denied",
+                    record,
+                )
 
     async def _watch_rules(self) -> None:
         """Reload when a rule file changes (polling: works on every filesystem)."""
@@ -312,12 +313,18 @@ class App:
             rules = load_rules([self.settings.rules_dir], self.settings.playbooks_dir)
         except RuleError as exc:
             log.error("rules not reloaded, keeping the last good set:\n%s", exc)
-            await self._note("", "rule reload rejected; last good rules kept", {"errors": str(exc)})
+            await self.auditor.note(
+                self.clock.now(),
+                "",
+                "rule reload rejected; last good rules kept",
+                {"errors": str(exc)},
+            )
             return False
         self.rules = rules
         self.pipeline.matcher.replace(rules)
         log.info("rules reloaded: %d rules", len(rules.rules))
-        await self._note(
+        await self.auditor.note(
+            self.clock.now(),
             "",
             f"rules reloaded: {len(rules.rules)} rules",
             {"rules": [r.name for r in rules.rules]},

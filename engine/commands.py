@@ -23,7 +23,7 @@ from engine.decide.silence import SilenceStore
 from engine.errors import EngineError
 from engine.inventory import Inventory
 from engine.match.durations import format_duration, parse_duration
-from engine.models import ActionSpec, AuditRecord, Intent, action_subject, new_event, subject_for
+from engine.models import ActionSpec, Intent, action_subject, new_event, subject_for
 from engine.record.audit import Auditor, read_audit
 from engine.record.nodestate import HEALTHY, STATES, NodeStates
 from engine.settings import ChatopsSettings
@@ -106,8 +106,10 @@ class Commands:
         refused = allowed(command, caller, self.settings)
         await self._publish(command, args, caller)
         if refused is not None:
-            await self._audit(
-                "", f"refused {command} from {caller.user}@{caller.platform}: {refused}"
+            await self.auditor.note(
+                self.clock.now(),
+                "",
+                f"refused {command} from {caller.user}@{caller.platform}: {refused}",
             )
             return f"refused: {refused}"
         try:
@@ -116,7 +118,8 @@ class Commands:
             return f"{command}: {exc} (usage: {USAGE[command]})"
         except EngineError as exc:
             return f"{command}: {exc}"
-        await self._audit(
+        await self.auditor.note(
+            self.clock.now(),
             args[0] if args and args[0] in self.inventory else "",
             f"{caller.user}@{caller.platform}: {text} -> {reply.splitlines()[0] if reply else ''}",
         )
@@ -136,11 +139,6 @@ class Commands:
             subject_for("chatops", node),
             json.dumps(event).encode(),
             headers={"Nats-Msg-Id": event["id"]},
-        )
-
-    async def _audit(self, node: str, summary: str) -> None:
-        await self.auditor.write(
-            AuditRecord(type="note", at=self.clock.now(), node=node, summary=summary)
         )
 
     def _node(self, args: list[str], n: int = 1) -> str:

@@ -79,7 +79,8 @@ class Pipeline:
             follow = await self.lifecycle.probed(event)
             if follow is not None:
                 await self.write_intent(follow)
-                await self._note(
+                await self.auditor.note(
+                    self.clock.now(),
                     follow.node,
                     f"probe passed: {follow.action.playbook} for {follow.node}",
                     {"intent": follow.key, "rule": follow.rule},
@@ -168,11 +169,6 @@ class Pipeline:
             )
         )
 
-    async def _note(self, node: str, summary: str, body: dict[str, Any]) -> None:
-        await self.auditor.write(
-            AuditRecord(type="note", at=self.clock.now(), node=node, summary=summary, body=body)
-        )
-
     async def _unknown_node(self, event: Event) -> None:
         """Record, at most hourly per node, that a host outside the inventory is reporting."""
         now = self.clock.now()
@@ -180,7 +176,8 @@ class Pipeline:
             return
         self._unknown_seen[event.node] = now
         log.warning("event from %s, which is not in the inventory: never acted upon", event.node)
-        await self._note(
+        await self.auditor.note(
+            self.clock.now(),
             event.node,
             f"{event.node} is not in the inventory; its events are never acted upon",
             {"event_id": event.id, "kind": event.kind},

@@ -137,12 +137,7 @@ async def run_drift_check(
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         async with open_bus(settings.nats, settings.state_dir, name="gpuops-drift") as bus:
             await publish_report(bus.js, report)
-            await Auditor(bus.js).write(
-                AuditRecord(
-                    type="note",
-                    at=clock.now(),
-                    summary=report.line(),
-                    body={"drift_check": report.summary()},
-                )
+            await Auditor(bus.js).note(
+                clock.now(), "", report.line(), {"drift_check": report.summary()}
             )
     return report

@@ -98,14 +98,18 @@ class Executor:
         try:
             intent = Intent.model_validate_json(msg.data)
         except ValueError as exc:
-            await self._note(
-                "", f"unreadable intent dropped: {exc}", {"raw": msg.data.decode(errors="replace")}
+            await self.auditor.note(
+                self.clock.now(),
+                "",
+                f"unreadable intent dropped: {exc}",
+                {"raw": msg.data.decode(errors="replace")},
             )
             await msg.term()
             return
         claim = await self._claim(intent)
         if claim is not None:
-            await self._note(
+            await self.auditor.note(
+                self.clock.now(),
                 intent.node,
                 f"intent {intent.key[:12]} already {claim}; not run again",
                 {"intent": intent.key, "rule": intent.rule, "claim": claim},
@@ -171,7 +175,8 @@ class Executor:
                 ended=now,
                 error=str(exc),
             )
-        await self._note(
+        await self.auditor.note(
+            self.clock.now(),
             intent.node,
             f"running {intent.action.playbook} on {intent.node}",
             {"intent": intent.key, "revision": version.revision, "sha256": version.sha256},
@@ -183,11 +188,6 @@ class Executor:
             return await run_async(request, self.clock)
         finally:
             keepalive.cancel()
-
-    async def _note(self, node: str, summary: str, body: dict[str, object]) -> None:
-        await self.auditor.write(
-            AuditRecord(type="note", at=self.clock.now(), node=node, summary=summary, body=body)
-        )
 
 
 async def _keep_in_progress(msg: Msg) -> None:

@@ -16,12 +16,12 @@ from nats.js.kv import KeyValue
 
 from engine.bus.kvjson import cas_json, get_json, put_json
 from engine.decide.stage import BaseStage, Drop, Proposal
+from engine.effects import quarantines
 from engine.match.durations import format_duration
 from engine.models import Reason
 
 KEY = "breaker"
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
-QUARANTINE = frozenset({"drain.yml", "reboot.yml", "reprovision.yml"})
 
 
 def limit_for(fleet_size: int, share: float, absolute: int) -> int:
@@ -70,7 +70,7 @@ class FleetBreaker(BaseStage):
         self.on_trip = on_trip
 
     async def check(self, p: Proposal) -> Drop | None:
-        if not any(a.playbook in QUARANTINE for a in p.actions) or p.dry_run:
+        if not quarantines([a.playbook for a in p.actions]) or p.dry_run:
             return None
         state, rev = await self.store.get()
         if state["state"] == OPEN:
@@ -101,7 +101,7 @@ class FleetBreaker(BaseStage):
         return Drop(Reason.BREAKER_OPEN, f"tripped: {why}")
 
     async def commit(self, p: Proposal) -> None:
-        if not any(a.playbook in QUARANTINE for a in p.actions) or p.dry_run or p.approval:
+        if not quarantines([a.playbook for a in p.actions]) or p.dry_run or p.approval:
             return
         for _ in range(5):  # a replica may have written meanwhile: re-read and retry
             state, rev = await self.store.get()

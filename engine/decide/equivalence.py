@@ -10,11 +10,9 @@ from nats.js.kv import KeyValue
 
 from engine.bus.kvjson import get_json, kv_key, put_json
 from engine.decide.stage import BaseStage, Drop, Proposal
+from engine.effects import NODE_WIDE, WEIGHT
 from engine.match.durations import format_duration
 from engine.models import Reason
-
-# Heavier actions cover lighter ones on the same node.
-WEIGHT = {"gpu_reset.yml": 1, "reboot.yml": 2, "reprovision.yml": 3}
 
 
 class Equivalence(BaseStage):
@@ -46,7 +44,7 @@ class Equivalence(BaseStage):
         done = WEIGHT.get(playbook, 0)
         # A node-wide action (reboot, reprovision) covers anything as heavy or lighter;
         # a GPU reset covers only its own GPU, which the cooldown already handles.
-        if done > weight or (done == weight and weight >= WEIGHT["reboot.yml"]):
+        if done > weight or (done == weight and weight >= NODE_WIDE):
             ago = format_duration(p.now - at)
             return Drop(Reason.SUPERSEDED, f"{playbook} on {p.node} {ago} ago covers this")
         return None

@@ -20,7 +20,6 @@ from aiohttp import web
 
 from engine.clock import Clock
 from engine.commands import Caller, Commands
-from engine.models import AuditRecord
 from engine.record.audit import Auditor
 from engine.record.metrics import exposition
 from engine.settings import ChatopsSettings
@@ -85,14 +84,8 @@ class ChatopsServer:
         self.rejected += 1
         peer = request.remote or "?"
         log.warning("rejected %s from %s: %s", request.path, peer, why)
-        await self.auditor.write(
-            AuditRecord(
-                type="note",
-                at=self.clock.now(),
-                summary=f"chatops request rejected ({why})",
-                body={"path": request.path, "peer": peer, "why": why},
-            )
-        )
+        body = {"path": request.path, "peer": peer, "why": why}
+        await self.auditor.note(self.clock.now(), "", f"chatops request rejected ({why})", body)
         return web.json_response({"error": why}, status=401)
 
     async def slack(self, request: web.Request) -> web.Response:

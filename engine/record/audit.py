@@ -6,6 +6,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
@@ -37,6 +38,14 @@ class Auditor:
         await self.js.publish(audit_subject(record.node), record.model_dump_json().encode())
         for listener in self.listeners:
             listener(record)
+
+    async def note(
+        self, at: float, node: str, summary: str, body: dict[str, Any] | None = None
+    ) -> None:
+        """Record something that is neither a decision nor a run."""
+        await self.write(
+            AuditRecord(type="note", at=at, node=node, summary=summary, body=dict(body or {}))
+        )
 
 
 async def read_audit(

@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from engine.act.notify import Notifier
 from engine.clock import Clock
 from engine.decide.approval import ApprovalStore
-from engine.decide.breaker import QUARANTINE
+from engine.effects import ISOLATE, RETURN, quarantines
 from engine.models import (
     ActionSpec,
     Decision,
@@ -29,9 +29,6 @@ from engine.record import nodestate as ns
 
 log = logging.getLogger(__name__)
 
-RETURN = "return_to_service.yml"
-# Playbooks that isolate a node without fixing it: after them a person fixes the cause.
-ISOLATE = frozenset({"drain.yml"})
 VALIDATION_RULE = "validation"
 
 
@@ -64,7 +61,7 @@ class Lifecycle:
             await self.states.move(m.node, ns.NEEDS_HUMAN, decision.detail, now)
             self.notifier.notify("needs-human", f"{m.node}: {decision.detail} (rule {m.rule})")
         elif decision.accepted:
-            quarantine = any(a.playbook in QUARANTINE for a in decision.actions)
+            quarantine = quarantines([a.playbook for a in decision.actions])
             if quarantine:
                 await self.states.move(
                     m.node, ns.QUARANTINED, f"{m.rule}: {plays}", now, quarantined=True
