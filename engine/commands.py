@@ -23,7 +23,8 @@ from engine.decide.silence import SilenceStore
 from engine.errors import EngineError
 from engine.inventory import Inventory
 from engine.match.durations import format_duration, parse_duration
-from engine.models import ActionSpec, Intent, action_subject, new_event, subject_for
+from engine.models import ActionSpec, Intent, new_event, subject_for
+from engine.pipeline import publish_intent
 from engine.record.audit import Auditor, read_audit
 from engine.record.nodestate import HEALTHY, STATES, NodeStates
 from engine.settings import ChatopsSettings
@@ -232,11 +233,7 @@ class Commands:
             event_ts=now,
             decided_at=now,
         )
-        await self.bus.js.publish(
-            action_subject(node),
-            intent.model_dump_json().encode(),
-            headers={"Nats-Msg-Id": key},
-        )
+        await publish_intent(self.bus.js, intent)
 
     async def do_approve(self, args: list[str], caller: Caller) -> str:
         if not args:

@@ -43,6 +43,15 @@ def intent_key(rule: str, key: str, event_id: str, playbook: str) -> str:
     return hashlib.sha256(f"{rule}|{key}|{event_id}|{playbook}".encode()).hexdigest()[:40]
 
 
+async def publish_intent(js: JetStreamContext, intent: Intent) -> None:
+    """Store an intent in the actions work queue (deduplicated by its key); await the store."""
+    await js.publish(
+        action_subject(intent.node),
+        intent.model_dump_json().encode(),
+        headers={"Nats-Msg-Id": intent.key},
+    )
+
+
 class Pipeline:
     """Match, decide, write intents, record."""
 
@@ -112,12 +121,8 @@ class Pipeline:
         await self._record(decision, written, approval)
 
     async def write_intent(self, intent: Intent) -> None:
-        """Store an intent in the actions work queue (deduplicated by its key)."""
-        await self.js.publish(
-            action_subject(intent.node),
-            intent.model_dump_json().encode(),
-            headers={"Nats-Msg-Id": intent.key},
-        )
+        """Store an intent in the actions work queue, and count it."""
+        await publish_intent(self.js, intent)
         self.intents += 1
 
     def _intent(self, decision: Decision, index: int) -> Intent:

@@ -39,6 +39,7 @@ async def engine(
             "permissions": {
                 "silence": {"users": ["alice"], "channels": ["gpu-ops"]},
                 "dry-run": {"users": ["alice"]},
+                "drain": {"users": ["alice"]},
             },
         },
     )
@@ -139,3 +140,11 @@ async def test_commands_become_chatops_events_and_metrics_and_health(engine: App
     assert "gpuops_breaker_open" in metrics
     assert "gpuops_chatops_rejected_total 0.0" in metrics
     assert health.status == 200
+
+
+async def test_drain_from_chat_runs_the_playbook_on_that_node(engine: App, fleet: SimFleet) -> None:
+    status, body = await _slack(engine, "drain node-002 'bad fan'")
+    assert status == 200 and body["text"] == "draining node-002: bad fan"
+    await wait_for(lambda: fleet.state("node-002")["drained"], 30)
+    assert "bad fan (by alice)" in fleet.state("node-002")["drain_reason"]
+    assert not fleet.state("node-001")["drained"]
