@@ -185,6 +185,7 @@ class ChatopsData(_Open):
     user: str = ""
     channel: str = ""
     platform: Literal["slack", "mattermost", "cli"] = "cli"
+    reason: str = ""  # the free text after a command's arguments (drain NODE REASON)
 
 
 # --- the envelope ---------------------------------------------------------------------
@@ -316,6 +317,7 @@ class Reason(StrEnum):
     APPROVAL_PENDING = "approval_pending"
     NO_ACTION = "no_action"
     DRY_RUN = "dry_run"
+    NOT_APPLICABLE = "not_applicable"  # a built-in rule for another node state: not audited
 
 
 class Match(_Frozen):
@@ -352,7 +354,9 @@ class Decision(_Frozen):
     actions: tuple[ActionSpec, ...] = ()
     notify: bool = False
     rung: int | None = None
-    approval_id: str | None = None
+    holds_lock: bool = False  # the node's lock is held for this decision's run
+    closes_breaker: bool = False  # the half-open breaker closes when this runs
+    approved_by: str | None = None
 
 
 class Intent(_Frozen):
@@ -366,6 +370,9 @@ class Intent(_Frozen):
     event_id: str
     event_ts: float
     decided_at: float
+    holds_lock: bool = False
+    decision: Decision | None = None  # the accepted decision, so the intent is its record too
+    signature: str = ""  # HMAC of the engine over everything above (engine/signing.py)
 
 
 class RunStatus(StrEnum):
@@ -378,6 +385,8 @@ class RunStatus(StrEnum):
     CANCELED = "canceled"
     ERROR = "error"
     SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"  # the executor died mid-run; found when the intent came back
+    REFUSED = "refused"  # unsigned, not catalogued, or not exactly one inventory host
 
 
 class RunOutcome(_Frozen):
