@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -40,6 +41,10 @@ from engine.signing import verify
 log = logging.getLogger(__name__)
 
 DURABLE = "gpuops-executor"
+# A running claim is renewed this often; one not renewed for CLAIM_STALE_S belongs to an
+# executor that died (a live one may simply be slow: a duplicate copy must not judge it).
+RENEW_S = 20.0
+CLAIM_STALE_S = 90.0
 
 
 class LockRelease(Protocol):
@@ -60,6 +65,7 @@ class Claim(BaseModel):
     rule: str = ""
     status: str | None = None
     tries: int = 1
+    renewed: float = 0.0
 
 
 class Executor:
@@ -182,12 +188,13 @@ class Executor:
     async def _claim(self, intent: Intent) -> int | None:
         """The try number when this executor now runs the intent; None when it must not."""
         now = self.clock.now()
-        fresh = Claim(state="running", at=now, rule=intent.rule)
+        fresh = Claim(state="running", at=now, rule=intent.rule, renewed=now)
         if await self.claims.cas(fresh, 0, intent.key):
             return 1
         held, revision = await self.claims.get(intent.key)
-        if held is None or held.state != "running":
-            done = held.status if held else "claimed"
+        alive = held is not None and held.state == "running" and now - held.renewed < CLAIM_STALE_S
+        if held is None or held.state != "running" or alive:
+            done = "running elsewhere" if alive else (held.status if held else "claimed")
             await self.recorder.auditor.note(
                 now,
                 intent.node,
@@ -197,7 +204,9 @@ class Executor:
             return None
         spec = self.catalog.get(intent.action.playbook)
         if spec is not None and spec.retry_safe and held.tries < 2:
-            again = Claim(state="running", at=now, rule=intent.rule, tries=held.tries + 1)
+            again = Claim(
+                state="running", at=now, rule=intent.rule, tries=held.tries + 1, renewed=now
+            )
             return again.tries if await self.claims.cas(again, revision, intent.key) else None
         await self._interrupted(intent, held, revision)
         return None
@@ -265,16 +274,26 @@ class Executor:
         )
         timeout = min(intent.action.timeout_s, self.max_timeout_s)
         request = RunRequest.for_intent(intent, version, self.inventory.path, timeout)
-        keepalive = asyncio.create_task(_keep_in_progress(msg))
+        keepalive = asyncio.create_task(self._keep_alive(msg, intent))
         try:
             return await run_async(request, self.clock)
         finally:
             keepalive.cancel()
 
 
-async def _keep_in_progress(msg: Msg) -> None:
-    """Tell JetStream the intent is still being worked on, so it is not redelivered mid-run."""
-    while True:
-        await asyncio.sleep(20)
-        with contextlib.suppress(Exception):
-            await msg.in_progress()
+    async def _keep_alive(self, msg: Msg, intent: Intent) -> None:
+        """Tell JetStream and the claim that the run goes on (not redelivered, not judged dead)."""
+        while True:
+            await asyncio.sleep(RENEW_S)
+            now = self.clock.now()
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+                await self.claims.update(partial(_renewed, now=now), intent.key)
+
+
+def _renewed(claim: Claim | None, now: float) -> Claim | None:
+    """A running claim renewed at `now` (others are left alone)."""
+    if claim is None or claim.state != "running":
+        return None
+    return claim.model_copy(update={"renewed": now})
