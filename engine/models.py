@@ -2,36 +2,45 @@
 
 from __future__ import annotations
 
-import re
+import math
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
+from engine import subjects
 from engine.clock import rfc3339
 
 NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
-_SUBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+# NVML's widest counters are unsigned 64-bit: no reading is larger. Anything beyond is
+# a forged or broken sample (10^400 would parse to inf), and rejecting it at the door
+# keeps every condition's arithmetic finite.
+MAX_MAGNITUDE = 2**64
 
 
 def subject_token(node: str) -> str:
-    """A node name as one NATS subject token (dots and anything odd become `_`)."""
-    return _SUBJECT_UNSAFE.sub("_", node)
+    """A node name as one NATS subject token (see engine.subjects)."""
+    return subjects.token(node)
 
 
 def subject_for(kind: str, node: str) -> str:
-    """Where an event is published: telemetry and health events have their own streams."""
-    token = subject_token(node) or "unknown"
-    if kind == "telemetry":
-        return f"gpuops.telemetry.{token}"
-    return f"gpuops.events.{subject_token(kind) or 'unknown'}.{token}"
+    """Where an event is published (see engine.subjects)."""
+    return subjects.event(kind, node)
 
 
 def action_subject(node: str) -> str:
-    """Where intents for a node go (the actions work queue)."""
-    return f"gpuops.actions.{subject_token(node) or 'unknown'}"
+    """Where intents for a node go (see engine.subjects)."""
+    return subjects.action(node)
 
 
 def new_event(kind: str, node: str, t: float, data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -50,9 +59,39 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class _Open(BaseModel):
+def _bad_number(value: Any) -> str | None:
+    """Why a number in event data is not acceptable (NaN, infinite, absurdly large), if so."""
+    stack = [value]
+    while stack:  # iterative: `Any` fields may hold nested lists and mappings
+        item = stack.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{item} is not a finite number"
+        if isinstance(item, int | float) and abs(item) > MAX_MAGNITUDE:
+            return "magnitude above 2**64"
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
+
+
+class _Finite(BaseModel):
+    """Event models: numbers are finite and within NVML's range, wherever they are."""
+
+    @model_validator(mode="after")
+    def _finite(self) -> _Finite:
+        for name, value in self.__dict__.items():
+            why = _bad_number(value)
+            if why is not None:
+                raise ValueError(f"{name}: {why}")
+        return self
+
+
+class _Open(_Finite):
     # Event data may gain fields in later versions; an older engine ignores them.
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
 
 # --- event data, one model per kind -------------------------------------------------
@@ -190,7 +229,9 @@ class ChatopsData(_Open):
 # --- the envelope ---------------------------------------------------------------------
 
 
-class _Envelope(_Frozen):
+class _Envelope(_Finite):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
     id: str = Field(min_length=1, max_length=200)
     node: str = Field(pattern=NODE_PATTERN)
     ts: AwareDatetime
