@@ -5,6 +5,7 @@ Every error names the file, line and rule; all errors of a load are reported tog
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -121,6 +122,10 @@ def _load_file(
     except OSError as exc:
         errors.append(RuleError(f"cannot read: {exc.strerror}", file=name))
         return [], []
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        errors.append(RuleError(f"not UTF-8 (byte {exc.start})", file=name, line=line))
+        return [], []
     try:
         schema_errors = _schema_errors(doc, name)
     except (RecursionError, MemoryError) as exc:
@@ -129,12 +134,12 @@ def _load_file(
     if schema_errors:
         errors.extend(schema_errors)
         return [], []
-    out = _each(doc.get("rules", []), build_rule, name, playbooks_dir, errors)
-    ladders = _each(doc.get("ladders", []), build_ladder, name, playbooks_dir, errors)
+    out = build_all(doc.get("rules", []), build_rule, name, playbooks_dir, errors)
+    ladders = build_all(doc.get("ladders", []), build_ladder, name, playbooks_dir, errors)
     return out, ladders
 
 
-def _each(
+def build_all(
     raws: list[LineDict],
     build: Callable[[LineDict, str, Path | None], _T],
     file: str,
@@ -327,7 +332,10 @@ def _increase(value: Any, types: dict[str, tuple[type, ...]], fail: Any) -> Incr
         within = parse_duration(value["within"])
     except ValueError as exc:
         raise fail(f"increase.within: {exc}", "increase") from exc
-    return Increase(field=name, by=float(value["by"]), within_s=within)
+    by = float(value["by"])
+    if not math.isfinite(by):  # YAML's .nan passes the schema's minimum
+        raise fail(f"increase.by: {by} is not a finite number", "increase")
+    return Increase(field=name, by=by, within_s=within)
 
 
 def _action(
@@ -346,9 +354,12 @@ def _action(
         unknown = [n for n in template_names(value) if n not in fields]
         if unknown:
             raise fail(f"vars: unknown field {unknown[0]!r} in template {value!r}", "actions")
-    timeout = parse_duration(raw["timeout"]) if "timeout" in raw else 600.0
+    timeout = _dur(raw, "timeout", fail)
     return RuleAction(
-        playbook=playbook, ref=raw.get("ref"), vars=dict(raw.get("vars", {})), timeout_s=timeout
+        playbook=playbook,
+        ref=raw.get("ref"),
+        vars=dict(raw.get("vars", {})),
+        timeout_s=600.0 if timeout is None else timeout,
     )
 
 
