@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar, get_args
+from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 import jsonschema
 from pydantic import BaseModel
@@ -34,7 +34,10 @@ def _field_types(kind: str) -> dict[str, tuple[type, ...]]:
     out: dict[str, tuple[type, ...]] = {"node": (str,)}
     for name, info in model.model_fields.items():
         ann = info.annotation
-        out[name] = tuple(a for a in (get_args(ann) or (ann,)) if isinstance(a, type))
+        args = [
+            get_args(a)[0] if get_origin(a) is Annotated else a for a in get_args(ann) or (ann,)
+        ]
+        out[name] = tuple(a for a in args if isinstance(a, type))
     if kind == "telemetry":
         out["gpu"] = (int,)
     return out
