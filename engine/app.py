@@ -259,9 +259,7 @@ class App:
             if now - last_sweep >= SWEEP_EVERY_S:
                 last_sweep = now
                 await self.engine.recorder.sweep()
-                # Event time, not the wall: a backlog after an outage must keep its windows;
-                # clamped to the clock, so an event dated ahead cannot sweep everyone's.
-                self.engine.matcher.sweep(min(self.engine.matcher.watermark, now))
+                self.engine.matcher.sweep(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), self.settings.tick_s)
 

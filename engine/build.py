@@ -150,7 +150,7 @@ def build_engine(
         s.approval_timeout_s,
         s.validation_timeout_s,
     )
-    matcher = Matcher(with_builtins(rules, catalog))
+    matcher = Matcher(with_builtins(rules, catalog), clock)
     decider = Decider(stages, clock, settings.dry_run)
     pipeline = Pipeline(
         matcher, decider, recorder, publisher, clock, inventory, metrics, signing_key

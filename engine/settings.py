@@ -134,7 +134,11 @@ class Settings(BaseModel):
     max_parallel_runs: int = Field(default=4, ge=1, le=256)
     intake_batch: int = Field(default=256, ge=1, le=10_000)
     tick_s: float = Field(default=1.0, gt=0)
-    max_future_skew_s: float = Field(default=300.0, gt=0)
+    max_future_skew_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="events dated further ahead of the engine's clock are dead-lettered (future)",
+    )
     signing_key: Path | None = Field(
         default=None, description="intent signing key shared by engine and executors"
     )
