@@ -55,19 +55,34 @@ class NodeRecord(BaseModel):
     why: str = ""
     quarantined: bool = False
     previous: NodeState | None = None
+    cause: str = ""  # the event or intent that moved it: the same one never moves it twice
 
 
 def moved(
-    record: NodeRecord, to: NodeState, why: str, at: float, quarantined: bool | None = None
+    record: NodeRecord,
+    to: NodeState,
+    why: str,
+    at: float,
+    quarantined: bool | None = None,
+    cause: str = "",
 ) -> NodeRecord | None:
-    """The record after moving to `to`, or None when the machine does not allow it."""
+    """The record after moving to `to`, or None when the machine does not allow it (or
+    `cause` already moved it: a decision made again after a crash changes nothing)."""
+    if cause and cause == record.cause:
+        return None
     if record.state is not to and to not in ALLOWED[record.state]:
         return None
     flag = record.quarantined if quarantined is None else quarantined
     if record.state is to and record.quarantined == flag:
         return None
     return NodeRecord(
-        node=record.node, state=to, since=at, why=why, quarantined=flag, previous=record.state
+        node=record.node,
+        state=to,
+        since=at,
+        why=why,
+        quarantined=flag,
+        previous=record.state,
+        cause=cause,
     )
 
 
@@ -77,10 +92,12 @@ def after_decision(
     """What a decision does to the node's state."""
     m = d.match
     plays = [a.playbook for a in d.actions]
+    cause = f"decision:{m.rule}:{m.key}:{m.event_id}"
     if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
-        return moved(record, S.NEEDS_HUMAN, d.detail, at)
+        return moved(record, S.NEEDS_HUMAN, d.detail, at, cause=cause)
     if d.accepted and catalog.takes_out(plays):
-        return moved(record, S.QUARANTINED, f"{m.rule}: {', '.join(plays)}", at, quarantined=True)
+        why = f"{m.rule}: {', '.join(plays)}"
+        return moved(record, S.QUARANTINED, why, at, quarantined=True, cause=cause)
     returning = any((s := catalog.get(p)) is not None and s.effect is Effect.RETURN for p in plays)
     if d.accepted and not returning:
         return (
