@@ -28,6 +28,14 @@ CASES = {
     "gpu_group_on_heartbeat.yml": "4: rule beat: group_by gpu: 'heartbeat' events carry no gpu",
     "template_field.yml": "5: rule hot: vars: unknown field 'temperature' in template",
     "two_forms.yml": "6: rule hot: use one temporal form, not for and absent",
+    "uncatalogued_playbook.yml": "5: rule hot: unknown playbook 'tasks/drain.yml' (not in",
+    "unknown_variable.yml": (
+        "5: rule low: playbook power_limit.yml does not accept variable 'wats' "
+        "(accepts: reason, watts)"
+    ),
+    "unknown_rung_variable.yml": (
+        "5: ladder lost: playbook reboot.yml does not accept variable 'force' (accepts: reason)"
+    ),
 }
 
 
