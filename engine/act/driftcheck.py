@@ -1,8 +1,9 @@
 """Drift checks: `baseline.yml` in check and diff mode over a group, in batches, with forks.
 
-Each host's changed "Drift <setting>" tasks become `drift` events (setting, expected,
-actual, GPU); an unreachable host becomes an `unreachable` event; a host with no drift
-gets a clean record, so "last checked" is known for every host.
+The playbook reports what differs in task results that carry `gpuops_drift` (a list
+of {setting, expected, actual, gpu}); task names are for people and are not read. Each
+difference becomes a `drift` event; an unreachable host becomes an `unreachable` event;
+a host with no drift gets a clean record, so "last checked" is known for every host.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from engine.models import RunStatus, new_event, subject_for
 log = logging.getLogger(__name__)
 
 PLAYBOOK = "baseline.yml"
+# The key under which baseline.yml's report tasks put what differs.
+DRIFT_KEY = "gpuops_drift"
 
 
 @dataclass
@@ -115,28 +118,33 @@ def _collector(report: DriftReport) -> Callable[[dict[str, Any]], None]:
             result.unreachable = str(data.get("res", {}).get("msg", "unreachable"))[:300]
         elif kind == "runner_on_failed" and not data.get("ignore_errors"):
             result.failed = str(data.get("res", {}).get("msg", "failed"))[:300]
-        elif (kind == "runner_item_on_ok" and str(data.get("task", "")).startswith("Drift ")) or (
-            kind == "runner_on_ok"
-            and str(data.get("task", "")).startswith("Drift ")
-            and "results" not in data.get("res", {})  # a loop's items came one by one already
-        ):
-            _add(result, data.get("res", {}))
+        elif kind in ("runner_on_ok", "runner_item_on_ok"):
+            for found in drift_records(data.get("res")):
+                if found not in result.drifts:
+                    result.drifts.append(found)
 
     return on_event
 
 
-def _add(result: HostDrift, res: dict[str, Any]) -> None:
-    msg = res.get("msg")
-    if res.get("changed") and isinstance(msg, dict) and "setting" in msg:
-        gpu = msg.get("gpu")
-        drift = {
-            "setting": str(msg["setting"]),
-            "expected": msg.get("expected"),
-            "actual": msg.get("actual"),
-            "gpu": int(gpu) if gpu not in (None, "") else None,
-        }
-        if drift not in result.drifts:
-            result.drifts.append(drift)
+def drift_records(res: Any) -> list[dict[str, Any]]:
+    """The differences a task result reports under `msg.gpuops_drift`; none for any other."""
+    msg = res.get("msg") if isinstance(res, dict) else None
+    found = msg.get(DRIFT_KEY) if isinstance(msg, dict) else None
+    if not isinstance(found, list):
+        return []
+    out = []
+    for item in found:
+        if isinstance(item, dict) and item.get("setting"):
+            gpu = item.get("gpu")
+            out.append(
+                {
+                    "setting": str(item["setting"]),
+                    "expected": item.get("expected"),
+                    "actual": item.get("actual"),
+                    "gpu": int(gpu) if gpu not in (None, "") else None,
+                }
+            )
+    return out
 
 
 async def drift_check(

@@ -14,7 +14,8 @@ from typing import Annotated, Any, TypeVar, get_args, get_origin
 import jsonschema
 from pydantic import BaseModel
 
-from engine.errors import RuleError, RuleSetError
+from engine.catalog import CATALOG_FILE, load_catalog
+from engine.errors import ConfigError, RuleError, RuleSetError
 from engine.match.durations import parse_duration
 from engine.match.expr import condition_from, fact_expression, template_names
 from engine.match.rules import Increase, Ladder, Rule, RuleAction, RuleSet, Rung
@@ -182,10 +183,11 @@ def build_ladder(raw: LineDict, file: str, playbooks_dir: Path | None) -> Ladder
                 line=where,
             )
         playbook = rung.get("playbook")
-        if playbook and playbooks_dir is not None and not (playbooks_dir / playbook).is_file():
-            raise RuleError(
-                f"ladder {raw['name']}: unknown playbook {playbook!r}", file=file, line=where
-            )
+        problem = (
+            playbook_problem(playbook, rung.get("vars", {}), playbooks_dir) if playbook else None
+        )
+        if problem:
+            raise RuleError(f"ladder {raw['name']}: {problem}", file=file, line=where)
         rungs.append(
             Rung(
                 playbook=playbook,
@@ -349,10 +351,11 @@ def _action(
     playbook = raw["playbook"]
     if ".." in Path(playbook).parts:
         raise fail(f"playbook {playbook!r} must stay inside playbooks/", "actions")
-    if playbooks_dir is not None and "ref" not in raw and not (playbooks_dir / playbook).is_file():
-        raise fail(f"unknown playbook {playbook!r} (not in {playbooks_dir})", "actions")
     if _too_deep(raw.get("vars", {})):
         raise fail(f"vars nested too deeply (limit {MAX_VARS_DEPTH} levels)", "actions")
+    problem = playbook_problem(playbook, raw.get("vars", {}), playbooks_dir)
+    if problem:
+        raise fail(problem, "actions")
     for value in _strings(raw.get("vars", {})):
         unknown = [n for n in template_names(value) if n not in fields]
         if unknown:
@@ -378,6 +381,32 @@ def _too_deep(value: Any) -> bool:
         elif isinstance(item, list):
             stack.extend((child, level + 1) for child in item)
     return False
+
+
+def playbook_problem(playbook: str, variables: Any, playbooks_dir: Path | None) -> str | None:
+    """What is wrong with running `playbook` with `variables`, by the catalogue; None if fine.
+
+    The executor runs only catalogued playbooks, so a playbook file that exists but is not
+    catalogued is as unknown as a missing one; a variable the playbook does not read is a
+    typo or a misunderstanding, never silently ignored.
+    """
+    if playbooks_dir is None:
+        return None
+    try:
+        catalog = load_catalog(playbooks_dir)
+    except ConfigError as exc:
+        return f"cannot check playbook {playbook!r}: {exc}"
+    spec = catalog.get(playbook)
+    if spec is None:
+        known = ", ".join(sorted(catalog.specs))
+        return (
+            f"unknown playbook {playbook!r} (not in {playbooks_dir / CATALOG_FILE}; known: {known})"
+        )
+    for name in variables if isinstance(variables, dict) else {}:
+        if name not in spec.vars:
+            accepts = ", ".join(sorted(spec.vars)) or "none"
+            return f"playbook {playbook} does not accept variable {name!r} (accepts: {accepts})"
+    return None
 
 
 def _strings(value: Any) -> list[str]:

@@ -8,6 +8,7 @@ what was called. Run as `python -m engine.sim.shims TOOL NODE_DIR ARGS...`.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -238,12 +239,25 @@ def reboot(node_dir: Path, argv: list[str]) -> int:
     return 0
 
 
+def _bmc_password(options: list[str]) -> str | None:
+    """The password as ipmitool takes it: `-E` reads IPMI_PASSWORD, `-P` takes it as argv."""
+    if "-E" in options:
+        return os.environ.get("IPMI_PASSWORD") or None
+    return _opt(options, "-P")
+
+
 def ipmitool(node_dir: Path, argv: list[str]) -> int:
-    """`ipmitool ... chassis bootdev pxe` and `chassis power status|cycle|on|off`."""
+    """`ipmitool [-E | -P PASS] ... chassis bootdev pxe` and `chassis power status|cycle|on|off`."""
     if "chassis" not in argv:
         print("ipmitool: only chassis commands are simulated", file=sys.stderr)
         return 1
-    rest = argv[argv.index("chassis") + 1 :]
+    options, rest = argv[: argv.index("chassis")], argv[argv.index("chassis") + 1 :]
+    if "-E" in options and not os.environ.get("IPMI_PASSWORD"):
+        print("Unable to read password from environment", file=sys.stderr)
+        return 1
+    if _bmc_password(options) is None:  # the real one would prompt; a playbook cannot answer
+        print("ipmitool: no password given (-E with IPMI_PASSWORD, or -P)", file=sys.stderr)
+        return 1
     with locked(node_dir) as s:
         if rest[:1] == ["bootdev"]:
             s["bootdev"] = rest[1]

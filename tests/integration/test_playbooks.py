@@ -1,10 +1,14 @@
-"""Playbooks through the engine's ansible-runner bridge: refusals, and pinned git refs."""
+"""Playbooks through ansible-runner: refusals, pinned git refs, no fleet-wide runs, secrets."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
+import ansible_runner
 import pytest
 
 from engine.act.playbooks import resolve
@@ -12,7 +16,7 @@ from engine.act.runner import RunRequest, run_playbook
 from engine.clock import SystemClock
 from engine.models import RunOutcome, RunStatus
 from engine.sim.fleet import SimFleet
-from tests.conftest import ROOT
+from tests.conftest import ROOT, calls
 
 pytestmark = pytest.mark.integration
 
@@ -91,3 +95,96 @@ def test_a_pinned_ref_runs_the_playbook_as_it_was(tmp_path: Path) -> None:
     status, _, outcome = _run(fleet, "mark.yml", repo / "playbooks")
     assert (fleet.node_dir("node-001") / "version").read_text() == "two"
     assert outcome.revision == _git(repo, "rev-parse", "HEAD")
+
+
+def _by_hand(fleet: SimFleet, tmp_path: Path, playbook: str, *args: str) -> Any:
+    """ansible-playbook as a person runs it: the fleet's inventory and no --limit."""
+    (tmp_path / "runner").mkdir(exist_ok=True)
+    return ansible_runner.run(
+        private_data_dir=str(tmp_path / "runner"),
+        playbook=str(ROOT / "playbooks" / playbook),
+        inventory=str(fleet.root / "inventory"),
+        cmdline=" ".join(args),
+        quiet=True,
+        envvars={"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"},
+    )
+
+
+def test_a_playbook_without_a_limit_refuses_the_whole_fleet(tmp_path: Path) -> None:
+    fleet = SimFleet.create(tmp_path / "sim", nodes=2, gpus=1)
+    refused = _by_hand(fleet, tmp_path, "drain.yml")
+    assert refused.status == "failed"
+    assert "this run has no --limit" in refused.stdout.read()
+    assert all(calls(fleet, node) == [] for node in fleet.nodes), "nothing ran anywhere"
+
+    allowed = _by_hand(fleet, tmp_path, "drain.yml", "-e", "gpuops_allow_fleet=true")
+    assert allowed.status == "successful"
+    assert all(fleet.state(node)["drained"] for node in fleet.nodes)
+
+
+def test_the_engine_always_limits_a_run_to_its_node(tmp_path: Path) -> None:
+    fleet = SimFleet.create(tmp_path / "sim", nodes=2, gpus=1)
+    request = RunRequest(
+        key="t",
+        rule="test",
+        node="node-002",
+        playbook=resolve(ROOT / "playbooks", "drain.yml", None, tmp_path),
+        playbook_name="drain.yml",
+        inventory=fleet.root / "inventory",
+        timeout_s=600,
+        limit=None,  # the bridge falls back to the request's node
+    )
+    assert run_playbook(request, SystemClock()).status is RunStatus.SUCCESSFUL
+    assert [fleet.state(n)["drained"] for n in fleet.nodes] == [False, True]
+
+
+def test_the_bmc_password_reaches_ipmitool_through_the_environment(tmp_path: Path) -> None:
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=1)
+    password = "Zq81-bmc-secret"
+    request = RunRequest(
+        key="t",
+        rule="test",
+        node="node-001",
+        playbook=resolve(ROOT / "playbooks", "reprovision.yml", None, tmp_path),
+        playbook_name="reprovision.yml",
+        inventory=fleet.root / "inventory",
+        timeout_s=600,
+        limit="node-001",
+        extravars={"gpuops": {"intent_key": "k-reprovision"}, "bmc_password": password},
+    )
+    outcome = run_playbook(request, SystemClock())
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    assert fleet.state("node-001")["boots"] == 1, "the power cycle went through"
+    ipmi = calls(fleet, "node-001", "ipmitool")
+    assert [argv[-3:] for argv in ipmi] == [
+        ["chassis", "bootdev", "pxe"],
+        ["chassis", "power", "cycle"],
+    ]
+    assert all("-E" in argv and "-P" not in argv for argv in ipmi), ipmi
+    assert not any(password in arg for argv in calls(fleet, "node-001") for arg in argv)
+
+
+def test_the_ipmitool_shim_wants_the_password_it_was_told_to_read(tmp_path: Path) -> None:
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=1)
+    tool = str(fleet.node_dir("node-001") / "bin" / "ipmitool")
+    env = {k: v for k, v in os.environ.items() if k != "IPMI_PASSWORD"}
+    argv = [
+        tool,
+        "-I",
+        "lanplus",
+        "-H",
+        "127.0.0.1",
+        "-U",
+        "sim",
+        "-E",
+        "chassis",
+        "power",
+        "status",
+    ]
+    missing = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    assert missing.returncode == 1
+    assert "Unable to read password from environment" in missing.stderr
+    given = subprocess.run(
+        argv, capture_output=True, text=True, env={**env, "IPMI_PASSWORD": "x"}, check=False
+    )
+    assert (given.returncode, given.stdout.strip()) == (0, "Chassis Power is on")

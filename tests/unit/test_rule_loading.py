@@ -32,6 +32,14 @@ CASES = {
     "deep_condition.yml": "5: rule deep: when: condition too deep (252 levels, limit 32)",
     "deep_vars.yml": "4: rule nested: vars nested too deeply (limit 8 levels)",
     "nan_duration.yml": "5: rule never: for: bad duration nan: must be a finite number",
+    "uncatalogued_playbook.yml": "5: rule hot: unknown playbook 'tasks/drain.yml' (not in",
+    "unknown_variable.yml": (
+        "5: rule low: playbook power_limit.yml does not accept variable 'wats' "
+        "(accepts: reason, watts)"
+    ),
+    "unknown_rung_variable.yml": (
+        "5: ladder lost: playbook reboot.yml does not accept variable 'force' (accepts: reason)"
+    ),
 }
 
 

@@ -1,0 +1,135 @@
+"""Check mode for every catalogued playbook: it predicts a run's changes and makes none.
+
+Each case puts one simulated node where the playbook has work to do and, where that
+makes sense, a second node where it has none; one `--check` run through the engine's
+ansible-runner bridge covers both (one run per case keeps the suite fast), and a third
+node outside the limit shows the run stayed within it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.act.playbooks import resolve
+from engine.act.runner import RunRequest, run_playbook
+from engine.catalog import load_catalog
+from engine.clock import SystemClock
+from engine.models import RunStatus
+from engine.sim import state as node_state
+from engine.sim.fleet import SimFleet
+from tests.conftest import ROOT, calls
+
+pytestmark = pytest.mark.integration
+
+PLAYBOOKS = ROOT / "playbooks"
+CHANGING, SETTLED, OUTSIDE = "node-001", "node-002", "node-003"
+Setup = Callable[[SimFleet, str], None]
+
+
+@dataclass(frozen=True)
+class Case:
+    """Node states where the playbook has work to do (`change`) and none (`settled`)."""
+
+    change: Setup
+    settled: Setup | None
+    gpuops: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _gpu1(**values: Any) -> Setup:
+    def setup(fleet: SimFleet, node: str) -> None:
+        with node_state.locked(fleet.node_dir(node)) as s:
+            s["gpus"][1].update(values)
+
+    return setup
+
+
+def _healthy(fleet: SimFleet, node: str) -> None:
+    """A node in service with nothing wrong: nothing to set up."""
+
+
+def _drained(fleet: SimFleet, node: str) -> None:
+    fleet.inject(node, "drained", reason="fan swap")
+
+
+def _done(intent_key: str, then: Setup = _healthy) -> Setup:
+    """The intent already ran here: its marker is on the node (what once_mark.yml writes)."""
+
+    def setup(fleet: SimFleet, node: str) -> None:
+        marker = fleet.node_dir(node) / "done" / intent_key
+        marker.parent.mkdir(parents=True)
+        marker.write_text("test\n")
+        then(fleet, node)
+
+    return setup
+
+
+K8S = {"workload_manager": "kubernetes"}
+# Every catalogued playbook has a case; drain and return to service one per workload
+# manager. Diagnostics are collected anew every time: that case has no settled node.
+CASES: dict[str, Case] = {
+    "power_limit.yml": Case(_gpu1(power_limit_w=400.0), _healthy, {"gpu": 1}),
+    "gpu_reset.yml": Case(_healthy, _done("k-reset"), {"gpu": 1, "intent_key": "k-reset"}),
+    "reboot.yml": Case(_healthy, _done("k-reboot", _drained), {"intent_key": "k-reboot"}),
+    "reprovision.yml": Case(_healthy, _done("k-rep", _drained), {"intent_key": "k-rep"}),
+    "drain.yml": Case(_healthy, _drained, {"reason": "check"}),
+    "drain.yml kubernetes": Case(_healthy, _drained, {"reason": "check"}, K8S),
+    "return_to_service.yml": Case(_drained, _healthy),
+    "return_to_service.yml kubernetes": Case(_drained, _healthy, {}, K8S),
+    "baseline.yml": Case(_gpu1(persistence_mode=False, power_limit_w=500.0), _healthy),
+    "mig_configure.yml": Case(
+        _healthy, _gpu1(mig_mode=True, mig_instances=["9", "9"]), {"gpu": 1, "mig_profiles": [9, 9]}
+    ),
+    "collect_diagnostics.yml": Case(_healthy, None),
+}
+
+
+def test_every_catalogued_playbook_has_a_check_case() -> None:
+    catalogued = set(load_catalog(PLAYBOOKS).specs)
+    assert {name.split(" ")[0] for name in CASES} == catalogued
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_check_mode_predicts_the_change_and_makes_none(name: str, tmp_path: Path) -> None:
+    fleet = SimFleet.create(tmp_path / "sim", nodes=3, gpus=2)
+    case = CASES[name]
+    case.change(fleet, CHANGING)
+    hosts = [CHANGING]
+    if case.settled is not None:
+        case.settled(fleet, SETTLED)
+        hosts.append(SETTLED)
+    before = {n: fleet.state(n) for n in fleet.nodes}
+    playbook = name.split(" ")[0]
+    request = RunRequest(
+        key="check",
+        rule="test",
+        node=CHANGING,
+        playbook=resolve(PLAYBOOKS, playbook, None, tmp_path / "refs"),
+        playbook_name=playbook,
+        inventory=fleet.root / "inventory",
+        timeout_s=600,  # generous: a loaded CI machine, not the playbook, sets the pace
+        limit=",".join(hosts),
+        check_mode=True,
+        extravars={
+            "gpuops": {"node": CHANGING, "rule": "test", **case.gpuops},
+            "diagnostics_dir": str(tmp_path / "diagnostics"),
+            **case.extra,
+        },
+    )
+
+    outcome = run_playbook(request, SystemClock())
+
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    changed = {h: outcome.stats[h].get("changed", 0) for h in hosts}
+    assert changed[CHANGING] >= 1, f"no change predicted: {outcome.stats}"
+    if case.settled is not None:
+        assert changed[SETTLED] == 0, f"a change predicted where none is due: {outcome.changed}"
+    assert {n: fleet.state(n) for n in fleet.nodes} == before, "check mode changed a node"
+    assert not (fleet.node_dir(CHANGING) / "done").exists(), "check mode wrote an intent marker"
+    assert not (tmp_path / "diagnostics").exists(), "check mode wrote diagnostics"
+    assert calls(fleet, OUTSIDE) == [], "the run went beyond its --limit"
