@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.act.driftcheck import drift_check, publish_report, render_report
 from engine.act.executor import Executor
@@ -27,7 +28,8 @@ from engine.decide.silence import Silences, SilenceStore
 from engine.decide.stage import Decider, Stage
 from engine.decide.stale import StaleCutoff
 from engine.errors import RuleError
-from engine.intake.chatops import ChatopsServer, metrics_of
+from engine.http import HttpServer
+from engine.intake.chatops import Chatops
 from engine.intake.consumer import Intake
 from engine.intake.scheduler import DriftScheduler
 from engine.inventory import Inventory, load_inventory
@@ -210,19 +212,22 @@ class App:
             self.settings.drift.grace_s,
         )
 
-    async def _start_http(self) -> ChatopsServer:
+    async def _start_http(self) -> HttpServer:
         self.metrics = EngineCollector(self)
-        server = ChatopsServer(
-            self.commands(),
-            self.settings.chatops,
-            self.auditor,
-            self.clock,
-            metrics=metrics_of(registry_for(self.metrics)),
-            healthy=lambda: self.bus.nc.is_connected,
+        registry = registry_for(self.metrics)
+        chatops = Chatops(
+            self.commands(), self.settings.chatops, self.auditor, self.clock, registry
         )
+        server = HttpServer(registry, self._health, mounts=[chatops.mount])
         self.http_port = await server.start(self.settings.http or "127.0.0.1:0")
-        self.metrics.chatops = server
+        self.metrics.chatops = chatops
         return server
+
+    def _health(self) -> tuple[bool, dict[str, Any]]:
+        """For /healthz: degraded while NATS is away."""
+        if self.bus.nc.is_connected:
+            return True, {}
+        return False, {"why": "NATS is not connected"}
 
     async def run_drift_check(self, group: str) -> str:
         """One drift check now over `group`; its events go on the bus for the drift rules."""

@@ -182,6 +182,7 @@ class ChatopsData(_Open):
 
     command: str = Field(min_length=1)
     args: list[str] = Field(default_factory=list)
+    reason: str = ""  # the words after the first argument: why to drain, silence, ...
     user: str = ""
     channel: str = ""
     platform: Literal["slack", "mattermost", "cli"] = "cli"
