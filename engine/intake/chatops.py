@@ -29,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 from aiohttp import web
+from nats.errors import Error as NatsError
 from prometheus_client import CollectorRegistry, Counter
 
 from engine.clock import Clock
@@ -137,6 +138,7 @@ class Rejections:
         )
         self.total = 0
         self._pending: Tally[str] = Tally()
+        self._totals: Tally[str] = Tally()
         self._last_note = float("-inf")
         self._last_from: dict[str, str] = {}
 
@@ -144,6 +146,7 @@ class Rejections:
         """Count one refusal; audit the pending ones if the interval has passed."""
         self.counter.labels(reason.value).inc()
         self.total += 1
+        self._totals[reason.value] += 1
         self._pending[reason.value] += 1
         self._last_from = {"path": request.path, "peer": request.remote or "?"}
         log.debug("rejected %s from %s: %s", request.path, request.remote, reason.value)
@@ -159,16 +162,19 @@ class Rejections:
         listed = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items()))
         summary = f"chatops requests rejected: {sum(counts.values())} ({listed})"
         log.warning("%s; last from %s", summary, self._last_from.get("peer"))
-        await self.auditor.note(now, "", summary, {"rejected": counts, "last": self._last_from})
+        # Totals since start ride along: a summary lost while NATS was away (or stored
+        # although its ack never came) leaves the next one right, with nothing resent.
+        body = {"rejected": counts, "total": dict(self._totals), "last": self._last_from}
+        try:
+            await self.auditor.note(now, "", summary, body)
+        except (NatsError, TimeoutError) as exc:  # the refusal stands; the metric counted it
+            log.warning("chatops rejection summary not written: %s", exc)
 
     async def flush_every(self) -> None:
         """Flush on a timer, so the last refusals of a burst reach the audit too."""
         while True:
             await asyncio.sleep(self.interval_s)
-            try:
-                await self.flush()
-            except Exception as exc:  # NATS away: the counts stay pending for the next try
-                log.warning("chatops rejection summary not written: %s", exc)
+            await self.flush()
 
 
 class Chatops:
@@ -212,10 +218,7 @@ class Chatops:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        try:
-            await self.rejections.flush(force=True)
-        except Exception as exc:  # stopping while NATS is away: the metric still counted them
-            log.warning("last chatops rejection summary not written: %s", exc)
+        await self.rejections.flush(force=True)
 
     async def _reject(self, request: web.Request, reason: Rejection) -> web.Response:
         await self.rejections.add(reason, request)

@@ -26,6 +26,7 @@ from engine.inventory import load_inventory
 from engine.record.audit import Auditor, read_audit
 from engine.settings import ChatopsSettings
 from engine.sim.fleet import SimFleet
+from tests.conftest import wait_for
 
 pytestmark = pytest.mark.faults
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,3 +232,21 @@ async def test_history_prints_rich_markup_sent_from_chat(
     stdout, stderr = await asyncio.wait_for(cli.communicate(), 60)
     assert cli.returncode == 0, stderr.decode()
     assert "[/]x[bold]y" in stdout.decode(), "shown as typed, not read as markup"
+
+
+async def test_a_refusal_while_nats_is_away_is_still_a_401_and_counted_later(
+    endpoint: Endpoint, bus: Bus, nats_server: EmbeddedNats
+) -> None:
+    nats_server.stop()
+    assert await endpoint.post("/chatops/slack", data=b"text=status") == (
+        401,
+        {"error": "unsigned"},
+    )
+    assert endpoint.rejected("unsigned") == 1
+    nats_server.start()
+    await wait_for(lambda: bus.nc.is_connected, 30)
+    endpoint.clock.advance(endpoint.settings.rejection_note_interval_s)
+    assert (await endpoint.post("/chatops/slack", data=b"text=status"))[0] == 401
+    records = [r async for r in read_audit(bus.js)]
+    last = [r.body for r in records if r.summary.startswith("chatops requests rej")][-1]
+    assert last["total"] == {"unsigned": 2}, "the summary after the outage counts both"
