@@ -136,16 +136,19 @@ class Rejections:
             ["reason"],
             registry=registry,
         )
-        self.total = 0
         self._pending: Tally[str] = Tally()
         self._totals: Tally[str] = Tally()
         self._last_note = float("-inf")
         self._last_from: dict[str, str] = {}
 
+    @property
+    def total(self) -> int:
+        """Requests refused since start."""
+        return sum(self._totals.values())
+
     async def add(self, reason: Rejection, request: web.Request) -> None:
         """Count one refusal; audit the pending ones if the interval has passed."""
         self.counter.labels(reason.value).inc()
-        self.total += 1
         self._totals[reason.value] += 1
         self._pending[reason.value] += 1
         self._last_from = {"path": request.path, "peer": request.remote or "?"}
