@@ -1,4 +1,10 @@
-"""Wiring only: builds the pipeline from settings and runs its loops."""
+"""A running engine: the built pipeline, its loops, supervised, and its HTTP endpoint.
+
+Every loop is supervised: an error (NATS gone for longer than a request's timeout, a
+bug in a handler) is logged, counted, shown in `/healthz`, and the loop starts again
+after a backoff, so the engine survives an outage of any length and resumes where its
+durable consumers left off.
+"""
 
 from __future__ import annotations
 
@@ -6,82 +12,50 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.act.driftcheck import drift_check, publish_report, render_report
 from engine.act.executor import Executor
 from engine.act.notify import Notifier, Webhook
+from engine.build import Buckets, Engine, build_engine
 from engine.bus.conn import EVENTS, TELEMETRY, Bus
-from engine.bus.kvjson import get_json
+from engine.bus.publish import JetStreamPublisher
+from engine.bus.store import Store
+from engine.catalog import Catalog, load_catalog
 from engine.clock import Clock
-from engine.commands import DRY_RUN_KEY, Commands
-from engine.decide.approval import APPROVED, EXECUTED, EXPIRED, PENDING, ApprovalGate, ApprovalStore
-from engine.decide.attempts import AttemptCap
-from engine.decide.breaker import CLOSED, BreakerStore, FleetBreaker
-from engine.decide.cooldown import Cooldown
-from engine.decide.equivalence import Equivalence
-from engine.decide.inventory import KnownNode
-from engine.decide.ladder import LadderStage
-from engine.decide.lock import NodeLock
-from engine.decide.silence import Silences, SilenceStore
-from engine.decide.stage import Decider, Stage
-from engine.decide.stale import StaleCutoff
-from engine.errors import RuleError
+from engine.commands import DRY_RUN_KEY, Commands, Switch
+from engine.decide.breaker import BreakerState
+from engine.errors import EngineError
 from engine.http import HttpServer
+from engine.intake.answers import settle_approvals
 from engine.intake.chatops import Chatops
 from engine.intake.consumer import Intake
 from engine.intake.scheduler import DriftScheduler
 from engine.inventory import Inventory, load_inventory
+from engine.match.builtin import with_builtins
 from engine.match.loader import load_rules, rule_files
-from engine.match.matcher import Matcher
 from engine.match.rules import RuleSet
-from engine.models import Intent
-from engine.pipeline import Pipeline
-from engine.record.audit import Auditor
-from engine.record.lifecycle import Lifecycle
-from engine.record.metrics import EngineCollector, registry_for
-from engine.record.nodestate import NodeStates
 from engine.settings import Settings
+from engine.signing import load_key
 
 log = logging.getLogger(__name__)
 
+BACKOFF_MAX_S = 10.0
+OBSERVE_EVERY_S = 5.0
+SWEEP_EVERY_S = 10.0
 
-def build_stages(
-    settings: Settings, inventory: Inventory, bus: Bus, notifier: Notifier
-) -> list[Stage]:
-    """The safety stages, in the order they run."""
-    s = settings.safety
 
-    async def tripped(why: str) -> None:
-        notifier.notify(
-            "breaker open", f"automated quarantine stopped: {why}; reset it when understood"
-        )
-
-    return [
-        KnownNode(inventory),
-        StaleCutoff(s.stale_after_s),
-        Silences(SilenceStore(bus.kv["control"]), inventory),
-        Cooldown(bus.kv["cooldowns"]),
-        Equivalence(bus.kv["history"], s.equivalence_window_s),
-        NodeLock(bus.kv["locks"], s.lock_lease_s),
-        LadderStage(bus.kv["history"]),
-        AttemptCap(bus.kv["history"], s.attempt_cap, s.attempt_window_s),
-        FleetBreaker(
-            BreakerStore(bus.kv["control"]),
-            len(inventory.hosts),
-            share=s.breaker_share,
-            absolute=s.breaker_absolute,
-            window_s=s.breaker_window_s,
-            on_trip=tripped,
-        ),
-        ApprovalGate(),
-    ]
+def signing_key_path(settings: Settings) -> Path:
+    """Where the intent signing key is (settings, else under the state dir)."""
+    return settings.signing_key or settings.state_dir / "keys" / "intent.key"
 
 
 @dataclass
 class App:
-    """A running engine: intake, pipeline, executor, ticks, approvals and rule reloads."""
+    """The engine's loops around one built pipeline."""
 
     settings: Settings
     bus: Bus
@@ -89,74 +63,77 @@ class App:
     rules: RuleSet
     inventory: Inventory
     notifier: Notifier = field(default_factory=Notifier)
-    auditor: Auditor = field(init=False)
-    pipeline: Pipeline = field(init=False)
+    engine: Engine = field(init=False)
+    catalog: Catalog = field(init=False)
     executor: Executor | None = field(init=False, default=None)
     intakes: list[Intake] = field(init=False, default_factory=list)
     stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
-    metrics: EngineCollector | None = field(init=False, default=None)
     http_port: int = field(init=False, default=0)
-    _observed: float = field(init=False, default=float("-inf"))
+    failing: dict[str, str] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         s = self.settings
         if not self.notifier.webhooks and s.chatops.webhooks:
             self.notifier.webhooks = [Webhook(w.kind, w.url, w.channel) for w in s.chatops.webhooks]
-        self.auditor = Auditor(self.bus.js)
-        self.approvals = ApprovalStore(self.bus.kv["control"])
-        self.breaker = BreakerStore(self.bus.kv["control"])
-        self.silences = SilenceStore(self.bus.kv["control"])
-        self.states = NodeStates(self.bus.kv["nodes"])
-        self.lifecycle = Lifecycle(
-            self.states,
-            self.notifier,
-            self.approvals,
-            self.bus.nc,
-            self.clock,
-            s.safety.approval_timeout_s,
+        self.catalog = load_catalog(s.playbooks_dir)
+        key = load_key(signing_key_path(s))
+        self.engine = build_engine(
+            s,
+            rules=self.rules,
+            inventory=self.inventory,
+            catalog=self.catalog,
+            buckets=Buckets.on(self.bus),
+            publisher=JetStreamPublisher(self.bus.js),
+            clock=self.clock,
+            signing_key=key,
+            notifier=self.notifier,
         )
-        matcher = Matcher(self.rules)
-        matcher.seed(self.inventory.hosts, self.clock.now())
-        decider = Decider(
-            build_stages(s, self.inventory, self.bus, self.notifier), self.clock, s.dry_run
-        )
-        self.pipeline = Pipeline(
-            matcher, decider, self.auditor, self.bus.js, self.clock, self.inventory, self.lifecycle
-        )
+        self.engine.matcher.seed(self.inventory.hosts, self.clock.now())
         if s.role in ("all", "engine"):
             self.intakes = [
-                Intake(
-                    self.bus.js,
-                    self.clock,
-                    stream=EVENTS,
-                    subject="gpuops.events.>",
-                    durable="gpuops-engine",
-                    handler=self.pipeline.handle,
-                    batch=64,
-                ),
-                Intake(
-                    self.bus.js,
-                    self.clock,
-                    stream=TELEMETRY,
-                    subject="gpuops.telemetry.>",
-                    durable="gpuops-engine-telemetry",
-                    handler=self.pipeline.handle,
-                    batch=s.intake_batch,
-                    ack_all=True,
-                ),
+                self._intake(EVENTS, "events", False),
+                self._intake(TELEMETRY, "telemetry", True),
             ]
         if s.role in ("all", "executor"):
             self.executor = Executor(
                 self.bus,
-                self.auditor,
+                self.engine.recorder,
                 self.clock,
+                claims=self.engine.buckets.claims,
+                locks=self.engine.locks,
+                catalog=self.catalog,
+                inventory=self.inventory,
+                signing_key=key,
+                metrics=self.engine.metrics,
                 playbooks_dir=s.playbooks_dir,
-                inventory=s.inventory,
                 cache_dir=s.state_dir / "playbook-refs",
                 parallel=s.max_parallel_runs,
                 max_timeout_s=s.run_timeout_s,
-                lifecycle=self.lifecycle,
             )
+
+    def _intake(self, stream: str, what: str, telemetry: bool) -> Intake:
+        return Intake(
+            self.bus.js,
+            self.clock,
+            stream=stream,
+            subject=f"gpuops.{what}.>",
+            durable="gpuops-engine-telemetry" if telemetry else "gpuops-engine",
+            handler=self.engine.pipeline.handle,
+            batch=self.settings.intake_batch if telemetry else 64,
+            ack_all=telemetry,
+            max_future_s=self.settings.max_future_skew_s,
+            on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),
+        )
+
+    @property
+    def pipeline(self) -> Any:
+        """The engine's pipeline (tests and the demo read its counters)."""
+        return self.engine.pipeline
+
+    @property
+    def auditor(self) -> Any:
+        """The audit trail's writer."""
+        return self.engine.auditor
 
     async def run(self) -> None:
         """Run every loop until `stop` is set (SIGINT/SIGTERM set it too)."""
@@ -166,14 +143,16 @@ class App:
                 loop.add_signal_handler(sig, self.stop.set)
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
-        loops = [i.run(self.stop) for i in self.intakes]
+        loops: dict[str, Callable[[], Awaitable[None]]] = {}
+        for intake in self.intakes:
+            loops[intake.durable] = lambda i=intake: i.run(self.stop)  # type: ignore[misc]
         if self.intakes:
-            loops += [self._tick(), self._watch_rules()]
+            loops["tick"], loops["rules"] = self._tick, self._watch_rules
+            if self.settings.drift.schedules:
+                loops["drift"] = lambda: self.scheduler().run(self.stop)
         if self.executor is not None:
-            loops.append(self.executor.run(self.stop))
+            loops["executor"] = lambda: self.executor.run(self.stop)  # type: ignore[union-attr]
         server = await self._start_http() if self.settings.http else None
-        if self.settings.drift.schedules and self.intakes:
-            loops.append(self.scheduler().run(self.stop))
         log.info(
             "engine running: %d rules, %d hosts, role=%s, dry_run=%s",
             len(self.rules.rules),
@@ -182,11 +161,37 @@ class App:
             self.settings.dry_run,
         )
         try:
-            await asyncio.gather(*loops)
+            await asyncio.gather(*(self._supervised(n, f) for n, f in loops.items()))
         finally:
             if server is not None:
                 await server.stop()
             await self.notifier.drain()
+
+    async def _supervised(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
+        """Run a loop until stop; on an error, say so and start it again after a backoff."""
+        delay = 0.5
+        while not self.stop.is_set():
+            try:
+                await body()
+                self.failing.pop(name, None)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any error: the loop must come back, not the process die
+                self.failing[name] = f"{type(exc).__name__}: {exc}"[:300]
+                self.engine.metrics.loop_restarts.labels(name).inc()
+                log.warning(
+                    "loop %s failed (%s); restarting in %.1fs", name, self.failing[name], delay
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when NATS is connected and no loop is failing; else why not."""
+        why = {} if self.bus.nc.is_connected else {"nats": "not connected; reconnecting"}
+        why.update({f"loop {k}": v for k, v in self.failing.items()})
+        return not why, why
 
     def commands(self) -> Commands:
         """The command set people use, bound to this engine (drift checks run here)."""
@@ -198,7 +203,7 @@ class App:
         """The drift-check schedules of the settings, run by this engine."""
 
         async def record(summary: str, body: dict[str, object]) -> None:
-            await self.auditor.note(self.clock.now(), "", summary, body)
+            await self.engine.auditor.note(self.clock.now(), "", summary, body)
 
         async def check(group: str) -> None:
             await self.run_drift_check(group)
@@ -213,21 +218,13 @@ class App:
         )
 
     async def _start_http(self) -> HttpServer:
-        self.metrics = EngineCollector(self)
-        registry = registry_for(self.metrics)
+        registry = self.engine.metrics.registry
         chatops = Chatops(
-            self.commands(), self.settings.chatops, self.auditor, self.clock, registry
+            self.commands(), self.settings.chatops, self.engine.auditor, self.clock, registry
         )
-        server = HttpServer(registry, self._health, mounts=[chatops.mount])
+        server = HttpServer(registry, self.health, mounts=[chatops.mount])
         self.http_port = await server.start(self.settings.http or "127.0.0.1:0")
-        self.metrics.chatops = chatops
         return server
-
-    def _health(self) -> tuple[bool, dict[str, Any]]:
-        """For /healthz: degraded while NATS is away."""
-        if self.bus.nc.is_connected:
-            return True, {}
-        return False, {"why": "NATS is not connected"}
 
     async def run_drift_check(self, group: str) -> str:
         """One drift check now over `group`; its events go on the bus for the drift rules."""
@@ -240,66 +237,40 @@ class App:
             forks=self.settings.drift.forks,
         )
         await publish_report(self.bus.js, report)
-        await self.auditor.note(
+        await self.engine.auditor.note(
             self.clock.now(), "", report.line(), {"drift_check": report.summary()}
         )
         return render_report(report)
 
     async def _tick(self) -> None:
+        last_observe = last_sweep = float("-inf")
+        switch: Store[Switch] = Store(self.engine.buckets.control, Switch, "switch")
         while not self.stop.is_set():
-            await self.pipeline.tick()
-            await self.settle_approvals()
-            switch, _ = await get_json(self.bus.kv["control"], DRY_RUN_KEY)
-            self.pipeline.decider.dry_run = self.settings.dry_run or bool(switch)
-            await self._observe()
-            self.pipeline.matcher.sweep()
+            await self.engine.pipeline.tick()
+            await settle_approvals(self.engine.approvals, self.engine.pipeline, self.clock)
+            dry, _ = await switch.get(DRY_RUN_KEY)
+            self.engine.pipeline.decider.dry_run = self.settings.dry_run or bool(dry and dry.on)
+            now = self.clock.now()
+            if now - last_observe >= OBSERVE_EVERY_S:
+                last_observe = now
+                await self._observe()
+            if now - last_sweep >= SWEEP_EVERY_S:
+                last_sweep = now
+                await self.engine.recorder.sweep()
+                self.engine.matcher.sweep(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), self.settings.tick_s)
 
     async def _observe(self) -> None:
-        """Consumer lag and breaker state for /metrics (every few seconds, not per event)."""
-        if self.metrics is None or self.clock.now() - self._observed < 5.0:
-            return
-        self._observed = self.clock.now()
+        """Consumer lag, breaker state and connection for /metrics."""
+        m = self.engine.metrics
+        m.nats_connected.set(1.0 if self.bus.nc.is_connected else 0.0)
         for intake in self.intakes:
             with contextlib.suppress(Exception):
                 info = await self.bus.js.consumer_info(intake.stream, intake.durable)
-                self.metrics.consumer_pending[intake.durable] = info.num_pending
-        breaker, _ = await self.breaker.get()
-        self.metrics.breaker_open = 1.0 if breaker["state"] == "open" else 0.0
-
-    async def settle_approvals(self) -> None:
-        """Write the intents of approved actions; expire the ones nobody answered (a deny)."""
-        now = self.clock.now()
-        for record, rev in await self.approvals.all():
-            if record["status"] == APPROVED and await self.approvals.mark(record, EXECUTED, rev):
-                for raw in record["intents"]:
-                    await self.pipeline.write_intent(Intent.model_validate(raw))
-                if record.get("closes_breaker"):
-                    await self.breaker.set_state(
-                        CLOSED, f"half-open action approved by {record.get('by')}", now
-                    )
-                await self.auditor.note(
-                    self.clock.now(),
-                    record["node"],
-                    f"approval {record['id']} by {record.get('by')}: running "
-                    f"{len(record['intents'])} action(s)",
-                    record,
-                )
-            elif (
-                record["status"] == PENDING
-                and now >= record["expires"]
-                and await self.approvals.mark(record, EXPIRED, rev)
-            ):
-                self.notifier.notify(
-                    "approval expired", f"{record['id']}: {record['summary']} (denied)"
-                )
-                await self.auditor.note(
-                    self.clock.now(),
-                    record["node"],
-                    f"approval {record['id']} expired: denied",
-                    record,
-                )
+                m.consumer_pending.labels(intake.durable).set(info.num_pending)
+        breaker, _ = await self.engine.breaker.get()
+        m.breaker_open.set(1.0 if breaker.state is BreakerState.OPEN else 0.0)
 
     async def _watch_rules(self) -> None:
         """Reload when a rule file changes (polling: works on every filesystem)."""
@@ -316,19 +287,17 @@ class App:
         """Load and check the rules; on any error keep the last good set and say why."""
         try:
             rules = load_rules([self.settings.rules_dir], self.settings.playbooks_dir)
-        except RuleError as exc:
-            log.error("rules not reloaded, keeping the last good set:\n%s", exc)
-            await self.auditor.note(
-                self.clock.now(),
-                "",
-                "rule reload rejected; last good rules kept",
-                {"errors": str(exc)},
+        except Exception as exc:  # a rule file must never take the engine down
+            why = str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
+            log.error("rules not reloaded, keeping the last good set:\n%s", why)
+            await self.engine.auditor.note(
+                self.clock.now(), "", "rule reload rejected; last good rules kept", {"errors": why}
             )
             return False
         self.rules = rules
-        self.pipeline.matcher.replace(rules)
+        self.engine.matcher.replace(with_builtins(rules, self.catalog))
         log.info("rules reloaded: %d rules", len(rules.rules))
-        await self.auditor.note(
+        await self.engine.auditor.note(
             self.clock.now(),
             "",
             f"rules reloaded: {len(rules.rules)} rules",
@@ -340,7 +309,7 @@ class App:
 def _mtimes(settings: Settings) -> dict[str, float]:
     try:
         return {str(p): p.stat().st_mtime for p in rule_files([settings.rules_dir])}
-    except (OSError, RuleError):
+    except (OSError, EngineError):
         return {}
 
 

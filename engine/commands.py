@@ -16,21 +16,33 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from engine.bus.conn import Bus
-from engine.bus.kvjson import get_json, put_json
+from engine.bus.publish import JetStreamPublisher
+from engine.bus.store import NatsKV, Store
 from engine.clock import Clock, rfc3339
-from engine.decide.approval import PENDING, ApprovalStore
-from engine.decide.breaker import CLOSED, HALF_OPEN, BreakerStore
+from engine.decide.approval import ApprovalStatus, ApprovalStore
+from engine.decide.breaker import BreakerState, BreakerStore
 from engine.decide.silence import SilenceStore
 from engine.errors import EngineError
 from engine.inventory import Inventory
 from engine.match.durations import format_duration, parse_duration
 from engine.models import new_event, subject_for
 from engine.record.audit import Auditor, read_audit
-from engine.record.nodestate import HEALTHY, STATES, NodeStates
+from engine.record.nodestate import NodeState, NodeStates
 from engine.settings import ChatopsSettings
 
-DRY_RUN_KEY = "switch.dry_run"
+DRY_RUN_KEY = "dry_run"
+
+
+class Switch(BaseModel):
+    """A runtime switch in the control bucket (dry-run)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    on: bool
+    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +106,13 @@ class Commands:
         drift_check: Callable[[str], Awaitable[str]] | None = None,
     ) -> None:
         self.bus, self.clock, self.inventory, self.settings = bus, clock, inventory, settings
-        self.auditor = Auditor(bus.js)
-        self.approvals = ApprovalStore(bus.kv["control"])
-        self.silences = SilenceStore(bus.kv["control"])
-        self.breaker = BreakerStore(bus.kv["control"])
-        self.states = NodeStates(bus.kv["nodes"])
+        control = NatsKV(bus.kv["control"])
+        self.auditor = Auditor(JetStreamPublisher(bus.js))
+        self.approvals = ApprovalStore(control)
+        self.silences = SilenceStore(control)
+        self.breaker = BreakerStore(control)
+        self.switches: Store[Switch] = Store(control, Switch, "switch")
+        self.states = NodeStates(NatsKV(bus.kv["nodes"]))
         self.drift_check = drift_check
 
     async def run(self, text: str, caller: Caller, request_id: str | None = None) -> str:
@@ -175,32 +189,35 @@ class Commands:
     async def status(self) -> dict[str, Any]:
         """The fleet: counts per state, nodes not healthy, breaker, approvals, silences."""
         now = self.clock.now()
-        records = {r["node"]: r for r in await self.states.all() if r["node"] in self.inventory}
-        counts = dict.fromkeys(STATES, 0)
+        records = {r.node: r for r in await self.states.all() if r.node in self.inventory}
+        counts = dict.fromkeys((s.value for s in NodeState), 0)
         for node in self.inventory.hosts:
-            counts[records.get(node, {}).get("state", HEALTHY)] += 1
+            record = records.get(node)
+            counts[record.state.value if record else NodeState.HEALTHY.value] += 1
         unhealthy = sorted(
-            (r for r in records.values() if r["state"] != HEALTHY), key=lambda r: r["since"]
+            (
+                r.model_dump(mode="json")
+                for r in records.values()
+                if r.state is not NodeState.HEALTHY
+            ),
+            key=lambda r: r["since"],
         )
         breaker, _ = await self.breaker.get()
         approvals = [
-            r
-            for r, _ in await self.approvals.all()
-            if r["status"] == PENDING and r["expires"] > now
+            r.model_dump(mode="json", exclude={"match"})
+            for r in await self.approvals.all()
+            if r.status is ApprovalStatus.PENDING and r.expires > now
         ]
-        silences = [s for s in await self.silences.all() if s.ends > now]
-        dry, _ = await get_json(self.bus.kv["control"], DRY_RUN_KEY)
+        silences = [s.model_dump() for s in await self.silences.all() if s.ends > now]
+        dry, _ = await self.switches.get(DRY_RUN_KEY)
         return {
             "at": now,
             "counts": counts,
             "unhealthy": unhealthy,
-            "breaker": breaker,
+            "breaker": breaker.model_dump(mode="json"),
             "approvals": approvals,
-            "silences": [
-                s.__dict__ if hasattr(s, "__dict__") else {f: getattr(s, f) for f in s.__slots__}
-                for s in silences
-            ],
-            "dry_run": bool(dry),
+            "silences": silences,
+            "dry_run": bool(dry and dry.on),
         }
 
     async def do_history(self, args: list[str], caller: Caller) -> str:
@@ -230,13 +247,13 @@ class Commands:
         if not args:
             raise CommandError("which approval?")
         record = await self.approvals.decide(args[0], True, caller.user, self.clock.now())
-        return f"approved {args[0]}: {record['summary']}"
+        return f"approved {args[0]}: {record.summary}"
 
     async def do_deny(self, args: list[str], caller: Caller) -> str:
         if not args:
             raise CommandError("which approval?")
         record = await self.approvals.decide(args[0], False, caller.user, self.clock.now())
-        return f"denied {args[0]}: {record['summary']}"
+        return f"denied {args[0]}: {record.summary}"
 
     async def do_silence(self, args: list[str], caller: Caller) -> str:
         if len(args) < 3:
@@ -257,18 +274,18 @@ class Commands:
         return f"silence {args[0]} removed"
 
     async def do_breaker(self, args: list[str], caller: Caller) -> str:
-        targets = {"reset": CLOSED, "half-open": HALF_OPEN}
+        targets = {"reset": BreakerState.CLOSED, "half-open": BreakerState.HALF_OPEN}
         if not args or args[0] not in targets:
             raise CommandError("reset or half-open?")
         await self.breaker.set_state(
             targets[args[0]], f"{args[0]} by {caller.user}", self.clock.now(), caller.user
         )
-        return f"breaker {targets[args[0]].replace('_', '-')}"
+        return f"breaker {targets[args[0]].value.replace('_', '-')}"
 
     async def do_dry_run(self, args: list[str], caller: Caller) -> str:
         if not args or args[0] not in ("on", "off"):
             raise CommandError("on or off?")
-        await put_json(self.bus.kv["control"], DRY_RUN_KEY, args[0] == "on")
+        await self.switches.put(Switch(on=args[0] == "on", by=caller.user), DRY_RUN_KEY)
         return f"dry-run {args[0]}"
 
     async def do_drift_check(self, args: list[str], caller: Caller) -> str:
@@ -312,7 +329,8 @@ def render_status(s: dict[str, Any]) -> str:
             f"  {r['node']}: {r['state']} since {rfc3339(r['since'])[:19]} ({r.get('why', '')})"
         )
     b = s["breaker"]
-    lines.append(f"breaker: {b['state']}" + (f" ({b.get('why')})" if b["state"] != CLOSED else ""))
+    closed = b["state"] == BreakerState.CLOSED.value
+    lines.append(f"breaker: {b['state']}" + ("" if closed else f" ({b.get('why')})"))
     for a in s["approvals"]:
         lines.append(f"approval {a['id']}: {a['summary']}")
     for x in s["silences"]:

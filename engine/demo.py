@@ -24,7 +24,7 @@ from engine.act.driftcheck import drift_check, publish_report
 from engine.app import App, load_world
 from engine.bus.conn import open_bus
 from engine.clock import ScaledClock
-from engine.models import AuditRecord
+from engine.models import AuditRecord, Reason
 from engine.settings import NatsSettings, SafetySettings, Settings, checkout_root
 from engine.sim.driver import SimDriver
 from engine.sim.fleet import SimFleet
@@ -116,7 +116,8 @@ class _Demo:
                 continue
             if r.type == "decision" and r.rule == t.rule and t.detected_at is None:
                 t.detected_at = r.at
-            if r.type == "decision" and r.rule == t.rule and "(breaker_open)" in r.summary:
+            reason = r.body.get("decision", {}).get("reason") if r.type == "decision" else None
+            if r.rule == t.rule and reason == Reason.BREAKER_OPEN.value:
                 t.held = True
             if r.type == "run":
                 t.playbook, t.run = r.body.get("playbook", ""), r.body.get("status", "")
@@ -219,7 +220,7 @@ async def _node_states(app: App, demo: _Demo, deadline: float) -> dict[str, str]
     """Wait (within the deadline) for validated nodes to return to service; their states."""
     nodes = sorted({t.fault.node for t in demo.tracks})
     while True:
-        states = {n: (await app.states.get(n))["state"] for n in nodes}
+        states = {n: (await app.engine.states.get(n)).state.value for n in nodes}
         settling = [
             n for n, st in states.items() if st in ("remediating", "validating", "quarantined")
         ]
@@ -265,20 +266,35 @@ def _summary(
         }
         for t in demo.tracks
     ]
-    p = app.pipeline
+    m = app.engine.metrics
     return {
         "ok": ok,
         "wall_s": round(wall, 1),
         "telemetry_published": driver.stats.telemetry,
         "health_published": driver.stats.health,
-        "events_processed": sum(p.events.values()),
-        "decisions": dict(p.decisions),
-        "intents": p.intents,
-        "runs": len(app.executor.outcomes) if app.executor else 0,
+        "events_processed": int(_total(m.events)),
+        "decisions": {k: int(v) for k, v in _by_label(m.decisions).items()},
+        "intents": int(_total(m.intents)),
+        "runs": int(_total(m.runs)),
         "node_states": states,
         "drift_check": drift,
         "faults": rows,
     }
+
+
+def _by_label(counter: Any) -> dict[str, float]:
+    """A labelled counter's values by its one label."""
+    out: dict[str, float] = {}
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                out[next(iter(sample.labels.values()), "")] = sample.value
+    return out
+
+
+def _total(counter: Any) -> float:
+    """A counter's sum over its labels."""
+    return sum(_by_label(counter).values())
 
 
 def _delta(a: float | None, b: float | None) -> float | None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import subjects
 from engine.errors import ConfigError
 
 
@@ -48,7 +49,24 @@ def load_inventory(path: Path) -> Inventory:
         for name, group in manager.groups.items()
         if name not in ("all", "ungrouped")
     }
+    names = frozenset(h.name for h in hosts)
+    check_subject_tokens(names, path)
     hostvars = {h.name: dict(variables.get_vars(host=h, include_hostvars=False)) for h in hosts}
-    return Inventory(
-        path=path, hosts=frozenset(h.name for h in hosts), groups=groups, hostvars=hostvars
-    )
+    return Inventory(path=path, hosts=names, groups=groups, hostvars=hostvars)
+
+
+def check_subject_tokens(hosts: frozenset[str], path: Path) -> None:
+    """Refuse hosts that share a subject token: each could publish as the other.
+
+    `gpu.a1` and `gpu_a1` both publish on `gpuops.telemetry.gpu_a1`, so the subject
+    check could not tell them apart and events of one would act on the other.
+    """
+    seen: dict[str, str] = {}
+    for host in sorted(hosts):
+        other = seen.setdefault(subjects.token(host), host)
+        if other != host:
+            raise ConfigError(
+                f"inventory {path}: hosts {other!r} and {host!r} share the subject token "
+                f"{subjects.token(host)!r} (dots and other characters become '_'); "
+                "rename one of them"
+            )

@@ -2,36 +2,48 @@
 
 from __future__ import annotations
 
-import re
+import math
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
+from engine import subjects
 from engine.clock import rfc3339
 
 NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
-_SUBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+# NVML's widest counters are unsigned 64-bit: no reading is larger. Anything beyond is
+# a forged or broken sample (10^400 would parse to inf), and rejecting it at the door
+# keeps every condition's arithmetic finite.
+MAX_MAGNITUDE = 2**64
+# Checked in pydantic's core, not in Python: telemetry is every GPU every few seconds.
+Num = Annotated[float, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
+Int = Annotated[int, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
 
 
 def subject_token(node: str) -> str:
-    """A node name as one NATS subject token (dots and anything odd become `_`)."""
-    return _SUBJECT_UNSAFE.sub("_", node)
+    """A node name as one NATS subject token (see engine.subjects)."""
+    return subjects.token(node)
 
 
 def subject_for(kind: str, node: str) -> str:
-    """Where an event is published: telemetry and health events have their own streams."""
-    token = subject_token(node) or "unknown"
-    if kind == "telemetry":
-        return f"gpuops.telemetry.{token}"
-    return f"gpuops.events.{subject_token(kind) or 'unknown'}.{token}"
+    """Where an event is published (see engine.subjects)."""
+    return subjects.event(kind, node)
 
 
 def action_subject(node: str) -> str:
-    """Where intents for a node go (the actions work queue)."""
-    return f"gpuops.actions.{subject_token(node) or 'unknown'}"
+    """Where intents for a node go (see engine.subjects)."""
+    return subjects.action(node)
 
 
 def new_event(kind: str, node: str, t: float, data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -50,9 +62,39 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def _bad_number(value: Any) -> str | None:
+    """Why a number in event data is not acceptable (NaN, infinite, absurdly large), if so."""
+    stack = [value]
+    while stack:  # iterative: `Any` fields may hold nested lists and mappings
+        item = stack.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{item} is not a finite number"
+        if isinstance(item, int | float) and abs(item) > MAX_MAGNITUDE:
+            return "magnitude above 2**64"
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
+
+
+class _Finite(BaseModel):
+    """Numbers inside `Any` fields: pydantic's own checks do not look into those."""
+
+    @model_validator(mode="after")
+    def _finite(self) -> _Finite:
+        for name, value in self.__dict__.items():
+            why = _bad_number(value)
+            if why is not None:
+                raise ValueError(f"{name}: {why}")
+        return self
+
+
 class _Open(BaseModel):
     # Event data may gain fields in later versions; an older engine ignores them.
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
 
 # --- event data, one model per kind -------------------------------------------------
@@ -61,48 +103,48 @@ class _Open(BaseModel):
 class GpuSample(_Open):
     """One GPU's readings in a telemetry event; a field NVML did not support is null."""
 
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=MAX_MAGNITUDE)
     uuid: str | None = None
     name: str | None = None
-    temp_c: float | None = None
-    mem_temp_c: float | None = None
-    temp_slowdown_c: float | None = None
-    temp_shutdown_c: float | None = None
-    temp_gpu_max_c: float | None = None
-    temp_mem_max_c: float | None = None
-    power_w: float | None = None
-    power_limit_w: float | None = None
-    power_default_limit_w: float | None = None
-    power_min_limit_w: float | None = None
-    power_max_limit_w: float | None = None
-    energy_j: float | None = None
-    sm_clock_mhz: float | None = None
-    mem_clock_mhz: float | None = None
-    app_clock_sm_mhz: float | None = None
-    max_clock_sm_mhz: float | None = None
-    util_gpu: float | None = None
-    util_mem: float | None = None
-    mem_used_bytes: int | None = None
-    mem_total_bytes: int | None = None
-    clocks_event_reasons: int | None = None
-    ecc_sbe_volatile: int | None = None
-    ecc_dbe_volatile: int | None = None
-    ecc_sbe_aggregate: int | None = None
-    ecc_dbe_aggregate: int | None = None
-    remapped_rows_corrected: int | None = None
-    remapped_rows_uncorrected: int | None = None
+    temp_c: Num | None = None
+    mem_temp_c: Num | None = None
+    temp_slowdown_c: Num | None = None
+    temp_shutdown_c: Num | None = None
+    temp_gpu_max_c: Num | None = None
+    temp_mem_max_c: Num | None = None
+    power_w: Num | None = None
+    power_limit_w: Num | None = None
+    power_default_limit_w: Num | None = None
+    power_min_limit_w: Num | None = None
+    power_max_limit_w: Num | None = None
+    energy_j: Num | None = None
+    sm_clock_mhz: Num | None = None
+    mem_clock_mhz: Num | None = None
+    app_clock_sm_mhz: Num | None = None
+    max_clock_sm_mhz: Num | None = None
+    util_gpu: Num | None = None
+    util_mem: Num | None = None
+    mem_used_bytes: Int | None = None
+    mem_total_bytes: Int | None = None
+    clocks_event_reasons: Int | None = None
+    ecc_sbe_volatile: Int | None = None
+    ecc_dbe_volatile: Int | None = None
+    ecc_sbe_aggregate: Int | None = None
+    ecc_dbe_aggregate: Int | None = None
+    remapped_rows_corrected: Int | None = None
+    remapped_rows_uncorrected: Int | None = None
     remap_pending: bool | None = None
     remap_failure: bool | None = None
-    pcie_gen: int | None = None
-    pcie_width: int | None = None
-    pcie_max_gen: int | None = None
-    pcie_max_width: int | None = None
-    pcie_replay: int | None = None
-    pstate: int | None = None
+    pcie_gen: Int | None = None
+    pcie_width: Int | None = None
+    pcie_max_gen: Int | None = None
+    pcie_max_width: Int | None = None
+    pcie_replay: Int | None = None
+    pstate: Int | None = None
     persistence_mode: bool | None = None
     ecc_mode: bool | None = None
     mig_mode: bool | None = None
-    compute_mode: int | None = None
+    compute_mode: Int | None = None
 
 
 class TelemetryData(_Open):
@@ -114,34 +156,34 @@ class TelemetryData(_Open):
 class XidData(_Open):
     """An XID error reported by the driver for one GPU."""
 
-    gpu: int = Field(ge=0)
-    xid: int = Field(ge=0)
+    gpu: int = Field(ge=0, le=MAX_MAGNITUDE)
+    xid: int = Field(ge=0, le=MAX_MAGNITUDE)
     message: str = ""
 
 
 class EccData(_Open):
     """A single- or double-bit ECC event from NVML's event set."""
 
-    gpu: int = Field(ge=0)
+    gpu: int = Field(ge=0, le=MAX_MAGNITUDE)
     type: Literal["sbe", "dbe"]
-    count: int = Field(default=1, ge=0)
+    count: int = Field(default=1, ge=0, le=MAX_MAGNITUDE)
 
 
 class GpuLostData(_Open):
     """NVML answered "GPU is lost" for a device."""
 
-    gpu: int = Field(ge=0)
+    gpu: int = Field(ge=0, le=MAX_MAGNITUDE)
     error: str = ""
 
 
 class ProbeData(_Open):
     """A known-answer GPU probe; `unavailable` means it could not run, which is not a pass."""
 
-    gpu: int | None = Field(default=None, ge=0)
+    gpu: int | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
     ok: bool
     outcome: Literal["pass", "fail", "timeout", "unavailable"] = "pass"
     error: str | None = None
-    duration_s: float | None = Field(default=None, ge=0)
+    duration_s: float | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
 
     @field_validator("outcome")
     @classmethod
@@ -155,19 +197,19 @@ class ProbeData(_Open):
 class HeartbeatData(_Open):
     """The agent is alive."""
 
-    seq: int = Field(default=0, ge=0)
+    seq: int = Field(default=0, ge=0, le=MAX_MAGNITUDE)
     agent_version: str = ""
-    uptime_s: float | None = None
-    spool_dropped: int = Field(default=0, ge=0)
+    uptime_s: Num | None = None
+    spool_dropped: int = Field(default=0, ge=0, le=MAX_MAGNITUDE)
 
 
-class DriftData(_Open):
+class DriftData(_Open, _Finite):
     """A setting of the baseline differs from what the node reports."""
 
     setting: str = Field(min_length=1)
     expected: Any = None
     actual: Any = None
-    gpu: int | None = Field(default=None, ge=0)
+    gpu: int | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
 
 
 class UnreachableData(_Open):
@@ -182,16 +224,18 @@ class ChatopsData(_Open):
 
     command: str = Field(min_length=1)
     args: list[str] = Field(default_factory=list)
-    reason: str = ""  # the words after the first argument: why to drain, silence, ...
     user: str = ""
     channel: str = ""
     platform: Literal["slack", "mattermost", "cli"] = "cli"
+    reason: str = ""  # the free text after a command's arguments (drain NODE REASON)
 
 
 # --- the envelope ---------------------------------------------------------------------
 
 
-class _Envelope(_Frozen):
+class _Envelope(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
     id: str = Field(min_length=1, max_length=200)
     node: str = Field(pattern=NODE_PATTERN)
     ts: AwareDatetime
@@ -317,6 +361,7 @@ class Reason(StrEnum):
     APPROVAL_PENDING = "approval_pending"
     NO_ACTION = "no_action"
     DRY_RUN = "dry_run"
+    NOT_APPLICABLE = "not_applicable"  # a built-in rule for another node state: not audited
 
 
 class Match(_Frozen):
@@ -353,7 +398,9 @@ class Decision(_Frozen):
     actions: tuple[ActionSpec, ...] = ()
     notify: bool = False
     rung: int | None = None
-    approval_id: str | None = None
+    holds_lock: bool = False  # the node's lock is held for this decision's run
+    closes_breaker: bool = False  # the half-open breaker closes when this runs
+    approved_by: str | None = None
 
 
 class Intent(_Frozen):
@@ -367,6 +414,9 @@ class Intent(_Frozen):
     event_id: str
     event_ts: float
     decided_at: float
+    holds_lock: bool = False
+    decision: Decision | None = None  # the accepted decision, so the intent is its record too
+    signature: str = ""  # HMAC of the engine over everything above (engine/signing.py)
 
 
 class RunStatus(StrEnum):
@@ -379,6 +429,8 @@ class RunStatus(StrEnum):
     CANCELED = "canceled"
     ERROR = "error"
     SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"  # the executor died mid-run; found when the intent came back
+    REFUSED = "refused"  # unsigned, not catalogued, or not exactly one inventory host
 
 
 class RunOutcome(_Frozen):

@@ -9,6 +9,7 @@ from engine.errors import EventError
 from engine.intake.decode import decode
 from engine.inventory import load_inventory
 from engine.match.rules import RuleSet
+from engine.settings import SafetySettings, Settings
 from engine.shadow import Shadow, WouldRun
 
 log = logging.getLogger(__name__)
@@ -18,8 +19,10 @@ async def replay_file(
     path: Path, rules: RuleSet, inventory: Path | None
 ) -> tuple[list[WouldRun], dict[str, int]]:
     """Would-be actions, in event order, and counts of events read and unreadable."""
-    nodes = load_inventory(inventory).hosts if inventory is not None else None
-    shadow = Shadow(rules, nodes, stale_after_s=float("inf"))
+    nodes = load_inventory(inventory).hosts if inventory is not None else _nodes_in(path)
+    # Recorded events are old by now: replay judges them at their own time, never stale.
+    settings = Settings(safety=SafetySettings(stale_after_s=float("inf")))
+    shadow = Shadow(rules, nodes, settings)
     actions: list[WouldRun] = []
     stats = {"events": 0, "bad": 0}
     with path.open("rb") as lines:
@@ -35,3 +38,15 @@ async def replay_file(
             stats["events"] += 1
             actions += await shadow.feed(event)
     return actions, stats
+
+
+def _nodes_in(path: Path) -> set[str]:
+    """With no inventory, every node the recording names is taken as known."""
+    nodes: set[str] = set()
+    with path.open("rb") as lines:
+        for line in lines:
+            try:
+                nodes.add(decode(line).node)
+            except EventError:
+                continue
+    return nodes

@@ -55,6 +55,8 @@ class SafetySettings(BaseModel):
     breaker_absolute: int = Field(default=20, ge=1)
     breaker_window_s: float = Field(default=600.0, gt=0)
     approval_timeout_s: float = Field(default=1800.0, gt=0)
+    # A node in `validating` whose probe never answers goes to a person after this long.
+    validation_timeout_s: float = Field(default=900.0, gt=0)
 
 
 class WebhookSettings(BaseModel):
@@ -143,6 +145,14 @@ class Settings(BaseModel):
     max_parallel_runs: int = Field(default=4, ge=1, le=256)
     intake_batch: int = Field(default=256, ge=1, le=10_000)
     tick_s: float = Field(default=1.0, gt=0)
+    max_future_skew_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="events dated further ahead of the engine's clock are dead-lettered (future)",
+    )
+    signing_key: Path | None = Field(
+        default=None, description="intent signing key shared by engine and executors"
+    )
 
 
 _ENV_PREFIX = "GPUOPS_"

@@ -1,27 +1,30 @@
-"""Shadow evaluation: events through matching and the safety stages, never acting.
+"""Shadow evaluation: events through the same engine the live one runs, never acting.
 
-`gpuops replay` and `gpuops test-rules` use it. Time is the events' own: the clock is
-moved to each event's timestamp, so windows, cooldowns and `absent` behave exactly as
-they did (or would) live.
+`gpuops replay` and `gpuops test-rules` use it. It is built by `build_engine` with
+in-memory buckets, so every stage runs in the live order. Time is the events' own: the
+clock is moved to each event's timestamp, so windows, cooldowns and `absent` behave
+exactly as they did (or would) live. Intents are "run" at once and succeed (the
+simulated fleet's outcome), which releases the node's lock and moves its state.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.build import Buckets, build_engine
+from engine.bus.publish import MemoryPublisher
+from engine.catalog import load_catalog
 from engine.clock import ManualClock, rfc3339
-from engine.decide.attempts import AttemptCap
-from engine.decide.cooldown import Cooldown
-from engine.decide.inventory import KnownNode
-from engine.decide.ladder import LadderStage
-from engine.decide.stage import Decider, Stage
-from engine.decide.stale import StaleCutoff
 from engine.inventory import Inventory
-from engine.match.matcher import Matcher
 from engine.match.rules import RuleSet
-from engine.models import Decision, Event, Match, Reason
+from engine.models import Decision, Event, Intent, Match, Reason, RunOutcome, RunStatus
+from engine.settings import Settings
+
+# Decisions that say what the engine would do; the other drops say why it would not.
+WOULD = (Reason.ACCEPTED, Reason.DRY_RUN, Reason.NO_ACTION, Reason.APPROVAL_PENDING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,70 +50,97 @@ class WouldRun:
         }
 
 
+def would_run(d: Decision) -> list[WouldRun]:
+    """What a decision amounts to, as replay reports it."""
+    m = d.match
+    if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
+        return [WouldRun(m.rule, m.node, m.gpu, "needs-human", m.event_ts, False)]
+    if d.reason not in WOULD:
+        return []
+    actions = [a.playbook for a in d.actions]
+    if d.notify:
+        actions.append("notify:chatops")
+    if not actions:
+        actions.append("record")  # a rule that only records still fired
+    dry = d.reason is Reason.DRY_RUN
+    return [WouldRun(m.rule, m.node, m.gpu, a, m.event_ts, dry) for a in actions]
+
+
 class Shadow:
-    """A matcher and decider on a manual clock, collecting decisions instead of acting."""
+    """The engine on in-memory stores and a manual clock, collecting decisions."""
 
     def __init__(
-        self, rules: RuleSet, nodes: Iterable[str] | None, stale_after_s: float = 900.0
+        self,
+        rules: RuleSet,
+        nodes: Iterable[str],
+        settings: Settings | None = None,
+        playbooks_dir: Path | None = None,
     ) -> None:
+        self.settings = settings or Settings()
         self.clock = ManualClock(0.0)
-        self.matcher = Matcher(rules)
-        self.rules = rules
-        known = frozenset(nodes) if nodes is not None else None
-        # The stages that need no shared store; lock and breaker state live only in KV.
-        stages: list[Stage] = [
-            StaleCutoff(stale_after_s),
-            Cooldown(),
-            LadderStage(None),
-            AttemptCap(None),
-        ]
-        if known is not None:
-            stages.insert(0, KnownNode(Inventory(Path("<shadow>"), known, {}, {})))
-        self.decider = Decider(stages, self.clock)
+        self.publisher = MemoryPublisher()
+        self.hosts = frozenset(nodes)
+        self.engine = build_engine(
+            self.settings,
+            rules=rules,
+            inventory=Inventory(Path("<shadow>"), self.hosts, {}, {}),
+            catalog=load_catalog(playbooks_dir or self.settings.playbooks_dir),
+            buckets=Buckets.memory(),
+            publisher=self.publisher,
+            clock=self.clock,
+            signing_key=secrets.token_bytes(32),
+        )
         self.decisions: list[Decision] = []
-        self._seeded = known
+        self._seeded = False
+        self._ran = 0
 
     async def feed(self, event: Event) -> list[WouldRun]:
         """Evaluate one event at its own time (ticking `absent` rules up to it first)."""
-        t = event.epoch
-        out = await self.advance(t)
-        for match in self.matcher.match(event):
+        out = await self.advance(event.epoch)
+        if event.node not in self.hosts:
+            return out
+        for match in self.engine.matcher.match(event):
             out += await self._decide(match)
         return out
 
     async def advance(self, t: float) -> list[WouldRun]:
         """Move the clock to `t` and fire what silence has made due."""
-        if self.clock.now() == 0.0 and self._seeded is not None:
-            self.matcher.seed(self._seeded, t)
+        if not self._seeded:
+            self._seeded = True
+            self.engine.matcher.seed(self.hosts, t)
         self.clock.set(max(self.clock.now(), t))
         out: list[WouldRun] = []
-        for match in self.matcher.tick(self.clock.now()):
+        for match in self.engine.matcher.tick(self.clock.now()):
             out += await self._decide(match)
         return out
 
     async def _decide(self, match: Match) -> list[WouldRun]:
-        rule = self.rules.get(match.rule)
-        if rule is None:
+        d = await self.engine.pipeline.handle_match(match)
+        if d is None:
             return []
-        decision = await self.decider.decide(match, rule)
-        self.decisions.append(decision)
-        if decision.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
-            return [
-                WouldRun(match.rule, match.node, match.gpu, "needs-human", match.event_ts, False)
-            ]
-        if decision.reason not in (
-            Reason.ACCEPTED,
-            Reason.DRY_RUN,
-            Reason.NO_ACTION,
-            Reason.APPROVAL_PENDING,
-        ):
-            return []
-        actions = [a.playbook for a in decision.actions]
-        if decision.notify:
-            actions.append("notify:chatops")
-        if not actions:
-            actions.append("record")  # a rule that only records still fired
-        dry = decision.reason is Reason.DRY_RUN
-        return [
-            WouldRun(match.rule, match.node, match.gpu, a, match.event_ts, dry) for a in actions
-        ]
+        if d.reason is not Reason.NOT_APPLICABLE:
+            self.decisions.append(d)
+        await self._run_intents()
+        return would_run(d)
+
+    async def _run_intents(self) -> None:
+        """Every new intent runs at once and succeeds, as on the simulated fleet."""
+        new = self.publisher.messages[self._ran :]
+        self._ran = len(self.publisher.messages)
+        for subject, payload in new:
+            if not subject.startswith("gpuops.actions."):
+                continue
+            intent = Intent.model_validate_json(payload)
+            now = self.clock.now()
+            await self.engine.recorder.run_started(intent)
+            outcome = RunOutcome(
+                intent_key=intent.key,
+                rule=intent.rule,
+                node=intent.node,
+                playbook=intent.action.playbook,
+                status=RunStatus.SUCCESSFUL,
+                started=now,
+                ended=now,
+            )
+            await self.engine.recorder.run_ended(intent, outcome)
+            await self.engine.locks.release(intent.node, intent.event_id)

@@ -15,6 +15,8 @@ from engine.app import App, load_world
 from engine.bus.conn import Bus, connect
 from engine.bus.server import EmbeddedNats
 from engine.clock import Clock, SystemClock
+from engine.models import RunOutcome
+from engine.record.audit import read_audit
 from engine.settings import NatsSettings, Settings
 from engine.sim.fleet import SimFleet
 
@@ -95,3 +97,24 @@ async def wait_for(predicate: Any, limit_s: float = 30.0, interval: float = 0.1)
             return
         await asyncio.sleep(interval)
     raise AssertionError(f"condition not met within {limit_s}s: {predicate}")
+
+
+def counted(counter: Any, label: str | None = None) -> float:
+    """A prometheus counter's value (summed over its labels when no label is given)."""
+    total = 0.0
+    for family in counter.collect():
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            if label is None or label in sample.labels.values():
+                total += sample.value
+    return total
+
+
+async def run_outcomes(bus: Bus, node: str | None = None) -> list[RunOutcome]:
+    """Every playbook run in the audit trail (optionally one node's), oldest first."""
+    return [
+        RunOutcome.model_validate(r.body)
+        async for r in read_audit(bus.js, node)
+        if r.type == "run"
+    ]

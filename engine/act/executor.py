@@ -1,36 +1,71 @@
 """The executor: consumes intents from the actions work queue and runs their playbooks.
 
-Before running, it claims the intent's idempotency key in KV with a create (which
-fails if the key exists), so an intent redelivered after a crash, or published twice,
-never runs twice. The intent is acked only after the outcome is recorded.
+It runs only what the engine decided and signed: the signature must verify, the
+playbook must be in the catalogue (resolved inside `playbooks/`), and the node must be
+exactly one inventory host. Before running, it claims the intent's key in KV with a
+create (which fails if the key exists), so an intent redelivered after a crash, or
+published twice, never runs twice. A claim found `running` means an earlier executor
+died mid-run: the run is retried once where the catalogue says that is safe, otherwise
+the node goes to a person. The intent is acked only after the outcome is recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from engine.act.playbooks import resolve
 from engine.act.runner import RunRequest, run_async
 from engine.bus.conn import ACTIONS, Bus
+from engine.bus.store import KV, Store
+from engine.catalog import Catalog
 from engine.clock import Clock
-from engine.decide.lock import release
 from engine.errors import ActionError
-from engine.models import AuditRecord, Intent, RunOutcome, RunStatus
-from engine.record.audit import Auditor
-from engine.record.lifecycle import Lifecycle
+from engine.inventory import Inventory
+from engine.models import Intent, RunOutcome, RunStatus, subject_token
+from engine.record.metrics import Metrics
+from engine.record.nodestate import NodeState
+from engine.record.recorder import Recorder, decision_msg_id, decision_record
+from engine.signing import verify
 
 log = logging.getLogger(__name__)
 
 DURABLE = "gpuops-executor"
+# A running claim is renewed this often; one not renewed for CLAIM_STALE_S belongs to an
+# executor that died (a live one may simply be slow: a duplicate copy must not judge it).
+RENEW_S = 20.0
+CLAIM_STALE_S = 90.0
+
+
+class LockRelease(Protocol):
+    """What the executor needs of the decide layer's node locks."""
+
+    async def release(self, node: str, event_id: str) -> bool:
+        """Give the node back when this event's decision holds it."""
+        ...
+
+
+class Claim(BaseModel):
+    """An executor's claim on an intent."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: str  # running | done
+    at: float
+    rule: str = ""
+    status: str | None = None
+    tries: int = 1
+    renewed: float = 0.0
 
 
 class Executor:
@@ -39,27 +74,34 @@ class Executor:
     def __init__(
         self,
         bus: Bus,
-        auditor: Auditor,
+        recorder: Recorder,
         clock: Clock,
         *,
+        claims: KV,
+        locks: LockRelease,
+        catalog: Catalog,
+        inventory: Inventory,
+        signing_key: bytes,
+        metrics: Metrics,
         playbooks_dir: Path,
-        inventory: Path,
         cache_dir: Path,
         parallel: int = 4,
         max_timeout_s: float = 900.0,
-        lifecycle: Lifecycle | None = None,
     ) -> None:
         self.bus = bus
-        self.auditor = auditor
+        self.recorder = recorder
         self.clock = clock
-        self.playbooks_dir = playbooks_dir
+        self.claims: Store[Claim] = Store(claims, Claim, "intent")
+        self.locks = locks
+        self.catalog = catalog
         self.inventory = inventory
+        self.signing_key = signing_key
+        self.metrics = metrics
+        self.playbooks_dir = playbooks_dir
         self.cache_dir = cache_dir
         self.max_timeout_s = max_timeout_s
         self.slots = asyncio.Semaphore(parallel)
         self.parallel = parallel
-        self.outcomes: list[RunOutcome] = []
-        self.lifecycle = lifecycle
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and run intents until `stop` is set; in-flight runs are awaited."""
@@ -70,18 +112,25 @@ class Executor:
             "gpuops.actions.>", durable=DURABLE, stream=ACTIONS, config=config
         )
         tasks: set[asyncio.Task[None]] = set()
-        while not stop.is_set():
-            await self.slots.acquire()
-            try:
-                msgs = await sub.fetch(1, timeout=0.5)
-            except (NatsTimeout, TimeoutError):
-                self.slots.release()
-                continue
-            task = asyncio.create_task(self._handle_slot(msgs[0]))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            while not stop.is_set():
+                await self.slots.acquire()
+                try:
+                    msgs = await sub.fetch(1, timeout=0.5)
+                except (NatsTimeout, TimeoutError):
+                    self.slots.release()
+                    continue
+                except NatsError as exc:  # a reconnect in progress: the consumer is durable
+                    self.slots.release()
+                    log.warning("executor fetch failed (%s); retrying", exc)
+                    await asyncio.sleep(1.0)
+                    continue
+                task = asyncio.create_task(self._handle_slot(msgs[0]))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _handle_slot(self, msg: Msg) -> None:
         try:
@@ -94,69 +143,111 @@ class Executor:
             self.slots.release()
 
     async def handle(self, msg: Msg) -> None:
-        """Claim, run, record, then ack one intent."""
-        try:
-            intent = Intent.model_validate_json(msg.data)
-        except ValueError as exc:
-            await self.auditor.note(
-                self.clock.now(),
-                "",
-                f"unreadable intent dropped: {exc}",
-                {"raw": msg.data.decode(errors="replace")},
-            )
+        """Check, claim, run, record, then ack one intent."""
+        intent, why = self._admit(msg.data)
+        if intent is None or why:
+            await self._refuse(intent, why, msg.data)
             await msg.term()
             return
-        claim = await self._claim(intent)
-        if claim is not None:
-            await self.auditor.note(
-                self.clock.now(),
-                intent.node,
-                f"intent {intent.key[:12]} already {claim}; not run again",
-                {"intent": intent.key, "rule": intent.rule, "claim": claim},
-            )
+        if intent.decision is not None:  # the decision's record, in case the engine died first
+            record = decision_record(intent.decision, [intent.key], intent.decided_at)
+            await self.recorder.auditor.write(record, decision_msg_id(intent.decision))
+        tries = await self._claim(intent)
+        if tries is None:
             await msg.ack()
             return
-        if self.lifecycle is not None:
-            await self.lifecycle.run_started(intent)
+        await self.recorder.run_started(intent)
         outcome = await self._execute(intent, msg)
-        self.outcomes.append(outcome)
-        await self.auditor.write(
-            AuditRecord(
-                type="run",
-                at=self.clock.now(),
-                node=intent.node,
-                rule=intent.rule,
-                summary=f"{outcome.playbook} {outcome.status.value} rc={outcome.rc} "
-                f"in {outcome.duration_s:.1f}s",
-                body=outcome.model_dump(mode="json"),
-            )
-        )
-        await self._finish_claim(intent, outcome)
-        await release(self.bus.kv["locks"], intent.node, intent.event_id)
-        if self.lifecycle is not None:
-            await self.lifecycle.run_ended(intent, outcome)
+        await self._finish(intent, outcome, tries)
         await msg.ack()
 
-    async def _claim(self, intent: Intent) -> str | None:
-        """None when this executor now owns the intent, else the state of the earlier claim."""
-        kv = self.bus.kv["claims"]
-        body = json.dumps({"state": "running", "at": self.clock.now(), "rule": intent.rule})
+    def _admit(self, data: bytes) -> tuple[Intent | None, str]:
+        """The intent and '' when it may run, else why not."""
         try:
-            await kv.create(intent.key, body.encode())
-            return None
-        except KeyWrongLastSequenceError:
-            pass
-        try:
-            entry = await kv.get(intent.key)
-        except KeyNotFoundError:
-            return "claimed"
-        # "running" here means an earlier executor died mid-run: a person decides, not a retry.
-        state = json.loads(entry.value or b"{}").get("state", "claimed")
-        return "interrupted while running" if state == "running" else str(state)
+            intent = Intent.model_validate_json(data)
+        except ValidationError as exc:
+            return None, f"unreadable intent: {exc.error_count()} errors"
+        if not verify(intent, self.signing_key):
+            return intent, "signature does not verify: not decided by this engine"
+        if intent.action.playbook not in self.catalog:
+            return intent, f"playbook {intent.action.playbook!r} is not in the catalogue"
+        if intent.node not in self.inventory:
+            return intent, f"{intent.node!r} is not one host of the inventory"
+        return intent, ""
 
-    async def _finish_claim(self, intent: Intent, outcome: RunOutcome) -> None:
-        body = {"state": "done", "status": outcome.status.value, "at": outcome.ended}
-        await self.bus.kv["claims"].put(intent.key, json.dumps(body).encode())
+    async def _refuse(self, intent: Intent | None, why: str, raw: bytes) -> None:
+        self.metrics.runs.labels(RunStatus.REFUSED.value).inc()
+        log.warning("intent refused: %s", why)
+        await self.recorder.auditor.note(
+            self.clock.now(),
+            intent.node if intent is not None and intent.node in self.inventory else "",
+            f"intent refused, nothing run: {why}",
+            {"raw": raw[:2048].decode(errors="replace")},
+        )
+
+    async def _claim(self, intent: Intent) -> int | None:
+        """The try number when this executor now runs the intent; None when it must not."""
+        now = self.clock.now()
+        fresh = Claim(state="running", at=now, rule=intent.rule, renewed=now)
+        if await self.claims.cas(fresh, 0, intent.key):
+            return 1
+        held, revision = await self.claims.get(intent.key)
+        alive = held is not None and held.state == "running" and now - held.renewed < CLAIM_STALE_S
+        if held is None or held.state != "running" or alive:
+            done = "running elsewhere" if alive else (held.status if held else "claimed")
+            await self.recorder.auditor.note(
+                now,
+                intent.node,
+                f"intent {intent.key[:12]} already {done}; not run again",
+                {"intent": intent.key},
+            )
+            return None
+        spec = self.catalog.get(intent.action.playbook)
+        if spec is not None and spec.retry_safe and held.tries < 2:
+            again = Claim(
+                state="running", at=now, rule=intent.rule, tries=held.tries + 1, renewed=now
+            )
+            return again.tries if await self.claims.cas(again, revision, intent.key) else None
+        await self._interrupted(intent, held, revision)
+        return None
+
+    async def _interrupted(self, intent: Intent, held: Claim, revision: int) -> None:
+        """An earlier executor died mid-run: record it, free the node, tell a person."""
+        now = self.clock.now()
+        outcome = RunOutcome(
+            intent_key=intent.key,
+            rule=intent.rule,
+            node=intent.node,
+            playbook=intent.action.playbook,
+            status=RunStatus.INTERRUPTED,
+            started=held.at,
+            ended=now,
+            error="the executor running it died; not run again (the playbook is not retry-safe)",
+        )
+        done = Claim(state="done", at=now, rule=intent.rule, status=outcome.status.value)
+        if await self.claims.cas(done, revision, intent.key):
+            await self._record(intent, outcome)
+
+    async def _finish(self, intent: Intent, outcome: RunOutcome, tries: int) -> None:
+        done = Claim(
+            state="done",
+            at=outcome.ended,
+            rule=intent.rule,
+            status=outcome.status.value,
+            tries=tries,
+        )
+        await self._record(intent, outcome)
+        await self.claims.put(done, intent.key)
+
+    async def _record(self, intent: Intent, outcome: RunOutcome) -> None:
+        self.metrics.runs.labels(outcome.status.value).inc()
+        record = await self.recorder.run_ended(intent, outcome)
+        if intent.holds_lock:
+            await self.locks.release(intent.node, intent.event_id)
+        if record.state is NodeState.VALIDATING and outcome.status is RunStatus.SUCCESSFUL:
+            await self.bus.nc.publish(
+                f"gpuops.agent.{subject_token(intent.node)}.probe", b"validate"
+            )
 
     async def _execute(self, intent: Intent, msg: Msg) -> RunOutcome:
         try:
@@ -175,24 +266,34 @@ class Executor:
                 ended=now,
                 error=str(exc),
             )
-        await self.auditor.note(
+        await self.recorder.auditor.note(
             self.clock.now(),
             intent.node,
             f"running {intent.action.playbook} on {intent.node}",
             {"intent": intent.key, "revision": version.revision, "sha256": version.sha256},
         )
         timeout = min(intent.action.timeout_s, self.max_timeout_s)
-        request = RunRequest.for_intent(intent, version, self.inventory, timeout)
-        keepalive = asyncio.create_task(_keep_in_progress(msg))
+        request = RunRequest.for_intent(intent, version, self.inventory.path, timeout)
+        keepalive = asyncio.create_task(self._keep_alive(msg, intent))
         try:
             return await run_async(request, self.clock)
         finally:
             keepalive.cancel()
 
 
-async def _keep_in_progress(msg: Msg) -> None:
-    """Tell JetStream the intent is still being worked on, so it is not redelivered mid-run."""
-    while True:
-        await asyncio.sleep(20)
-        with contextlib.suppress(Exception):
-            await msg.in_progress()
+    async def _keep_alive(self, msg: Msg, intent: Intent) -> None:
+        """Tell JetStream and the claim that the run goes on (not redelivered, not judged dead)."""
+        while True:
+            await asyncio.sleep(RENEW_S)
+            now = self.clock.now()
+            with contextlib.suppress(Exception):
+                await msg.in_progress()
+
+                await self.claims.update(partial(_renewed, now=now), intent.key)
+
+
+def _renewed(claim: Claim | None, now: float) -> Claim | None:
+    """A running claim renewed at `now` (others are left alone)."""
+    if claim is None or claim.state != "running":
+        return None
+    return claim.model_copy(update={"renewed": now})

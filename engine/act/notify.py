@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +37,8 @@ class Notifier:
     webhooks: Sequence[Webhook] = ()
     attempts: int = 4
     backoff_s: float = 0.5
-    sent: list[dict[str, Any]] = field(default_factory=list)
+    # The last messages, for `status` and tests; bounded so a long run does not grow it.
+    sent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=200))
     failed: int = 0
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 

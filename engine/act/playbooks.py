@@ -35,6 +35,8 @@ def resolve(playbooks_dir: Path, name: str, ref: str | None, cache_dir: Path) ->
     """The playbook to run: from the working tree, or as it was at `ref` (cached by commit)."""
     if ref is None:
         path = (playbooks_dir / name).resolve()
+        if not path.is_relative_to(playbooks_dir.resolve()):
+            raise ActionError(f"playbook {name} is outside {playbooks_dir}", playbook=name)
         if not path.is_file():
             raise ActionError(f"playbook {name} not found in {playbooks_dir}", playbook=name)
         return PlaybookVersion(path=path, revision=_worktree_revision(path), sha256=_sha256(path))

@@ -193,6 +193,7 @@ async def run_drift_check(
     """One drift check now; its events and summary go to the bus unless `publish` is off."""
     from engine.act.driftcheck import drift_check, publish_report
     from engine.bus.conn import open_bus
+    from engine.bus.publish import JetStreamPublisher
     from engine.clock import SystemClock
     from engine.inventory import load_inventory
     from engine.record.audit import Auditor
@@ -212,7 +213,7 @@ async def run_drift_check(
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         async with open_bus(settings.nats, settings.state_dir, name="gpuops-drift") as bus:
             await publish_report(bus.js, report)
-            await Auditor(bus.js).note(
+            await Auditor(JetStreamPublisher(bus.js)).note(
                 clock.now(), "", report.line(), {"drift_check": report.summary()}
             )
     return report

@@ -5,9 +5,9 @@ The count lives in KV, so it survives restarts and is shared by replicas.
 
 from __future__ import annotations
 
-from nats.js.kv import KeyValue
-
-from engine.bus.kvjson import get_json, kv_key, put_json
+from engine.bus.store import KV, Store
+from engine.catalog import Catalog, Effect
+from engine.decide.history import AttemptLog, append
 from engine.decide.stage import BaseStage, Drop, Proposal
 from engine.match.durations import format_duration
 from engine.models import Reason
@@ -18,40 +18,39 @@ class AttemptCap(BaseStage):
 
     name = "attempt_cap"
 
-    def __init__(self, kv: KeyValue | None, cap: int = 5, window_s: float = 7 * 86400.0) -> None:
-        self.kv = kv
+    def __init__(
+        self, kv: KV, catalog: Catalog, cap: int = 5, window_s: float = 7 * 86400.0
+    ) -> None:
+        self.store: Store[AttemptLog] = Store(kv, AttemptLog, "attempts")
+        self.catalog = catalog
         self.cap = cap
         self.window_s = window_s
-        self.memory: dict[str, list[float]] = {}
 
-    async def attempts(self, node: str, now: float) -> list[float]:
-        """Times of the node's remediations within the window."""
-        key = kv_key("attempts", node)
-        if self.kv is None:
-            stored = self.memory.get(key, [])
-        else:
-            value, _ = await get_json(self.kv, key)
-            stored = value or []
-        return [t for t in stored if now - t <= self.window_s]
+    async def attempts(self, node: str, now: float, except_event: str = "") -> int:
+        """How many remediations the node had within the window."""
+        log, _ = await self.store.get(node)
+        return len((log or AttemptLog()).within(now, self.window_s, except_event))
+
+    def _remediates(self, p: Proposal) -> bool:
+        """Fixes and isolations count; a person's command, a return or a setting do not."""
+        fixing = (Effect.FIX, Effect.ISOLATE)
+        return not p.rule.by_person and any(
+            (s := self.catalog.get(a.playbook)) is not None and s.effect in fixing
+            for a in p.actions
+        )
 
     async def check(self, p: Proposal) -> Drop | None:
-        if not p.actions:
+        if not self._remediates(p):
             return None
-        done = await self.attempts(p.node, p.now)
-        if len(done) < self.cap:
+        done = await self.attempts(p.node, p.now, p.event_id)
+        if done < self.cap:
             return None
         return Drop(
             Reason.ATTEMPT_CAP,
-            f"{len(done)} remediations on {p.node} within "
+            f"{done} remediations on {p.node} within "
             f"{format_duration(self.window_s)} (cap {self.cap}); a person must look at it",
         )
 
     async def commit(self, p: Proposal) -> None:
-        if not p.actions or p.dry_run:
-            return
-        key = kv_key("attempts", p.node)
-        done = [*await self.attempts(p.node, p.now), p.now]
-        if self.kv is None:
-            self.memory[key] = done
-        else:
-            await put_json(self.kv, key, done)
+        if p.acts and self._remediates(p):
+            await append(self.store, p.node, p.now, p.event_id, self.window_s)

@@ -1,22 +1,32 @@
 """Stage: after a rule fires for a group key, it stays quiet for the rule's cooldown.
 
 The last firing per (rule, key) is kept in KV, so a restarted engine or a second
-replica honours cooldowns the first one started.
+replica honours cooldowns the first one started. Reads go to KV; only a cooldown known
+to be running is cached, since no replica can shorten one (a firing only moves it on).
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from nats.js.kv import KeyValue
+from pydantic import BaseModel, ConfigDict
 
-from engine.bus.kvjson import get_json, put_json
+from engine.bus.store import KV, Store
 from engine.decide.stage import BaseStage, Drop, Proposal
 from engine.match.durations import format_duration
 from engine.models import Reason
 
 
-def _kv_key(rule: str, key: str) -> str:
+class Firing(BaseModel):
+    """When a rule last fired for a key, and on which event."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: float
+    event_id: str = ""
+
+
+def _digest(rule: str, key: str) -> str:
     return hashlib.sha256(f"{rule}|{key}".encode()).hexdigest()[:40]
 
 
@@ -25,33 +35,39 @@ class Cooldown(BaseStage):
 
     name = "cooldown"
 
-    def __init__(self, kv: KeyValue | None = None) -> None:
-        self.kv = kv
-        self.last: dict[tuple[str, str], float] = {}
+    def __init__(self, kv: KV) -> None:
+        self.store: Store[Firing] = Store(kv, Firing, "cooldown")
+        self._running: dict[str, Firing] = {}
 
-    async def _last(self, rule: str, key: str) -> float:
-        """The last firing, from this process's cache or, the first time, from KV."""
-        cached = self.last.get((rule, key))
-        if cached is not None or self.kv is None:
-            return cached if cached is not None else float("-inf")
-        value, _ = await get_json(self.kv, _kv_key(rule, key))
-        found = float(value) if value is not None else float("-inf")
-        self.last[(rule, key)] = found
+    async def _last(self, digest: str, cooldown: float, now: float) -> Firing | None:
+        cached = self._running.get(digest)
+        if cached is not None and now - cached.at < cooldown:
+            return cached
+        self._running.pop(digest, None)
+        found, _ = await self.store.get(digest)
+        if found is not None and now - found.at < cooldown:
+            self._running[digest] = found
         return found
 
     async def check(self, p: Proposal) -> Drop | None:
         cooldown = p.rule.cooldown_s
         if cooldown <= 0:
             return None
-        last = await self._last(p.rule.name, p.match.key)
-        if p.now - last >= cooldown:
+        last = await self._last(_digest(p.rule.name, p.match.key), cooldown, p.now)
+        if last is None or p.now - last.at >= cooldown or last.event_id == p.event_id:
             return None
-        left = cooldown - (p.now - last)
+        left = cooldown - (p.now - last.at)
         return Drop(Reason.COOLDOWN, f"{format_duration(left)} of {format_duration(cooldown)} left")
 
     async def commit(self, p: Proposal) -> None:
         if p.rule.cooldown_s <= 0:
             return
-        self.last[(p.rule.name, p.match.key)] = p.now
-        if self.kv is not None:
-            await put_json(self.kv, _kv_key(p.rule.name, p.match.key), p.now)
+        firing = Firing(at=p.now, event_id=p.event_id)
+        digest = _digest(p.rule.name, p.match.key)
+        self._running[digest] = firing
+        await self.store.put(firing, digest)
+
+    def forget(self, now: float, longest: float) -> None:
+        """Drop cached cooldowns that have ended (called from the engine's tick)."""
+        for digest in [d for d, f in self._running.items() if now - f.at >= longest]:
+            del self._running[digest]

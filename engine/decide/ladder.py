@@ -5,9 +5,9 @@ run failed counts as an attempt, so the next recurrence climbs past it.
 
 from __future__ import annotations
 
-from nats.js.kv import KeyValue
-
-from engine.bus.kvjson import get_json, kv_key, put_json
+from engine.bus.kvjson import kv_key
+from engine.bus.store import KV, Store
+from engine.decide.history import AttemptLog, append
 from engine.decide.stage import BaseStage, Drop, Proposal
 from engine.match.durations import format_duration
 from engine.match.expr import render
@@ -19,25 +19,15 @@ class LadderStage(BaseStage):
 
     name = "ladder"
 
-    def __init__(self, kv: KeyValue | None) -> None:
-        self.kv = kv
-        self.memory: dict[str, list[float]] = {}  # used when no KV (shadow runs)
-
-    async def _attempts(self, key: str, now: float, window: float) -> list[float]:
-        if self.kv is None:
-            stored = self.memory.get(key, [])
-        else:
-            value, _ = await get_json(self.kv, key)
-            stored = value or []
-        return [t for t in stored if now - t <= window]
+    def __init__(self, kv: KV) -> None:
+        self.store: Store[AttemptLog] = Store(kv, AttemptLog, "ladder")
 
     async def check(self, p: Proposal) -> Drop | None:
         ladder = p.rule.ladder
         if ladder is None:
             return None
-        key = kv_key("ladder", p.node, ladder.name)
-        tried = await self._attempts(key, p.now, ladder.window_s)
-        step = len(tried)
+        log, _ = await self.store.get(kv_key(p.node, ladder.name))
+        step = len((log or AttemptLog()).within(p.now, ladder.window_s, p.event_id))
         if step >= len(ladder.rungs) or ladder.rungs[step].needs_human:
             return Drop(
                 Reason.NEEDS_HUMAN,
@@ -60,11 +50,7 @@ class LadderStage(BaseStage):
 
     async def commit(self, p: Proposal) -> None:
         ladder = p.rule.ladder
-        if ladder is None or p.dry_run or p.rung is None:
+        if ladder is None or not p.acts or p.rung is None:
             return
-        key = kv_key("ladder", p.node, ladder.name)
-        tried = [*await self._attempts(key, p.now, ladder.window_s), p.now]
-        if self.kv is None:
-            self.memory[key] = tried
-        else:
-            await put_json(self.kv, key, tried)
+        key = kv_key(p.node, ladder.name)
+        await append(self.store, key, p.now, p.event_id, ladder.window_s)

@@ -9,12 +9,11 @@ control bucket under `silence.<id>`, so the CLI, ChatOps and every replica share
 from __future__ import annotations
 
 import secrets
-from dataclasses import asdict, dataclass
 from typing import Any
 
-from nats.js.kv import KeyValue
+from pydantic import BaseModel, ConfigDict
 
-from engine.bus.kvjson import get_json, keys, put_json
+from engine.bus.store import KV, Store
 from engine.decide.stage import BaseStage, Drop, Proposal
 from engine.errors import ConfigError
 from engine.inventory import Inventory
@@ -23,9 +22,10 @@ from engine.models import Reason
 TARGETS = ("rule", "node", "group", "label")
 
 
-@dataclass(frozen=True, slots=True)
-class Silence:
+class Silence(BaseModel):
     """One silence or maintenance window."""
+
+    model_config = ConfigDict(frozen=True)
 
     id: str
     target: str
@@ -64,33 +64,35 @@ def parse_target(target: str) -> str:
 class SilenceStore:
     """Silences in the control bucket."""
 
-    def __init__(self, kv: KeyValue) -> None:
-        self.kv = kv
+    def __init__(self, kv: KV) -> None:
+        self.store: Store[Silence] = Store(kv, Silence, "silence")
 
     async def add(
         self, target: str, starts: float, ends: float, reason: str, by: str = ""
     ) -> Silence:
         """Create a silence; returns it with its id."""
-        silence = Silence(secrets.token_hex(4), parse_target(target), starts, ends, reason, by)
-        await put_json(self.kv, f"silence.{silence.id}", asdict(silence))
+        silence = Silence(
+            id=secrets.token_hex(4),
+            target=parse_target(target),
+            starts=starts,
+            ends=ends,
+            reason=reason,
+            by=by,
+        )
+        await self.store.put(silence, silence.id)
         return silence
 
     async def remove(self, silence_id: str) -> bool:
         """Delete a silence; False if there was none with that id."""
-        value, _ = await get_json(self.kv, f"silence.{silence_id}")
+        value, _ = await self.store.get(silence_id)
         if value is None:
             return False
-        await self.kv.delete(f"silence.{silence_id}")
+        await self.store.delete(silence_id)
         return True
 
     async def all(self) -> list[Silence]:
         """Every stored silence, expired ones included."""
-        out = []
-        for key in await keys(self.kv, "silence."):
-            value, _ = await get_json(self.kv, key)
-            if value is not None:
-                out.append(Silence(**value))
-        return out
+        return [s for _, s in await self.store.all()]
 
 
 class Silences(BaseStage):
@@ -113,6 +115,8 @@ class Silences(BaseStage):
         return self._cache
 
     async def check(self, p: Proposal) -> Drop | None:
+        if p.rule.by_person:
+            return None  # a silence quiets automation, not a person's own command
         for s in await self._current(p.now):
             if s.active(p.now) and s.covers(p.rule.name, p.node, self.inventory):
                 return Drop(Reason.SILENCED, f"silence {s.id} ({s.target}): {s.reason}")
@@ -121,4 +125,4 @@ class Silences(BaseStage):
 
 def silence_dict(s: Silence) -> dict[str, Any]:
     """A silence for JSON output."""
-    return asdict(s)
+    return s.model_dump()

@@ -4,11 +4,16 @@ A match becomes a Proposal; each stage may let it pass, change what it would do 
 ladder picks a rung, the breaker asks for approval), or drop it with a named Reason.
 When a stage drops it, the stages before it `abort` (a lock taken is given back); when
 all pass, each `commit`s what it must remember (cooldowns, attempt counts).
+
+Crash consistency: the decider calls `write` (which stores the intents) after every
+check passed and before any commit. A crash before `write` leaves nothing but a
+short-lived pending lock; a crash after it lets the redelivered event decide again,
+and every commit is idempotent by event id, so the second decision is the first one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,13 +22,16 @@ from engine.match.expr import render
 from engine.match.rules import Rule
 from engine.models import ActionSpec, Decision, Match, Reason
 
+Write = Callable[[Decision], Awaitable[None]]
+
 
 @dataclass(frozen=True, slots=True)
 class Drop:
-    """Why a stage stopped a match."""
+    """Why a stage stopped a match; `keep` commits the stages passed (dry-run, record-only)."""
 
     reason: Reason
     detail: str = ""
+    keep: bool = False
 
 
 @dataclass(slots=True)
@@ -36,7 +44,11 @@ class Proposal:
     actions: list[ActionSpec]
     notify: bool
     dry_run: bool = False
+    dry_run_why: str = ""
     approval: bool = False
+    approved_by: str | None = None
+    closes_breaker: bool = False
+    holds_lock: bool = False
     rung: int | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -44,6 +56,16 @@ class Proposal:
     def node(self) -> str:
         """The node the proposal would act on."""
         return self.match.node
+
+    @property
+    def event_id(self) -> str:
+        """The triggering event: what makes every commit idempotent."""
+        return self.match.event_id
+
+    @property
+    def acts(self) -> bool:
+        """Whether the proposal would run a playbook for real."""
+        return bool(self.actions) and not self.dry_run
 
 
 class Stage(Protocol):
@@ -56,7 +78,7 @@ class Stage(Protocol):
         ...
 
     async def commit(self, p: Proposal) -> None:
-        """Every stage passed: remember what must be remembered."""
+        """The proposal was decided: remember what must be remembered (idempotent)."""
         ...
 
     async def abort(self, p: Proposal) -> None:
@@ -84,7 +106,7 @@ class Decider:
         self.clock = clock
         self.dry_run = dry_run
 
-    def propose(self, match: Match, rule: Rule) -> Proposal:
+    def propose(self, match: Match, rule: Rule, approved_by: str | None = None) -> Proposal:
         """The proposal a match starts as: the rule's actions, rendered from the fact."""
         return Proposal(
             match=match,
@@ -93,43 +115,62 @@ class Decider:
             actions=rule_actions(rule, match),
             notify=any(a.notify for a in rule.actions),
             dry_run=self.dry_run or rule.dry_run,
+            dry_run_why="global dry-run" if self.dry_run else "rule dry-run",
+            approval=rule.approval,
+            approved_by=approved_by,
         )
 
-    async def decide(self, match: Match, rule: Rule) -> Decision:
-        """The decision for one match, with the reason when it is dropped."""
-        p = self.propose(match, rule)
+    async def decide(
+        self,
+        match: Match,
+        rule: Rule,
+        write: Write | None = None,
+        approved_by: str | None = None,
+    ) -> Decision:
+        """The decision for one match; `write` stores it before anything is committed."""
+        p = self.propose(match, rule, approved_by)
         passed: list[Stage] = []
         for stage in self.stages:
             drop = await stage.check(p)
-            if drop is not None:
-                for done in reversed(passed):
-                    await done.abort(p)
-                return self._decision(p, False, drop.reason, drop.detail)
-            passed.append(stage)
-        if p.approval and p.actions and not p.dry_run:
+            if drop is None:
+                passed.append(stage)
+                continue
+            if drop.keep:
+                return await self._finish(
+                    p, passed, decision(p, False, drop.reason, drop.detail), write
+                )
             for done in reversed(passed):
-                await done.abort(p)  # nothing is held while a person decides
-            return self._decision(p, False, Reason.APPROVAL_PENDING, "; ".join(p.notes) or "rule")
-        for stage in self.stages:
-            await stage.commit(p)
-        if not p.actions:
-            return self._decision(p, False, Reason.NO_ACTION, "rule records only")
-        if p.dry_run:
-            which = "global" if self.dry_run else "rule"
-            return self._decision(p, False, Reason.DRY_RUN, f"{which} dry-run")
-        return self._decision(p, True, Reason.ACCEPTED, "; ".join(p.notes))
+                await done.abort(p)
+            return decision(p, False, drop.reason, drop.detail)
+        return await self._finish(
+            p, passed, decision(p, True, Reason.ACCEPTED, "; ".join(p.notes)), write
+        )
 
     @staticmethod
-    def _decision(p: Proposal, accepted: bool, reason: Reason, detail: str) -> Decision:
-        return Decision(
-            match=p.match,
-            accepted=accepted,
-            reason=reason,
-            detail=detail,
-            actions=tuple(p.actions),
-            notify=p.notify,
-            rung=p.rung,
-        )
+    async def _finish(
+        p: Proposal, passed: list[Stage], d: Decision, write: Write | None
+    ) -> Decision:
+        if write is not None:
+            await write(d)
+        for stage in passed:
+            await stage.commit(p)
+        return d
+
+
+def decision(p: Proposal, accepted: bool, reason: Reason, detail: str) -> Decision:
+    """The typed outcome of a proposal."""
+    return Decision(
+        match=p.match,
+        accepted=accepted,
+        reason=reason,
+        detail=detail,
+        actions=tuple(p.actions),
+        notify=p.notify,
+        rung=p.rung,
+        holds_lock=p.holds_lock and accepted,
+        closes_breaker=p.closes_breaker,
+        approved_by=p.approved_by,
+    )
 
 
 def rule_actions(rule: Rule, match: Match) -> list[ActionSpec]:

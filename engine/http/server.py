@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 log = logging.getLogger(__name__)
 
-# (ok, detail): detail is merged into the answer; a degraded one says `why`.
+# (ok, detail): an ok answer carries the detail; a degraded one gives it as `why`.
 Health = Callable[[], tuple[bool, dict[str, Any]]]
 # Adds routes (and their startup/cleanup contexts) to the application.
 Mount = Callable[[web.Application], None]
@@ -60,9 +60,8 @@ class HttpServer:
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def healthz(self, request: web.Request) -> web.Response:
-        """200 `{"status": "ok", ...}`, or 503 `{"status": "degraded", "why": ...}`."""
+        """200 `{"status": "ok", ...detail}`, or 503 `{"status": "degraded", "why": detail}`."""
         ok, detail = self.health()
         if ok:
             return web.json_response({**detail, "status": "ok"})
-        why = detail.get("why", "unhealthy")
-        return web.json_response({**detail, "status": "degraded", "why": why}, status=503)
+        return web.json_response({"status": "degraded", "why": detail}, status=503)

@@ -200,11 +200,6 @@ class Chatops:
             registry=registry,
         )
 
-    @property
-    def rejected(self) -> int:
-        """Requests refused so far."""
-        return self.rejections.total
-
     def mount(self, app: web.Application) -> None:
         """Add the routes, and the timer that writes rejection summaries, to the app."""
         app.add_routes(

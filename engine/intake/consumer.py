@@ -41,6 +41,8 @@ class Intake:
         handler: Handler,
         batch: int = 256,
         ack_all: bool = False,
+        max_future_s: float = 300.0,
+        on_dead: Callable[[str], None] | None = None,
     ) -> None:
         self.js = js
         self.clock = clock
@@ -50,6 +52,8 @@ class Intake:
         self.handler = handler
         self.batch = batch
         self.ack_all = ack_all
+        self.max_future_s = max_future_s
+        self.on_dead = on_dead
         self.dead: Counter[str] = Counter()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -78,7 +82,7 @@ class Intake:
         """Handle a batch in order; each message is acked after its handling is recorded."""
         for msg in msgs:
             try:
-                event = decode(msg.data, msg.subject)
+                event = self._decode(msg)
             except EventError as exc:
                 await self._dead_letter(msg, exc)
                 if not self.ack_all:
@@ -96,8 +100,13 @@ class Intake:
         if self.ack_all and msgs:
             await msgs[-1].ack()
 
+    def _decode(self, msg: Msg) -> Event:
+        return decode(msg.data, msg.subject, now=self.clock.now(), max_future_s=self.max_future_s)
+
     async def _dead_letter(self, msg: Msg, exc: EventError) -> None:
         self.dead[exc.reason] += 1
+        if self.on_dead is not None:
+            self.on_dead(exc.reason)
         log.warning("dead letter (%s) from %s: %s", exc.reason, msg.subject, exc.message)
         body = dead_letter(exc.reason, exc.message, msg.data, msg.subject, self.clock.now())
         seq = msg.metadata.sequence.stream

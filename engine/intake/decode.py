@@ -8,14 +8,26 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from engine import subjects
 from engine.errors import EventError
-from engine.models import EVENT_ADAPTER, Event, subject_for, subject_token
+from engine.models import EVENT_ADAPTER, Event
 
 MAX_EVENT_BYTES = 1 << 20
+MAX_FUTURE_S = 300.0  # the default of settings.max_future_skew_s
 
 
-def decode(payload: bytes, subject: str | None = None) -> Event:
-    """Validate one event; raise EventError(reason) for the dead-letter subject."""
+def decode(
+    payload: bytes,
+    subject: str | None = None,
+    now: float | None = None,
+    max_future_s: float = MAX_FUTURE_S,
+) -> Event:
+    """Validate one event; raise EventError(reason) for the dead-letter subject.
+
+    With `now` (the engine's clock), an event dated more than `max_future_s` after it
+    is refused as `future`: windows run on event time, and a date in the future would
+    hold its key's windows (a deadman, a cooldown) hostage until the clock caught up.
+    """
     if len(payload) > MAX_EVENT_BYTES:
         raise EventError("too_large", f"{len(payload)} bytes > {MAX_EVENT_BYTES}")
     try:
@@ -24,6 +36,12 @@ def decode(payload: bytes, subject: str | None = None) -> Event:
         raise EventError(_reason(exc), _summary(exc)) from exc
     if subject is not None:
         _check_subject(event, subject)
+    if now is not None and event.epoch - now > max_future_s:
+        raise EventError(
+            "future",
+            f"ts {event.ts.isoformat()} is {event.epoch - now:.0f} s after the engine's clock "
+            f"(limit {max_future_s:.0f} s): check the sender's clock (NTP)",
+        )
     return event
 
 
@@ -47,14 +65,8 @@ def _summary(exc: ValidationError) -> str:
 
 def _check_subject(event: Event, subject: str) -> None:
     """The subject's kind and node must be the payload's: per-node publish permissions hold."""
-    parts = subject.split(".")
-    if len(parts) == 3 and parts[1] == "telemetry":
-        kind, node = "telemetry", parts[2]
-    elif len(parts) == 4 and parts[1] == "events":
-        kind, node = parts[2], parts[3]
-    else:
-        return
-    if kind != event.kind or node != subject_token(event.node):
+    kind, node = subjects.parse_event(subject)
+    if kind != event.kind or node != subjects.token(event.node):
         raise EventError(
             "subject_mismatch",
             f"subject {subject} does not match kind={event.kind} node={event.node}",
@@ -73,4 +85,4 @@ def dead_letter(reason: str, error: str, payload: bytes, subject: str, at: float
 
 def event_subject(event: Event) -> str:
     """Where a typed event is published."""
-    return subject_for(event.kind, event.node)
+    return subjects.event(event.kind, event.node)

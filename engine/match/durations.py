@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 PATTERN = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h|d))+$"
@@ -14,8 +15,8 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise ValueError(f"bad duration {value!r}: use e.g. 90s, 10m, 1h30m")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"bad duration {value!r}: must not be negative")
+        if not math.isfinite(value) or value < 0:  # YAML's .nan and .inf are floats too
+            raise ValueError(f"bad duration {value!r}: must be a finite number of seconds >= 0")
         return float(value)
     text = value.strip()
     if not re.match(PATTERN, text):

@@ -19,7 +19,12 @@ from typing import Any
 Fact = Mapping[str, Any]
 Condition = Callable[[Fact], bool]
 
-MAX_SOURCE = 2000
+# Limits on a condition, checked before anything recursive walks it: the checker, the
+# rewriter, deepcopy and CPython's compiler all recurse per level, so a long `1+1+...+1`
+# would otherwise end in a RecursionError that takes a hot-reloading engine down.
+MAX_SOURCE = 2000  # characters
+MAX_DEPTH = 32  # levels of the syntax tree
+MAX_NODES = 400  # syntax tree nodes (operators and names included)
 
 
 def _bit(value: int, mask: int) -> bool:
@@ -168,16 +173,37 @@ class _ToFactLookup(ast.NodeTransformer):
         return ast.copy_location(lookup, node)
 
 
+def _parse(source: str) -> ast.Expression:
+    if len(source) > MAX_SOURCE:
+        raise ValueError(f"condition too long ({len(source)} characters, limit {MAX_SOURCE})")
+    try:
+        return ast.parse(source.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"syntax error in condition: {exc.msg}") from exc
+    except (RecursionError, MemoryError) as exc:  # the parser itself gave up on nesting
+        raise ValueError(f"condition too deep (limit {MAX_DEPTH} levels)") from exc
+
+
+def check_size(tree: ast.AST, what: str = "condition") -> None:
+    """Raise ValueError when the tree is deeper or larger than the limits (no recursion)."""
+    nodes, depth, stack = 0, 0, [(tree, 1)]
+    while stack:  # the source is capped, so walking all of it is cheap
+        node, level = stack.pop()
+        nodes += 1
+        depth = max(depth, level)
+        stack.extend((child, level + 1) for child in ast.iter_child_nodes(node))
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{what} too deep ({depth} levels, limit {MAX_DEPTH})")
+    if nodes > MAX_NODES:
+        raise ValueError(f"{what} too large ({nodes} nodes, limit {MAX_NODES})")
+
+
 def check(
     source: str, fields: frozenset[str], string_fields: frozenset[str] = frozenset()
 ) -> ast.expr:
     """Parse and vet a condition; raise ValueError naming the first thing not allowed."""
-    if len(source) > MAX_SOURCE:
-        raise ValueError(f"condition longer than {MAX_SOURCE} characters")
-    try:
-        tree = ast.parse(source.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise ValueError(f"syntax error in condition: {exc.msg}") from exc
+    tree = _parse(source)
+    check_size(tree)
     _Checker(fields, string_fields).visit(tree)
     return tree.body
 

@@ -5,10 +5,11 @@ Every error names the file, line and rule; all errors of a load are reported tog
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, get_args
+from typing import Annotated, Any, TypeVar, get_args, get_origin
 
 import jsonschema
 from pydantic import BaseModel
@@ -24,6 +25,8 @@ from engine.models import DATA_MODELS, fact_fields
 _VALIDATOR = jsonschema.Draft202012Validator(RULES_FILE_SCHEMA)
 _GPU_KINDS = frozenset(k for k in DATA_MODELS if "gpu" in fact_fields(k))
 _TEMPORAL = ("for", "count", "absent", "increase")
+_T = TypeVar("_T")
+MAX_VARS_DEPTH = 8  # levels of lists and mappings in an action's vars
 
 
 def _field_types(kind: str) -> dict[str, tuple[type, ...]]:
@@ -31,7 +34,10 @@ def _field_types(kind: str) -> dict[str, tuple[type, ...]]:
     out: dict[str, tuple[type, ...]] = {"node": (str,)}
     for name, info in model.model_fields.items():
         ann = info.annotation
-        out[name] = tuple(a for a in (get_args(ann) or (ann,)) if isinstance(a, type))
+        args = [
+            get_args(a)[0] if get_origin(a) is Annotated else a for a in get_args(ann) or (ann,)
+        ]
+        out[name] = tuple(a for a in args if isinstance(a, type))
     if kind == "telemetry":
         out["gpu"] = (int,)
     return out
@@ -119,23 +125,47 @@ def _load_file(
     except OSError as exc:
         errors.append(RuleError(f"cannot read: {exc.strerror}", file=name))
         return [], []
-    schema_errors = _schema_errors(doc, name)
+    except UnicodeDecodeError as exc:
+        line = exc.object[: exc.start].count(b"\n") + 1
+        errors.append(RuleError(f"not UTF-8 (byte {exc.start})", file=name, line=line))
+        return [], []
+    try:
+        schema_errors = _schema_errors(doc, name)
+    except (RecursionError, MemoryError) as exc:
+        errors.append(RuleError(f"too deeply nested to check ({type(exc).__name__})", file=name))
+        return [], []
     if schema_errors:
         errors.extend(schema_errors)
         return [], []
-    out: list[Rule] = []
-    for raw in doc.get("rules", []):
-        try:
-            out.append(build_rule(raw, name, playbooks_dir))
-        except RuleError as exc:
-            errors.append(exc)
-    ladders: list[Ladder] = []
-    for raw in doc.get("ladders", []):
-        try:
-            ladders.append(build_ladder(raw, name, playbooks_dir))
-        except RuleError as exc:
-            errors.append(exc)
+    out = build_all(doc.get("rules", []), build_rule, name, playbooks_dir, errors)
+    ladders = build_all(doc.get("ladders", []), build_ladder, name, playbooks_dir, errors)
     return out, ladders
+
+
+def build_all(
+    raws: list[LineDict],
+    build: Callable[[LineDict, str, Path | None], _T],
+    file: str,
+    playbooks_dir: Path | None,
+    errors: list[RuleError],
+) -> list[_T]:
+    """Build every item; any failure is an error of that item, never a crash of the load.
+
+    A running engine reloads rules it did not write: whatever one rule does to the
+    compiler (an exception nobody foresaw included), the last good set must stay.
+    """
+    out: list[_T] = []
+    for raw in raws:
+        try:
+            out.append(build(raw, file, playbooks_dir))
+        except RuleError as exc:
+            errors.append(exc)
+        except Exception as exc:  # any failure: reported as this rule's error, with its line
+            what = f"{type(exc).__name__}: {exc}"[:200]
+            rule = str(raw.get("name", "")) if isinstance(raw, dict) else ""
+            line = raw.line if isinstance(raw, LineDict) else 0
+            errors.append(RuleError(f"cannot compile ({what})", file=file, line=line, rule=rule))
+    return out
 
 
 def build_ladder(raw: LineDict, file: str, playbooks_dir: Path | None) -> Ladder:
@@ -145,6 +175,12 @@ def build_ladder(raw: LineDict, file: str, playbooks_dir: Path | None) -> Ladder
         where = rung.line if isinstance(rung, LineDict) else raw.line
         if rung.get("needs_human") and i != len(raw["rungs"]) - 1:
             raise RuleError("needs_human must be the last rung", file=file, line=where)
+        if _too_deep(rung.get("vars", {})):
+            raise RuleError(
+                f"ladder {raw['name']}: vars nested too deeply (limit {MAX_VARS_DEPTH} levels)",
+                file=file,
+                line=where,
+            )
         playbook = rung.get("playbook")
         if playbook and playbooks_dir is not None and not (playbooks_dir / playbook).is_file():
             raise RuleError(
@@ -299,7 +335,10 @@ def _increase(value: Any, types: dict[str, tuple[type, ...]], fail: Any) -> Incr
         within = parse_duration(value["within"])
     except ValueError as exc:
         raise fail(f"increase.within: {exc}", "increase") from exc
-    return Increase(field=name, by=float(value["by"]), within_s=within)
+    by = float(value["by"])
+    if not math.isfinite(by):  # YAML's .nan passes the schema's minimum
+        raise fail(f"increase.by: {by} is not a finite number", "increase")
+    return Increase(field=name, by=by, within_s=within)
 
 
 def _action(
@@ -312,14 +351,33 @@ def _action(
         raise fail(f"playbook {playbook!r} must stay inside playbooks/", "actions")
     if playbooks_dir is not None and "ref" not in raw and not (playbooks_dir / playbook).is_file():
         raise fail(f"unknown playbook {playbook!r} (not in {playbooks_dir})", "actions")
+    if _too_deep(raw.get("vars", {})):
+        raise fail(f"vars nested too deeply (limit {MAX_VARS_DEPTH} levels)", "actions")
     for value in _strings(raw.get("vars", {})):
         unknown = [n for n in template_names(value) if n not in fields]
         if unknown:
             raise fail(f"vars: unknown field {unknown[0]!r} in template {value!r}", "actions")
-    timeout = parse_duration(raw["timeout"]) if "timeout" in raw else 600.0
+    timeout = _dur(raw, "timeout", fail)
     return RuleAction(
-        playbook=playbook, ref=raw.get("ref"), vars=dict(raw.get("vars", {})), timeout_s=timeout
+        playbook=playbook,
+        ref=raw.get("ref"),
+        vars=dict(raw.get("vars", {})),
+        timeout_s=600.0 if timeout is None else timeout,
     )
+
+
+def _too_deep(value: Any) -> bool:
+    """Vars are rendered recursively for every match: keep their nesting shallow."""
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if level > MAX_VARS_DEPTH:
+            return True
+        if isinstance(item, dict):
+            stack.extend((child, level + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, level + 1) for child in item)
+    return False
 
 
 def _strings(value: Any) -> list[str]:

@@ -2,6 +2,11 @@
 
 The hot path is `_eval`: per fact and rule, one compiled condition call and, for
 rules with a temporal form, one dict lookup in that rule's window.
+
+There is no matcher-wide notion of "the current event time": every key's windows
+run on that key's own events, and eviction compares each key's newest time with the
+engine's clock. One event (a future-dated one from an unknown host, say) can only
+ever move its own key.
 """
 
 from __future__ import annotations
@@ -10,12 +15,18 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.clock import Clock
 from engine.match.codegen import KindEval, compile_kind
 from engine.match.rules import Rule, RuleSet
 from engine.match.windows import Absent, CountWithin, HeldFor, Increase, Instant, Window
 from engine.models import Event, Match, TelemetryEvent
 
 Fact = dict[str, Any]
+
+# How long state outlives its window, by the clock. After an outage the engine reads a
+# backlog of samples minutes old; their runs must go on, so eviction waits as long as
+# the telemetry stream keeps samples (its max age).
+SWEEP_GRACE_S = 600.0
 
 
 def _key_fn(group_by: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Hashable]:
@@ -35,13 +46,13 @@ def key_text(key: Hashable) -> str:
     return str(key)
 
 
-def _window(rule: Rule) -> Window:
+def _window(rule: Rule, clock: Clock | None) -> Window:
     if rule.for_s is not None:
         return HeldFor(rule.for_s, rule.max_gap_s)
     if rule.count is not None and rule.within_s is not None:
         return CountWithin(rule.count, rule.within_s)
     if rule.absent_s is not None:
-        return Absent(rule.absent_s)
+        return Absent(rule.absent_s, clock)
     if rule.increase is not None:
         return Increase(rule.increase.by, rule.increase.within_s)
     return Instant()
@@ -73,12 +84,13 @@ def facts_of(event: Event) -> list[Fact]:
 class Matcher:
     """Evaluates events against a rule set, keeping each rule's window state."""
 
-    def __init__(self, rules: RuleSet) -> None:
+    def __init__(
+        self, rules: RuleSet, clock: Clock | None = None, sweep_grace_s: float = SWEEP_GRACE_S
+    ) -> None:
         self._by_kind: dict[str, list[_Compiled]] = {}
         self._eval_kind: dict[str, KindEval] = {}
-        # The newest event time seen: windows run on event time, so eviction must too
-        # (a backlog of old samples after an outage must not be swept away by the wall clock).
-        self.watermark = float("-inf")
+        self.clock = clock
+        self.sweep_grace_s = sweep_grace_s
         self.rules = rules
         self.replace(rules)
 
@@ -91,7 +103,7 @@ class Matcher:
             for rule in kind_rules:
                 prev = old.get(rule.name)
                 keep = prev is not None and _same_definition(prev.rule, rule)
-                window = prev.window if keep and prev is not None else _window(rule)
+                window = prev.window if keep and prev is not None else _window(rule, self.clock)
                 field = rule.increase.field if rule.increase else None
                 compiled.append(_Compiled(rule, window, _key_fn(rule.group_by), field))
             by_kind[kind] = compiled
@@ -112,8 +124,6 @@ class Matcher:
         if evaluate is None:
             return []
         t, event_id = event.epoch, event.id
-        if t > self.watermark:
-            self.watermark = t
         out: list[Match] = []
         for fact in facts_of(event):
             evaluate(fact, t, event_id, out)
@@ -123,8 +133,6 @@ class Matcher:
         """Evaluate pre-built facts (bench and replay fast path)."""
         evaluate = self._eval_kind.get(kind)
         out: list[Match] = []
-        if t > self.watermark:
-            self.watermark = t
         if evaluate is not None:
             for fact in facts:
                 evaluate(fact, t, event_id, out)
@@ -152,8 +160,16 @@ class Matcher:
                         c.window.seed(node, now)
 
     def sweep(self, now: float | None = None) -> int:
-        """Evict window state for keys quiet as of `now` (default: the newest event time)."""
-        at = self.watermark if now is None else now
+        """Evict state of keys whose own newest event is older than their window as of `now`.
+
+        `now` is the engine's clock (the matcher's own clock when not given; with
+        neither, nothing is evicted). Keys get `sweep_grace_s` more, for backlogs.
+        """
+        if now is None:
+            if self.clock is None:
+                return 0
+            now = self.clock.now()
+        at = now - self.sweep_grace_s
         return sum(c.window.sweep(at) for cs in self._by_kind.values() for c in cs)
 
     def state_size(self) -> int:

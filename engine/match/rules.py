@@ -78,6 +78,10 @@ class Rule:
     ladder: Ladder | None = None
     ladder_name: str | None = None
     actions: tuple[RuleAction, ...] = ()
+    # Built-in rules only (engine/match/builtin.py):
+    states: tuple[str, ...] = ()  # node states the rule applies in
+    escalate: bool = False  # firing hands the node to a person (needs_human)
+    by_person: bool = False  # a person asked (ChatOps): no silence, cooldown, ladder or cap
 
     @property
     def temporal(self) -> str:

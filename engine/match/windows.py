@@ -4,13 +4,21 @@ Times are the event's own timestamps (epoch seconds), so live runs and replays o
 recorded events give the same answers; only `absent` also needs the clock, to notice
 silence. Exact semantics are in docs/rules.md; the property tests hold them to a
 brute-force reference.
+
+State is per key and only that key's own events move it: `sweep(now)` compares each
+key's own newest time with `now`, so no event of one key (a future-dated one included)
+can expire or freeze another key's windows. An event older than the key's newest one
+(a redelivery, a late spool flush) is handled explicitly by each form below.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right, insort
 from collections import deque
 from collections.abc import Hashable
 from typing import Protocol
+
+from engine.clock import Clock
 
 Key = Hashable
 
@@ -96,11 +104,25 @@ class CountWithin:
         times = self.state.get(key)
         if times is None:
             times = self.state[key] = deque()
+        if times and t < times[-1]:
+            return self._late(times, t)
         times.append(t)
         cutoff = t - self.within
         while times and times[0] <= cutoff:
             times.popleft()
         return len(times) >= self.n
+
+    def _late(self, times: deque[float], t: float) -> bool:
+        """An event older than the key's newest: kept in order, counted over (t - W, t] only.
+
+        Appending it would leave the times unsorted, and the expiry above (which stops
+        at the first unexpired time) would then keep stale times and count too many.
+        """
+        insort(times, t)
+        cutoff = t - self.within
+        while times and times[0] <= cutoff:
+            times.popleft()
+        return bisect_right(times, t) >= self.n
 
     def sweep(self, now: float) -> int:
         stale = [k for k, q in self.state.items() if not q or q[-1] <= now - self.within]
@@ -117,7 +139,8 @@ class Increase:
 
     Only rises are stored, so memory grows with changes, not samples. A value below
     the previous one is a counter reset (driver reload, reboot): the new value itself
-    counts as the rise since the reset, as Prometheus's increase() does.
+    counts as the rise since the reset, as Prometheus's increase() does. A sample older
+    than the key's newest one is ignored.
     """
 
     __slots__ = ("by", "last", "rises", "within")
@@ -132,6 +155,10 @@ class Increase:
         if not hit or value is None:
             return False
         prev = self.last.get(key)
+        if prev is not None and t < prev[0]:
+            # Older than the newest sample: its value is not "after" the newest one, and
+            # taking it as such would read a counter going back as a reset (a false rise).
+            return False
         self.last[key] = (t, value)
         if prev is None:
             return False
@@ -164,18 +191,25 @@ class Absent:
 
     Keys are learned from events, or seeded (from the inventory) so a node that
     never reported is noticed too. `due(now)` fires once per silence; the next event
-    for the key re-arms it.
+    for the key re-arms it. With a clock, an event dated after the clock's now counts
+    as arriving now: a node's own future-dated heartbeat must not push its deadline
+    into the future (which would switch its deadman off).
     """
 
-    __slots__ = ("after", "fired", "last")
+    __slots__ = ("after", "clock", "fired", "last")
 
-    def __init__(self, after: float) -> None:
+    def __init__(self, after: float, clock: Clock | None = None) -> None:
         self.after = after
+        self.clock = clock
         self.last: dict[Key, float] = {}
         self.fired: set[Key] = set()
 
     def observe(self, key: Key, t: float, hit: bool, value: float | None = None) -> bool:
-        if hit and t >= self.last.get(key, float("-inf")):
+        if not hit:
+            return False
+        if self.clock is not None:
+            t = min(t, self.clock.now())
+        if t >= self.last.get(key, float("-inf")):
             self.last[key] = t
             self.fired.discard(key)
         return False
@@ -191,7 +225,13 @@ class Absent:
         return out
 
     def sweep(self, now: float) -> int:
-        return 0  # a silent key is exactly what this form watches; the inventory bounds it
+        # A key that fired stays quiet until its next event, which re-learns it; keeping
+        # it would only grow memory with every name that reported once (unknown hosts).
+        for k in self.fired:
+            del self.last[k]
+        dropped = len(self.fired)
+        self.fired.clear()
+        return dropped
 
     def __len__(self) -> int:
         return len(self.last)

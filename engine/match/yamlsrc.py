@@ -69,3 +69,5 @@ def load_yaml(text: str, file: str) -> Any:
         raise RuleError(f"YAML: {exc.problem}", file=file, line=line) from exc
     except yaml.YAMLError as exc:
         raise RuleError(f"YAML: {exc}", file=file) from exc
+    except (RecursionError, MemoryError) as exc:  # PyYAML composes nested nodes recursively
+        raise RuleError(f"YAML nested too deeply ({type(exc).__name__})", file=file) from exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections import Counter
@@ -14,6 +15,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from engine.bus.conn import AUDIT
+from engine.bus.publish import Publisher
 from engine.models import AuditRecord, subject_token
 
 log = logging.getLogger(__name__)
@@ -24,18 +26,57 @@ def audit_subject(node: str) -> str:
     return f"gpuops.audit.{subject_token(node) if node else '_fleet'}"
 
 
+# A record is small: one decision or run. Oversized fields (a 1 MiB XID message) are cut
+# and their hash kept, so the trail stays under NATS's max payload and still proves
+# what the original was.
+MAX_FIELD_CHARS = 4096
+MAX_LIST_ITEMS = 200
+MAX_RECORD_BYTES = 256 * 1024
+
+
+def _bounded(value: Any, cut: dict[str, str], path: str) -> Any:
+    if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+        cut[path] = hashlib.sha256(value.encode()).hexdigest()
+        return value[:MAX_FIELD_CHARS] + f"... [{len(value)} chars]"
+    if isinstance(value, dict):
+        return {k: _bounded(v, cut, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        items = [_bounded(v, cut, f"{path}[{i}]") for i, v in enumerate(value[:MAX_LIST_ITEMS])]
+        if len(value) > MAX_LIST_ITEMS:
+            cut[path] = f"{len(value)} items"
+        return items
+    return value
+
+
+def bounded(record: AuditRecord) -> bytes:
+    """The record as JSON, with oversized fields cut (and their sha256 kept in `truncated`)."""
+    data = record.model_dump_json().encode()
+    if len(data) <= MAX_RECORD_BYTES and len(record.summary) <= MAX_FIELD_CHARS:
+        return data
+    cut: dict[str, str] = {}
+    body = _bounded(record.body, cut, "body")
+    summary = _bounded(record.summary, cut, "summary")
+    small = record.model_copy(update={"body": {**body, "truncated": cut}, "summary": summary})
+    data = small.model_dump_json().encode()
+    if len(data) > MAX_RECORD_BYTES:  # deep nesting: keep only the hash of the whole body
+        digest = hashlib.sha256(record.model_dump_json().encode()).hexdigest()
+        small = small.model_copy(update={"body": {"truncated": {"body": digest}}})
+        data = small.model_dump_json().encode()
+    return data
+
+
 class Auditor:
-    """Writes audit records to JetStream (awaiting the store's ack) and counts them."""
+    """Writes audit records (awaiting the store's ack) and counts them."""
 
-    def __init__(self, js: JetStreamContext) -> None:
-        self.js = js
+    def __init__(self, publisher: Publisher) -> None:
+        self.publisher = publisher
         self.counts: Counter[str] = Counter()
-        self.listeners: list[Callable[[AuditRecord], None]] = []
+        self.listeners: list[Callable[[AuditRecord], None]] = []  # the demo's live timeline
 
-    async def write(self, record: AuditRecord) -> None:
+    async def write(self, record: AuditRecord, msg_id: str | None = None) -> None:
         """Store one record; the caller acks its input only after this returns."""
         self.counts[record.type] += 1
-        await self.js.publish(audit_subject(record.node), record.model_dump_json().encode())
+        await self.publisher.publish(audit_subject(record.node), bounded(record), msg_id)
         for listener in self.listeners:
             listener(record)
 

@@ -1,84 +1,57 @@
-"""Prometheus metrics, read from the counters the stages already keep (nothing is added
-to the per-event path): events, dead letters, matches, decisions (drops by reason),
-runs by status, consumer lag, breaker state.
+"""Prometheus metrics of one engine, in its own registry.
+
+Stages count into these as they go (a counter increment is a dict update); gauges that
+need a round trip to NATS (consumer lag, breaker state) are refreshed by the engine's
+tick every few seconds, not per event.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
-
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
-if TYPE_CHECKING:
-    from engine.app import App
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 
-class EngineCollector:
-    """Exposes one engine's counters at scrape time."""
+class Metrics:
+    """Every series gpuops exports."""
 
-    def __init__(self, app: App) -> None:
-        self.app = app
-        self.consumer_pending: dict[str, int] = {}
-        self.breaker_open = 0.0
-        self.chatops: Any = None  # the ChatOps server, for its count of rejected requests
-
-    def collect(self) -> Iterator[Metric]:
-        p = self.app.pipeline
-        yield _counter("gpuops_events", "Events handled, by kind", "kind", p.events)
-        dead: dict[str, int] = {}
-        for intake in self.app.intakes:
-            for reason, n in intake.dead.items():
-                dead[reason] = dead.get(reason, 0) + n
-        yield _counter(
-            "gpuops_dead_letters",
-            "Events sent to the dead-letter subject, by reason",
-            "reason",
-            dead,
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.events = Counter("gpuops_events", "Events handled, by kind", ["kind"], registry=r)
+        self.dead_letters = Counter(
+            "gpuops_dead_letters", "Events sent to the dead-letter subject", ["reason"], registry=r
         )
-        yield _counter("gpuops_matches", "Rule matches, by rule", "rule", p.matches)
-        yield _counter(
-            "gpuops_decisions", "Decisions, by reason (drops name theirs)", "reason", p.decisions
+        self.matches = Counter("gpuops_matches", "Rule matches, by rule", ["rule"], registry=r)
+        self.decisions = Counter(
+            "gpuops_decisions", "Decisions, by reason (drops name theirs)", ["reason"], registry=r
         )
-        runs: dict[str, int] = {}
-        for outcome in self.app.executor.outcomes if self.app.executor else []:
-            runs[outcome.status.value] = runs.get(outcome.status.value, 0) + 1
-        yield _counter("gpuops_runs", "Playbook runs, by status", "status", runs)
-        lag = GaugeMetricFamily(
-            "gpuops_consumer_pending",
-            "Messages not yet delivered to a consumer",
-            labels=["consumer"],
+        self.intents = Counter("gpuops_intents", "Intents written to the actions queue", registry=r)
+        self.runs = Counter("gpuops_runs", "Playbook runs, by status", ["status"], registry=r)
+        self.unknown_nodes = Counter(
+            "gpuops_unknown_node_events", "Events about hosts not in the inventory", registry=r
         )
-        for name, n in self.consumer_pending.items():
-            lag.add_metric([name], n)
-        yield lag
-        yield GaugeMetricFamily(
-            "gpuops_breaker_open", "1 when the fleet breaker is open", value=self.breaker_open
+        self.loop_restarts = Counter(
+            "gpuops_loop_restarts", "Engine loops restarted after an error", ["loop"], registry=r
         )
-        rejected = getattr(self.chatops, "rejected", 0)
-        yield CounterMetricFamily(
-            "gpuops_chatops_rejected", "ChatOps requests refused with 401", value=rejected
+        self.consumer_pending = Gauge(
+            "gpuops_consumer_pending", "Messages not yet delivered", ["consumer"], registry=r
         )
-        yield CounterMetricFamily(
-            "gpuops_intents", "Intents written to the actions queue", value=p.intents
+        self.breaker_open = Gauge(
+            "gpuops_breaker_open", "1 when the fleet breaker is open", registry=r
+        )
+        self.nats_connected = Gauge(
+            "gpuops_nats_connected", "1 while NATS is connected", registry=r
         )
 
+    def exposition(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)
 
-def _counter(name: str, doc: str, label: str, values: dict[str, int]) -> CounterMetricFamily:
-    family = CounterMetricFamily(name, doc, labels=[label])
-    for key, n in sorted(values.items()):
-        family.add_metric([key], n)
-    return family
-
-
-def registry_for(collector: EngineCollector) -> CollectorRegistry:
-    """A registry holding only this engine's metrics."""
-    registry = CollectorRegistry()
-    registry.register(collector)
-    return registry
+    def count(self, counter: Counter, label: str | None = None) -> float:
+        """A counter's current value (for tests, the demo and `status`)."""
+        series = counter.labels(label) if label is not None else counter
+        return float(series._value.get())
 
 
 def exposition(registry: CollectorRegistry) -> bytes:
-    """The text exposition format."""
+    """The text exposition format of a registry."""
     return generate_latest(registry)

@@ -3,80 +3,156 @@
     healthy -> suspect -> quarantined -> remediating -> validating -> healthy
               any state -> needs_human (cap reached, ladder ended, validation failed)
 
-`quarantined` in the record says the node was taken out of service (drained), so a
-successful remediation is followed by validation before it returns.
+Transitions are pure functions of a record and what happened (`after_decision`,
+`after_run`, `after_silence`); `NodeStates` applies them with compare-and-set.
+`quarantined` says the node was taken out of service, so a successful remediation is
+followed by validation before it returns.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+from collections.abc import Callable
+from enum import StrEnum
 
-from nats.js.kv import KeyValue
+from pydantic import BaseModel, ConfigDict
 
-from engine.bus.kvjson import cas_json, get_json, keys, kv_key
+from engine.bus.store import KV, Store
+from engine.catalog import Catalog, Effect
+from engine.models import Decision, Reason, RunStatus
 
-log = logging.getLogger(__name__)
 
-HEALTHY, SUSPECT, QUARANTINED = "healthy", "suspect", "quarantined"
-REMEDIATING, VALIDATING, NEEDS_HUMAN = "remediating", "validating", "needs_human"
-STATES = (HEALTHY, SUSPECT, QUARANTINED, REMEDIATING, VALIDATING, NEEDS_HUMAN)
+class NodeState(StrEnum):
+    """Where a node is in its remediation."""
 
-ALLOWED: dict[str, frozenset[str]] = {
-    HEALTHY: frozenset({SUSPECT, QUARANTINED, REMEDIATING, NEEDS_HUMAN}),
-    SUSPECT: frozenset({HEALTHY, QUARANTINED, REMEDIATING, NEEDS_HUMAN}),
-    QUARANTINED: frozenset({REMEDIATING, NEEDS_HUMAN, HEALTHY}),
-    REMEDIATING: frozenset({VALIDATING, HEALTHY, SUSPECT, QUARANTINED, NEEDS_HUMAN}),
-    VALIDATING: frozenset({HEALTHY, NEEDS_HUMAN, REMEDIATING, QUARANTINED}),
-    NEEDS_HUMAN: frozenset({HEALTHY}),  # only a person brings a node back from here
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"
+    QUARANTINED = "quarantined"
+    REMEDIATING = "remediating"
+    VALIDATING = "validating"
+    NEEDS_HUMAN = "needs_human"
+
+
+S = NodeState
+ALLOWED: dict[NodeState, frozenset[NodeState]] = {
+    S.HEALTHY: frozenset({S.SUSPECT, S.QUARANTINED, S.REMEDIATING, S.NEEDS_HUMAN}),
+    S.SUSPECT: frozenset({S.HEALTHY, S.QUARANTINED, S.REMEDIATING, S.NEEDS_HUMAN}),
+    S.QUARANTINED: frozenset({S.REMEDIATING, S.NEEDS_HUMAN, S.HEALTHY}),
+    S.REMEDIATING: frozenset({S.VALIDATING, S.HEALTHY, S.SUSPECT, S.QUARANTINED, S.NEEDS_HUMAN}),
+    S.VALIDATING: frozenset({S.HEALTHY, S.NEEDS_HUMAN, S.REMEDIATING, S.QUARANTINED}),
+    # Only a person brings a node back from here (undrain runs return_to_service).
+    S.NEEDS_HUMAN: frozenset({S.REMEDIATING, S.HEALTHY}),
 }
 
 
+class NodeRecord(BaseModel):
+    """One node's state, why it is there, and since when."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    state: NodeState = NodeState.HEALTHY
+    since: float = 0.0
+    why: str = ""
+    quarantined: bool = False
+    previous: NodeState | None = None
+
+
+def moved(
+    record: NodeRecord, to: NodeState, why: str, at: float, quarantined: bool | None = None
+) -> NodeRecord | None:
+    """The record after moving to `to`, or None when the machine does not allow it."""
+    if record.state is not to and to not in ALLOWED[record.state]:
+        return None
+    flag = record.quarantined if quarantined is None else quarantined
+    if record.state is to and record.quarantined == flag:
+        return None
+    return NodeRecord(
+        node=record.node, state=to, since=at, why=why, quarantined=flag, previous=record.state
+    )
+
+
+def after_decision(
+    record: NodeRecord, d: Decision, catalog: Catalog, at: float
+) -> NodeRecord | None:
+    """What a decision does to the node's state."""
+    m = d.match
+    plays = [a.playbook for a in d.actions]
+    if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
+        return moved(record, S.NEEDS_HUMAN, d.detail, at)
+    if d.accepted and catalog.takes_out(plays):
+        return moved(record, S.QUARANTINED, f"{m.rule}: {', '.join(plays)}", at, quarantined=True)
+    returning = any((s := catalog.get(p)) is not None and s.effect is Effect.RETURN for p in plays)
+    if d.accepted and not returning:
+        return (
+            moved(record, S.SUSPECT, f"{m.rule}: {', '.join(plays)}", at)
+            if record.state is S.HEALTHY
+            else None
+        )
+    if d.reason is Reason.NO_ACTION and record.state is S.HEALTHY:
+        return moved(record, S.SUSPECT, m.rule, at)
+    return None
+
+
+def after_run_started(record: NodeRecord, playbook: str, at: float) -> NodeRecord | None:
+    """A playbook began on the node."""
+    return moved(record, S.REMEDIATING, f"{playbook} running", at)
+
+
+def after_run(
+    record: NodeRecord, playbook: str, status: RunStatus, catalog: Catalog, rule: str, at: float
+) -> NodeRecord | None:
+    """Validate a node that was taken out; return others to healthy; a failure steps back."""
+    spec = catalog.get(playbook)
+    if status is RunStatus.INTERRUPTED:
+        why = f"{playbook} was interrupted (engine or executor died mid-run): check the node"
+        return moved(record, S.NEEDS_HUMAN, why, at)
+    if status is not RunStatus.SUCCESSFUL:
+        back = S.QUARANTINED if record.quarantined else S.SUSPECT
+        return moved(record, back, f"{playbook} {status.value}", at)
+    if spec is not None and spec.effect is Effect.ISOLATE:
+        why = f"drained after {rule}: fix the cause, then undrain {record.node}"
+        return moved(record, S.NEEDS_HUMAN, why, at, quarantined=True)
+    if spec is not None and spec.effect is Effect.RETURN:
+        return moved(record, S.HEALTHY, "probe passed; returned to service", at, quarantined=False)
+    if record.quarantined and spec is not None and spec.validate_after:
+        return moved(record, S.VALIDATING, f"{playbook} succeeded; probing", at)
+    return moved(record, S.HEALTHY, f"{playbook} succeeded", at)
+
+
+def after_silence(record: NodeRecord, at: float, limit_s: float) -> NodeRecord | None:
+    """A node under validation whose probe never answered goes to a person."""
+    if record.state is not S.VALIDATING or at - record.since <= limit_s:
+        return None
+    why = f"no validation probe answer within {limit_s:.0f}s of {record.why.split(';')[0]}"
+    return moved(record, S.NEEDS_HUMAN, why, at)
+
+
+Transition = Callable[[NodeRecord], "NodeRecord | None"]
+
+
 class NodeStates:
-    """Reads and moves node states with compare-and-set."""
+    """Reads node records and applies transitions with compare-and-set."""
 
-    def __init__(self, kv: KeyValue) -> None:
-        self.kv = kv
+    def __init__(self, kv: KV) -> None:
+        self.store: Store[NodeRecord] = Store(kv, NodeRecord, "state")
 
-    async def get(self, node: str) -> dict[str, Any]:
+    async def get(self, node: str) -> NodeRecord:
         """A node's record; healthy when never written."""
-        value, _ = await get_json(self.kv, kv_key("state", node))
-        return value or {
-            "node": node,
-            "state": HEALTHY,
-            "since": 0.0,
-            "why": "",
-            "quarantined": False,
-        }
+        value, _ = await self.store.get(node)
+        return value or NodeRecord(node=node)
 
-    async def move(self, node: str, to: str, why: str, at: float, **extra: Any) -> bool:
-        """Move `node` to `to` if the machine allows it; False (and a log line) if not."""
-        for _ in range(5):
-            value, rev = await get_json(self.kv, kv_key("state", node))
-            current = value or {"node": node, "state": HEALTHY, "quarantined": False}
-            if current["state"] == to and not extra:
-                return True
-            if current["state"] != to and to not in ALLOWED[current["state"]]:
-                log.info("node %s: %s -> %s not allowed (%s)", node, current["state"], to, why)
-                return False
-            record = {
-                **current,
-                **extra,
-                "node": node,
-                "state": to,
-                "since": at,
-                "why": why,
-                "previous": current["state"],
-            }
-            if await cas_json(self.kv, kv_key("state", node), record, rev):
-                return True
-        return False
+    async def apply(self, node: str, change: Transition) -> NodeRecord | None:
+        """Apply a transition (retrying on a concurrent write); the new record, if it moved."""
+        result: list[NodeRecord] = []
 
-    async def all(self) -> list[dict[str, Any]]:
+        def step(current: NodeRecord | None) -> NodeRecord | None:
+            new = change(current or NodeRecord(node=node))
+            result[:] = [new] if new is not None else []
+            return new
+
+        await self.store.update(step, node)
+        return result[0] if result else None
+
+    async def all(self) -> list[NodeRecord]:
         """Every node that ever left healthy, with its current record."""
-        out = []
-        for key in await keys(self.kv, "state."):
-            value, _ = await get_json(self.kv, key)
-            if value is not None:
-                out.append(value)
-        return out
+        return [r for _, r in await self.store.all()]

@@ -17,6 +17,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from engine.bus.conn import EVENTS, Bus
+from engine.bus.publish import JetStreamPublisher
 from engine.bus.server import EmbeddedNats
 from engine.clock import ManualClock
 from engine.commands import Caller, Commands
@@ -51,7 +52,9 @@ class Endpoint:
         )
         inventory = load_inventory(fleet.root / "inventory")
         commands = Commands(bus, self.clock, inventory, self.settings)
-        self.chatops = Chatops(commands, self.settings, Auditor(bus.js), self.clock, self.registry)
+        self.chatops = Chatops(
+            commands, self.settings, Auditor(JetStreamPublisher(bus.js)), self.clock, self.registry
+        )
         self.server = HttpServer(self.registry, lambda: (True, {}), [self.chatops.mount])
         self.url = ""
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import sys
+
 import pytest
 
-from engine.match.expr import compile_condition, render
+from engine.match.expr import MAX_SOURCE, check_size, compile_condition, render
 
 FIELDS = frozenset({"temp_c", "temp_slowdown_c", "clocks_event_reasons", "node", "uuid", "xid"})
 TEXT = frozenset({"node", "uuid"})
@@ -72,3 +75,39 @@ def test_render_fills_only_plain_names() -> None:
         "reason": "GPU 3 at 88.5 C"
     }
     assert render("{{ gpu.__class__ }}", fact) == "{{ gpu.__class__ }}"
+
+
+def test_deep_condition_is_refused_naming_its_depth_and_the_limit() -> None:
+    # The rule from issue 10: 250 terms made the checker recurse past Python's limit.
+    source = "temp_c > " + "+".join(["1"] * 250)
+    with pytest.raises(ValueError, match=r"condition too deep \(252 levels, limit 32\)"):
+        compile_condition(source, FIELDS)
+
+
+def test_wide_condition_is_refused_by_node_count() -> None:
+    source = "xid in [" + ", ".join(["1"] * 450) + "]"  # shallow, but 450 constants
+    with pytest.raises(ValueError, match=r"condition too large \(\d+ nodes, limit 400\)"):
+        compile_condition(source, FIELDS)
+
+
+def test_long_condition_is_refused_by_length() -> None:
+    source = "temp_c > 1" + " " * MAX_SOURCE
+    with pytest.raises(
+        ValueError, match=rf"condition too long \(\d+ characters, limit {MAX_SOURCE}\)"
+    ):
+        compile_condition(source, FIELDS)
+
+
+def test_size_check_walks_trees_deeper_than_the_recursion_limit() -> None:
+    # The limit check must come first and never recurse itself, however deep the tree.
+    tree: ast.expr = ast.Constant(1)
+    for _ in range(sys.getrecursionlimit() * 5):
+        tree = ast.BinOp(left=tree, op=ast.Add(), right=ast.Constant(1))
+    with pytest.raises(ValueError, match="too deep"):
+        check_size(ast.Expression(body=tree))
+
+
+def test_conditions_within_the_limits_compile_and_evaluate() -> None:
+    source = "temp_c > " + "+".join(["1"] * 20) + " and xid in [" + ", ".join("1" * 90) + "]"
+    assert compile_condition(source, FIELDS)({"temp_c": 21, "xid": 1}) is True
+    assert compile_condition(source, FIELDS)({"temp_c": 20, "xid": 1}) is False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine.clock import ManualClock
 from engine.match.loader import load_rules
 from engine.match.matcher import Matcher
 from engine.models import EVENT_ADAPTER
@@ -77,12 +78,13 @@ def test_sustained_heat_fires_after_the_for_duration() -> None:
     assert first == 60
 
 
-def test_sweeping_during_a_backlog_keeps_windows_on_event_time() -> None:
-    # After an outage the engine reads a backlog of old samples; eviction of quiet keys
-    # must follow event time, or a minute of old heat would be swept away mid-run.
-    matcher = Matcher(load_rules([ROOT / "rules"], ROOT / "playbooks"))
-    rec = json.loads(TRACE.read_text().splitlines()[0])
+def test_sweeping_during_a_backlog_keeps_each_keys_windows() -> None:
+    # After an outage the engine reads a backlog of samples minutes old while its clock is
+    # now: eviction of quiet keys must not sweep a minute of old heat away mid-run.
     start = 1_800_000_000.0
+    clock = ManualClock(start + 300.0)  # five minutes behind
+    matcher = Matcher(load_rules([ROOT / "rules"], ROOT / "playbooks"), clock)
+    rec = json.loads(TRACE.read_text().splitlines()[0])
     fired = []
     for second in range(0, 70, 5):
         fired += [
@@ -90,5 +92,23 @@ def test_sweeping_during_a_backlog_keeps_windows_on_event_time() -> None:
         ]
         matcher.sweep()  # what the engine's tick does, at any moment
     assert "gpu-overheat" in fired
-    matcher.sweep(start + 10_000)  # keys quiet for longer than every window are evicted
+    clock.advance(10_000)
+    matcher.sweep()  # keys quiet for longer than every window (and the grace) are evicted
     assert matcher.state_size() == 0
+
+
+def test_one_keys_future_event_moves_no_other_keys_windows() -> None:
+    start = 1_800_000_000.0
+    clock = ManualClock(start)
+    matcher = Matcher(load_rules([ROOT / "rules"], ROOT / "playbooks"), clock)
+    rec = json.loads(TRACE.read_text().splitlines()[0])
+    far = _telemetry(start + 365 * 86400.0, {**rec, "t": 0}, temp_c=88)
+    matcher.match(far.model_copy(update={"node": "ghost"}))
+    fired = []
+    for second in range(0, 70, 5):
+        clock.set(start + second)
+        fired += [
+            m.rule for m in matcher.match(_telemetry(start + second, {**rec, "t": 0}, temp_c=88))
+        ]
+        matcher.sweep()
+    assert "gpu-overheat" in fired

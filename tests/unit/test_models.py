@@ -73,3 +73,57 @@ def test_schema_lists_every_kind() -> None:
     schema = json.dumps(event_json_schema())
     for kind in ("telemetry", "xid", "probe", "heartbeat", "drift", "chatops"):
         assert f'"{kind}"' in schema
+
+
+def _telemetry(temp: str) -> bytes:
+    event = {**XID, "kind": "telemetry", "data": {"gpus": [{"index": 0, "temp_c": 1}]}}
+    return json.dumps(event).replace('"temp_c": 1', f'"temp_c": {temp}').encode()
+
+
+@pytest.mark.parametrize(
+    "temp", ["NaN", "Infinity", "-Infinity", "1e400", "1" + "0" * 400, "1e300"]
+)
+def test_numbers_that_are_not_finite_or_sane_are_schema_dead_letters(temp: str) -> None:
+    assert decode(_telemetry("88.5")).kind == "telemetry"  # the same event with a real reading
+    with pytest.raises(EventError) as caught:
+        decode(_telemetry(temp))
+    assert caught.value.reason == "schema"
+
+
+@pytest.mark.parametrize(
+    "data",
+    ['{"gpu": 0, "xid": 1' + "0" * 400 + "}", '{"setting": "x", "expected": [1, NaN]}'],
+)
+def test_integers_beyond_64_bits_and_nan_in_any_field_are_refused(data: str) -> None:
+    kind = "xid" if "xid" in data else "drift"
+    payload = json.dumps({**XID, "kind": kind, "data": {}}).replace('"data": {}', f'"data": {data}')
+    with pytest.raises(EventError) as caught:
+        decode(payload.encode())
+    assert caught.value.reason == "schema"
+
+
+def test_event_from_the_future_is_refused_beyond_the_skew() -> None:
+    payload = json.dumps(XID).encode()
+    t = decode(payload).epoch
+    assert decode(payload, now=t - 299.0, max_future_s=300.0).epoch == t
+    with pytest.raises(EventError) as caught:
+        decode(payload, now=t - 301.0, max_future_s=300.0)
+    assert caught.value.reason == "future"
+    assert decode(payload).epoch == t, "without the clock there is nothing to compare with"
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "gpuops.events.xid.node-001.x",  # an extra token used to skip the check
+        "gpuops.events.xid.node-001.node-002",
+        "gpuops.events.xid",
+        "gpuops.telemetry.node-001.x",
+        "other.events.xid.node-001",
+    ],
+)
+def test_subject_that_is_not_exactly_an_intake_subject_is_a_mismatch(subject: str) -> None:
+    with pytest.raises(EventError) as caught:
+        decode(json.dumps(XID).encode(), subject)
+    assert caught.value.reason == "subject_mismatch"
+    assert decode(json.dumps(XID).encode(), "gpuops.events.xid.node-001").node == "node-001"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine.errors import RuleError, RuleSetError
-from engine.match.loader import load_rules
+from engine.match.loader import build_all, load_rules
+from engine.match.yamlsrc import LineDict, load_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BAD = Path(__file__).resolve().parent / "bad_rules"
@@ -28,6 +29,9 @@ CASES = {
     "gpu_group_on_heartbeat.yml": "4: rule beat: group_by gpu: 'heartbeat' events carry no gpu",
     "template_field.yml": "5: rule hot: vars: unknown field 'temperature' in template",
     "two_forms.yml": "6: rule hot: use one temporal form, not for and absent",
+    "deep_condition.yml": "5: rule deep: when: condition too deep (252 levels, limit 32)",
+    "deep_vars.yml": "4: rule nested: vars nested too deeply (limit 8 levels)",
+    "nan_duration.yml": "5: rule never: for: bad duration nan: must be a finite number",
 }
 
 
@@ -71,3 +75,33 @@ def test_durations_are_seconds(tmp_path: Path) -> None:
     )
     rule = load_rules([tmp_path], None).rules[0]
     assert (rule.count, rule.within_s, rule.cooldown_s) == (3, 5400.0, 0.5)
+
+
+def test_any_failure_building_a_rule_is_that_rules_error() -> None:
+    # Whatever a rule does to the compiler, the load reports it; it never raises past.
+    doc = load_yaml("rules:\n  - name: ok\n    on: xid\n  - name: boom\n    on: xid\n", "r.yml")
+
+    def build(raw: LineDict, file: str, playbooks: Path | None) -> str:
+        if raw["name"] == "boom":
+            raise RecursionError("maximum recursion depth exceeded")
+        return str(raw["name"])
+
+    errors: list[RuleError] = []
+    assert build_all(doc["rules"], build, "r.yml", None, errors) == ["ok"]
+    assert [str(e) for e in errors] == [
+        "r.yml:4: rule boom: cannot compile (RecursionError: maximum recursion depth exceeded)"
+    ]
+
+
+def test_deeply_nested_yaml_is_a_rule_error(tmp_path: Path) -> None:
+    path = tmp_path / "r.yml"
+    path.write_text("rules:\n  - name: a\n    on: xid\n    description: " + "[" * 400 + "]" * 400)
+    with pytest.raises(RuleError, match="YAML nested too deeply"):
+        load_rules([path], None)
+
+
+def test_file_that_is_not_utf8_is_a_rule_error(tmp_path: Path) -> None:
+    path = tmp_path / "r.yml"
+    path.write_bytes(b"rules:\n  - name: a\n    on: xid\n    description: \xff\xfe\n")
+    with pytest.raises(RuleError, match=r"r.yml:4: not UTF-8"):
+        load_rules([path], None)

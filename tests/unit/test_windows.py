@@ -7,6 +7,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.clock import ManualClock
 from engine.match.windows import Absent, CountWithin, HeldFor, Increase
 
 # Gaps between samples: mostly small, sometimes a long jump (an outage, a clock step).
@@ -105,3 +106,59 @@ def test_quiet_keys_are_evicted() -> None:
     assert len(window) == 1000
     assert window.sweep(100.0) == 1000
     assert len(window) == 0
+
+
+def test_count_within_late_event_counts_only_its_own_window() -> None:
+    # Appended unsorted behind 200, 60 stopped expiry there and was counted later, at 210.
+    window = CountWithin(3, 50.0)
+    assert window.observe("k", 100.0, True) is False
+    assert window.observe("k", 200.0, True) is False
+    assert window.observe("k", 60.0, True) is False  # only 60 lies in (10, 60]
+    assert list(window.state["k"]) == sorted(window.state["k"])
+    assert window.observe("k", 210.0, True) is False  # 200 and 210: still two
+    assert window.observe("k", 220.0, True) is True
+
+
+@settings(max_examples=200)
+@given(st.permutations(list(range(0, 300, 7))), st.integers(1, 5), st.integers(1, 100))
+def test_count_within_never_overcounts_events_out_of_order(
+    times: list[int], n: int, within: int
+) -> None:
+    window = CountWithin(n, float(within))
+    seen: list[float] = []
+    for t in map(float, times):
+        seen.append(t)
+        in_window = sum(1 for s in seen if t - within < s <= t)
+        if window.observe("k", t, True):
+            assert in_window >= n, (t, seen)
+
+
+def test_increase_ignores_a_sample_older_than_the_newest() -> None:
+    # A late 990 after 1000 is not a counter reset: read as one, it rose by 990 at once.
+    window = Increase(100.0, 3600.0)
+    window.observe("k", 100.0, True, 1000.0)
+    assert window.observe("k", 50.0, True, 990.0) is False
+    assert window.last["k"] == (100.0, 1000.0)
+    assert window.observe("k", 110.0, True, 1010.0) is False  # a rise of 10, not 20 or 990
+    assert window.observe("k", 120.0, True, 1100.0) is True
+
+
+def test_absent_counts_a_future_hit_as_arriving_now() -> None:
+    clock = ManualClock(1_800_000_000.0)
+    window = Absent(90.0, clock)
+    window.observe("n1", clock.now() + 365 * 86400.0, True)  # the node's clock is a year off
+    assert window.last["n1"] == clock.now()
+    clock.advance(91.0)
+    assert window.due(clock.now()) == ["n1"]
+
+
+def test_absent_forgets_keys_that_fired_until_they_report_again() -> None:
+    window = Absent(90.0)
+    for node in range(1000):
+        window.observe(f"ghost-{node}", 0.0, True)
+    window.observe("live", 100.0, True)
+    assert len(window.due(120.0)) == 1000
+    assert window.sweep(120.0) == 1000
+    assert list(window.last) == ["live"]
+    window.observe("ghost-1", 130.0, True)  # the next event re-arms it
+    assert window.due(300.0) == ["live", "ghost-1"]

@@ -7,14 +7,12 @@ from pathlib import Path
 import pytest
 
 from engine.clock import ManualClock
-from engine.decide.cooldown import Cooldown
-from engine.decide.inventory import KnownNode
 from engine.decide.stage import Decider
-from engine.decide.stale import StaleCutoff
 from engine.inventory import Inventory
 from engine.match.loader import load_rules
 from engine.match.rules import Rule
 from engine.models import Match, Reason
+from tests.unit.decide.helpers import engine_on
 
 RULES = """
 rules:
@@ -51,7 +49,7 @@ def _match(rule: str, node: str = "node-001", ts: float = 1000.0) -> Match:
         node=node,
         gpu=3,
         key=f"{node}/3",
-        event_id="e",
+        event_id=f"e-{node}-{ts}",
         event_ts=ts,
         at=ts,
         facts={"node": node, "gpu": 3, "temp_c": 90.5},
@@ -60,8 +58,9 @@ def _match(rule: str, node: str = "node-001", ts: float = 1000.0) -> Match:
 
 def _decider(clock: ManualClock, dry_run: bool = False) -> Decider:
     inventory = Inventory(Path("inv"), frozenset({"node-001"}), {}, {})
-    stages = [KnownNode(inventory), StaleCutoff(300.0), Cooldown()]
-    return Decider(stages, clock, dry_run)
+    return engine_on(
+        clock, inventory=inventory, dry_run=dry_run, stale_after_s=300.0, lock_lease_s=1.0
+    ).pipeline.decider
 
 
 async def test_accepted_match_renders_its_vars(rules: dict[str, Rule]) -> None:

@@ -1,0 +1,46 @@
+"""Where the pipeline's output goes: JetStream, or a list (shadow runs and tests).
+
+Every message that must not be stored twice carries a `Nats-Msg-Id`; the memory
+publisher honours it the way JetStream's duplicate window does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nats.js import JetStreamContext
+
+
+class Publisher(Protocol):
+    """Stores a message and returns once it is stored."""
+
+    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
+        """Store `payload` on `subject`, once per `msg_id`."""
+        ...
+
+
+class JetStreamPublisher:
+    """Publishes to JetStream and awaits the store's ack."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self.js = js
+
+    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
+        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        await self.js.publish(subject, payload, headers=headers)
+
+
+@dataclass
+class MemoryPublisher:
+    """Keeps what was published, in order, deduplicated by message id."""
+
+    messages: list[tuple[str, bytes]] = field(default_factory=list)
+    _seen: set[str] = field(default_factory=set)
+
+    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
+        if msg_id is not None:
+            if msg_id in self._seen:
+                return
+            self._seen.add(msg_id)
+        self.messages.append((subject, payload))
