@@ -114,7 +114,5 @@ def counted(counter: Any, label: str | None = None) -> float:
 async def run_outcomes(bus: Bus, node: str | None = None) -> list[RunOutcome]:
     """Every playbook run in the audit trail (optionally one node's), oldest first."""
     return [
-        RunOutcome.model_validate(r.body)
-        async for r in read_audit(bus.js, node)
-        if r.type == "run"
+        RunOutcome.model_validate(r.body) async for r in read_audit(bus.js, node) if r.type == "run"
     ]

@@ -1,4 +1,4 @@
-"""Approvals end to end in a running engine: approve writes the intents (and closes a
+"""Approvals end to end in a running engine: approve decides the match again (and closes a
 half-open breaker), deny and timeout run nothing; notifications retry with backoff."""
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from engine.bus.conn import ACTIONS, Bus
 from engine.bus.server import EmbeddedNats
 from engine.clock import ManualClock
 from engine.commands import Caller
-from engine.decide.breaker import HALF_OPEN
+from engine.decide.approval import ApprovalStatus
+from engine.decide.breaker import BreakerState
+from engine.intake.answers import settle_approvals
 from engine.models import Match, Reason
 from engine.sim.fleet import SimFleet
-from tests.conftest import calls, engine_settings, running_engine, wait_for
+from tests.conftest import calls, counted, engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration
 ALICE = Caller(user="alice", platform="cli")
@@ -44,24 +46,25 @@ async def test_half_open_breaker_action_runs_after_approval_and_closes_it(
 ) -> None:
     settings = engine_settings(tmp_path, fleet, nats_server.url)
     async with running_engine(settings, bus) as app:
-        await app.breaker.set_state(HALF_OPEN, "test", app.clock.now(), "alice")
-        await app.pipeline.handle_match(_overheat("node-001", app.clock.now()))
-        assert app.pipeline.decisions[Reason.APPROVAL_PENDING.value] == 1
-        [(record, _)] = await app.approvals.all()
+        engine = app.engine
+        await engine.breaker.set_state(BreakerState.HALF_OPEN, "test", app.clock.now(), "alice")
+        await engine.pipeline.handle_match(_overheat("node-001", app.clock.now()))
+        assert counted(engine.metrics.decisions, Reason.APPROVAL_PENDING.value) == 1
+        [record] = await engine.approvals.all()
         assert (await bus.js.stream_info(ACTIONS)).state.messages == 0, (
             "nothing runs before approval"
         )
         assert any(
-            m["topic"] == "approval needed" and record["id"] in m["text"] for m in app.notifier.sent
+            m["topic"] == "approval needed" and record.id in m["text"] for m in app.notifier.sent
         )
-        reply = await app.commands().run(f"approve {record['id']}", ALICE)
-        assert reply.startswith(f"approved {record['id']}")
+        reply = await app.commands().run(f"approve {record.id}", ALICE)
+        assert reply.startswith(f"approved {record.id}")
         await wait_for(
             lambda: any("state=drain" in " ".join(c) for c in calls(fleet, "node-001", "scontrol")),
             30,
         )
-        state, _ = await app.breaker.get()
-        assert state["state"] == "closed" and "alice" in state["why"]
+        state, _ = await engine.breaker.get()
+        assert state.state is BreakerState.CLOSED and "alice" in state.why
 
 
 async def test_denied_and_expired_approvals_run_nothing(
@@ -70,16 +73,17 @@ async def test_denied_and_expired_approvals_run_nothing(
     settings = engine_settings(tmp_path, fleet, nats_server.url)
     clock = ManualClock(1_800_000_000.0)
     async with running_engine(settings, bus, clock) as app:
-        await app.breaker.set_state(HALF_OPEN, "test", clock.now(), "alice")
-        await app.pipeline.handle_match(_overheat("node-001", clock.now()))
-        await app.pipeline.handle_match(_overheat("node-002", clock.now()))
-        first, second = sorted((r for r, _ in await app.approvals.all()), key=lambda r: r["node"])
-        assert (await app.commands().run(f"deny {first['id']}", ALICE)).startswith("denied")
+        engine = app.engine
+        await engine.breaker.set_state(BreakerState.HALF_OPEN, "test", clock.now(), "alice")
+        await engine.pipeline.handle_match(_overheat("node-001", clock.now()))
+        await engine.pipeline.handle_match(_overheat("node-002", clock.now()))
+        first, second = sorted(await engine.approvals.all(), key=lambda r: r.node)
+        assert (await app.commands().run(f"deny {first.id}", ALICE)).startswith("denied")
         clock.advance(settings.safety.approval_timeout_s + 1)
-        await app.settle_approvals()
-        statuses = {r["node"]: r["status"] for r, _ in await app.approvals.all()}
-        assert statuses == {"node-001": "denied", "node-002": "expired"}
-        too_late = await app.commands().run(f"approve {second['id']}", ALICE)
+        await settle_approvals(engine.approvals, engine.pipeline, clock)
+        statuses = {r.node: r.status for r in await engine.approvals.all()}
+        assert statuses == {"node-001": ApprovalStatus.DENIED, "node-002": ApprovalStatus.EXPIRED}
+        too_late = await app.commands().run(f"approve {second.id}", ALICE)
         assert "is already expired" in too_late
         assert any(m["topic"] == "approval expired" for m in app.notifier.sent)
     assert (await bus.js.stream_info(ACTIONS)).state.messages == 0

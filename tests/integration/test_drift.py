@@ -8,10 +8,10 @@ import pytest
 
 from engine.bus.conn import Bus
 from engine.bus.server import EmbeddedNats
-from engine.decide.approval import PENDING
+from engine.decide.approval import ApprovalStatus
 from engine.record.audit import read_audit
 from engine.sim.fleet import SimFleet
-from tests.conftest import engine_settings, running_engine, wait_for
+from tests.conftest import counted, engine_settings, run_outcomes, running_engine, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -35,17 +35,17 @@ async def test_drift_found_fixed_where_safe_approval_for_the_rest(
         assert "6 hosts, 3 drifted, 1 unreachable" in reply
         assert "node-ghost: unreachable" in reply
         assert "node-002: persistence_mode[gpu 1] Disabled!=Enabled" in reply
-        await wait_for(lambda: app.executor is not None and len(app.executor.outcomes) >= 2, 60)
-        approvals = [r for r, _ in await app.approvals.all()]
+        await wait_for(lambda: counted(app.engine.metrics.runs) >= 2, 60)
         await wait_for(lambda: any(m["topic"] == "approval needed" for m in app.notifier.sent), 10)
+        approvals = await app.engine.approvals.all()
 
         again = await app.run_drift_check("all")
     assert "6 hosts, 1 drifted" in again and "node-004: ecc_mode" in again, again
     assert fleet.state("node-002")["gpus"][1]["persistence_mode"] is True
     assert fleet.state("node-003")["gpus"][0]["power_limit_w"] == 700.0
     assert fleet.state("node-004")["gpus"][0]["ecc_mode"] is False, "not changed without approval"
-    assert [(a["node"], a["status"]) for a in approvals] == [("node-004", PENDING)]
-    fixes = {o.node: o for o in app.executor.outcomes}
+    assert [(a.node, a.status) for a in approvals] == [("node-004", ApprovalStatus.PENDING)]
+    fixes = {o.node: o for o in await run_outcomes(bus)}
     assert set(fixes) == {"node-002", "node-003"}
     assert all(o.playbook == "baseline.yml" and o.status == "successful" for o in fixes.values())
     summaries = [r.body["drift_check"] async for r in read_audit(bus.js) if "drift_check" in r.body]

@@ -9,14 +9,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from engine.bus.conn import Bus
+from engine.bus.conn import ACTIONS, Bus
 from engine.bus.server import EmbeddedNats
 from engine.clock import ScaledClock
-from engine.decide.breaker import BreakerStore
+from engine.decide.breaker import BreakerState
 from engine.sim.driver import SimDriver
 from engine.sim.fleet import SimFleet
 from engine.sim.scenario import load_scenario
-from tests.conftest import calls, engine_settings, running_engine, wait_for
+from tests.conftest import calls, counted, engine_settings, run_outcomes, running_engine, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -58,9 +58,11 @@ async def test_storm_stops_at_the_breaker_limit_and_notifies(
         async with running_engine(settings, bus, clock) as app:
             driver = SimDriver(fleet, bus, clock, storm, probe_s=0)
             feeder = asyncio.create_task(driver.run(app.stop))
-            await wait_for(lambda: app.pipeline.decisions["breaker_open"] >= 4, 60)
-            await wait_for(lambda: app.executor is not None and len(app.executor.outcomes) >= 2, 60)
-            await asyncio.sleep(2.0)  # room for a wrong extra run to show up
+            metrics = app.engine.metrics
+            await wait_for(lambda: counted(metrics.decisions, "breaker_open") >= 4, 60)
+            await wait_for(lambda: counted(metrics.runs) >= 2, 60)
+            await wait_for(lambda: _queue_empty(bus), 60)
+            intents = counted(metrics.intents)
             app.stop.set()
             await feeder
             await wait_for(lambda: any("breaker open" in m["text"] for m in received), 10)
@@ -68,7 +70,12 @@ async def test_storm_stops_at_the_breaker_limit_and_notifies(
         await runner.cleanup()
     drained = [n for n in fleet.nodes if calls(fleet, n, "scontrol")]
     assert len(drained) == 2, drained
-    assert app.executor is not None and len(app.executor.outcomes) == 2
-    state, _ = await BreakerStore(bus.kv["control"]).get()
-    assert state["state"] == "open" and "limit 2" in state["why"]
+    assert intents == 2, "no intent beyond the breaker's limit was ever written"
+    assert len(await run_outcomes(bus)) == 2
+    state, _ = await app.engine.breaker.get()
+    assert state.state is BreakerState.OPEN and "limit 2" in state.why
     assert "secret-token" not in caplog.text, "a webhook URL never reaches a log"
+
+
+async def _queue_empty(bus: Bus) -> bool:
+    return (await bus.js.stream_info(ACTIONS)).state.messages == 0
