@@ -29,8 +29,9 @@ from engine.clock import Clock
 from engine.commands import DRY_RUN_KEY, Commands, Switch
 from engine.decide.breaker import BreakerState
 from engine.errors import EngineError
+from engine.http import HttpServer
 from engine.intake.answers import settle_approvals
-from engine.intake.chatops import ChatopsServer
+from engine.intake.chatops import Chatops
 from engine.intake.consumer import Intake
 from engine.intake.scheduler import DriftScheduler
 from engine.inventory import Inventory, load_inventory
@@ -216,15 +217,12 @@ class App:
             self.settings.drift.grace_s,
         )
 
-    async def _start_http(self) -> ChatopsServer:
-        server = ChatopsServer(
-            self.commands(),
-            self.settings.chatops,
-            self.engine.auditor,
-            self.clock,
-            metrics=self.engine.metrics.exposition,
-            healthy=lambda: self.health()[0],
+    async def _start_http(self) -> HttpServer:
+        registry = self.engine.metrics.registry
+        chatops = Chatops(
+            self.commands(), self.settings.chatops, self.engine.auditor, self.clock, registry
         )
+        server = HttpServer(registry, self.health, mounts=[chatops.mount])
         self.http_port = await server.start(self.settings.http or "127.0.0.1:0")
         return server
 

@@ -1,8 +1,10 @@
 """The commands people give, from ChatOps or the CLI, with their permissions.
 
 Every command works through the bus and its KV buckets, so it acts the same from a
-chat, from a terminal, or from another replica. Each one is also published as a
-`chatops` event, so rules can match commands too.
+chat, from a terminal, or from another replica. Each command that is allowed and well
+formed is also published as a `chatops` event, so rules can match commands too: that
+event is how `drain` and `undrain` reach the engine, which decides them through its
+built-in rules and every safety stage (node lock, fleet breaker) like any other action.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import shlex
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -30,23 +33,6 @@ from engine.record.audit import Auditor, read_audit
 from engine.record.nodestate import NodeState, NodeStates
 from engine.settings import ChatopsSettings
 
-# Commands that only read may be used by anyone who passed verification; the others
-# must be granted to users or channels in settings.
-READ_ONLY = frozenset({"status", "history", "help"})
-USAGE = {
-    "status": "status",
-    "history": "history NODE",
-    "drain": "drain NODE REASON",
-    "undrain": "undrain NODE",
-    "approve": "approve ID",
-    "deny": "deny ID",
-    "silence": "silence TARGET DURATION REASON",
-    "unsilence": "unsilence ID",
-    "breaker": "breaker reset|half-open",
-    "drift-check": "drift-check [GROUP]",
-    "dry-run": "dry-run on|off",
-    "help": "help",
-}
 DRY_RUN_KEY = "dry_run"
 
 
@@ -72,17 +58,39 @@ class CommandError(EngineError):
     """A command that cannot be carried out; the message goes back to the person."""
 
 
-def allowed(command: str, caller: Caller, settings: ChatopsSettings) -> str | None:
+class Access(StrEnum):
+    """Who may run a command when settings do not name its users or channels."""
+
+    READ_ONLY = "read-only"  # anyone who passed verification
+    GRANTED = "granted"  # nobody until settings grant it: these change things
+
+
+Handler = Callable[["Commands", list[str], Caller], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One entry of the command table."""
+
+    name: str
+    handler: Handler
+    usage: str
+    access: Access
+
+
+def allowed(command: Command, caller: Caller, settings: ChatopsSettings) -> str | None:
     """None if the caller may run the command, else why not."""
     if caller.platform == "cli":
         return None  # the shell's own access control stands in front of the CLI
-    grant = settings.permissions.get(command)
+    grant = settings.permissions.get(command.name)
     if grant is None:
-        return None if command in READ_ONLY else f"'{command}' is not granted to anyone in settings"
+        if command.access is Access.READ_ONLY:
+            return None
+        return f"'{command.name}' is not granted to anyone in settings"
     if grant.users and caller.user not in grant.users:
-        return f"user {caller.user!r} may not run '{command}'"
+        return f"user {caller.user!r} may not run '{command.name}'"
     if grant.channels and caller.channel not in grant.channels:
-        return f"'{command}' may not be run in channel {caller.channel!r}"
+        return f"'{command.name}' may not be run in channel {caller.channel!r}"
     return None
 
 
@@ -107,49 +115,56 @@ class Commands:
         self.states = NodeStates(NatsKV(bus.kv["nodes"]))
         self.drift_check = drift_check
 
-    async def run(self, text: str, caller: Caller) -> str:
-        """Parse and carry out one command line; the reply for the person."""
+    async def run(self, text: str, caller: Caller, request_id: str | None = None) -> str:
+        """Parse and carry out one command line; the reply for the person.
+
+        `request_id`, derived from the chat request, becomes the chatops event's id: a
+        replayed request that got past the HTTP layer is then stored once by JetStream.
+        """
         try:
             words = shlex.split(text)
         except ValueError as exc:
             return f"cannot parse {text!r}: {exc}"
-        if not words or words[0] not in USAGE:
-            return "commands: " + "; ".join(USAGE.values())
-        command, args = words[0], words[1:]
+        command = COMMANDS.get(words[0]) if words else None
+        if command is None:
+            return help_text()
+        args = words[1:]
         refused = allowed(command, caller, self.settings)
         if refused is not None:
-            await self.auditor.note(
-                self.clock.now(),
-                "",
-                f"refused {command} from {caller.user}@{caller.platform}: {refused}",
-            )
+            who = f"{caller.user}@{caller.platform}"
+            await self._note(args, f"refused {command.name} from {who}: {refused}")
             return f"refused: {refused}"
         try:
-            reply = await getattr(self, "do_" + command.replace("-", "_"))(args, caller)
+            reply = await command.handler(self, args, caller)
         except CommandError as exc:
-            return f"{command}: {exc} (usage: {USAGE[command]})"
+            return f"{command.name}: {exc} (usage: {command.usage})"
         except EngineError as exc:
-            return f"{command}: {exc}"
-        # Only a command that was allowed and valid becomes an event: rules act on it.
-        await self._publish(command, args, caller)
-        await self.auditor.note(
-            self.clock.now(),
-            args[0] if args and args[0] in self.inventory else "",
-            f"{caller.user}@{caller.platform}: {text} -> {reply.splitlines()[0] if reply else ''}",
-        )
-        return str(reply)
+            return f"{command.name}: {exc}"
+        # Published only once allowed and well formed: the engine acts on some of these.
+        await self._publish(command.name, args, caller, request_id)
+        first = reply.splitlines()[0] if reply else ""
+        await self._note(args, f"{caller.user}@{caller.platform}: {text} -> {first}")
+        return reply
 
-    async def _publish(self, command: str, args: list[str], caller: Caller) -> None:
+    async def _note(self, args: list[str], summary: str) -> None:
+        node = args[0] if args and args[0] in self.inventory else ""
+        await self.auditor.note(self.clock.now(), node, summary)
+
+    async def _publish(
+        self, command: str, args: list[str], caller: Caller, request_id: str | None
+    ) -> None:
         node = args[0] if args and args[0] in self.inventory else "fleet"
         data = {
             "command": command,
             "args": args,
+            "reason": " ".join(args[1:]),
             "user": caller.user,
             "channel": caller.channel,
             "platform": caller.platform,
-            "reason": " ".join(args[1:]),
         }
         event = new_event("chatops", node, self.clock.now(), data, f"chatops:{caller.platform}")
+        if request_id:
+            event["id"] = request_id
         await self.bus.js.publish(
             subject_for("chatops", node),
             json.dumps(event).encode(),
@@ -163,10 +178,10 @@ class Commands:
             raise CommandError(f"{args[0]!r} is not in the inventory")
         return args[0]
 
-    # --- the commands ---------------------------------------------------------------
+    # --- the commands: handlers of the table below -----------------------------------
 
     async def do_help(self, args: list[str], caller: Caller) -> str:
-        return "commands: " + "; ".join(USAGE.values())
+        return help_text()
 
     async def do_status(self, args: list[str], caller: Caller) -> str:
         return render_status(await self.status())
@@ -214,14 +229,19 @@ class Commands:
         )
 
     async def do_drain(self, args: list[str], caller: Caller) -> str:
+        # The chatops event published after this is the request: the engine's built-in
+        # rule turns it into a decision, so the lock and the breaker apply.
         node = self._node(args, 2)
-        # The chatops event published for this command is the request: the engine's
-        # built-in rule decides it, through the node lock and the fleet breaker.
-        return f"drain of {node} requested: {' '.join(args[1:])} (the engine decides; see status)"
+        reason = " ".join(args[1:]).strip()
+        if not reason:
+            raise CommandError("say why")
+        return f"drain of {node} requested: {reason} (the engine decides; see `status`)"
 
     async def do_undrain(self, args: list[str], caller: Caller) -> str:
         node = self._node(args)
-        return f"return of {node} to service requested (the engine decides; see status)"
+        reason = " ".join(args[1:]).strip()
+        said = f": {reason}" if reason else ""
+        return f"undrain of {node} requested{said} (the engine decides; see `status`)"
 
     async def do_approve(self, args: list[str], caller: Caller) -> str:
         if not args:
@@ -274,6 +294,31 @@ class Commands:
                 "drift checks run in the engine; ask it (ChatOps) or use `gpuops drift-check`"
             )
         return await self.drift_check(args[0] if args else "all")
+
+
+_R, _G = Access.READ_ONLY, Access.GRANTED
+COMMANDS: dict[str, Command] = {
+    c.name: c
+    for c in (
+        Command("status", Commands.do_status, "status", _R),
+        Command("history", Commands.do_history, "history NODE", _R),
+        Command("drain", Commands.do_drain, "drain NODE REASON", _G),
+        Command("undrain", Commands.do_undrain, "undrain NODE [REASON]", _G),
+        Command("approve", Commands.do_approve, "approve ID", _G),
+        Command("deny", Commands.do_deny, "deny ID", _G),
+        Command("silence", Commands.do_silence, "silence TARGET DURATION REASON", _G),
+        Command("unsilence", Commands.do_unsilence, "unsilence ID", _G),
+        Command("breaker", Commands.do_breaker, "breaker reset|half-open", _G),
+        Command("drift-check", Commands.do_drift_check, "drift-check [GROUP]", _G),
+        Command("dry-run", Commands.do_dry_run, "dry-run on|off", _G),
+        Command("help", Commands.do_help, "help", _R),
+    )
+}
+
+
+def help_text() -> str:
+    """Every command's usage, from the table."""
+    return "commands: " + "; ".join(c.usage for c in COMMANDS.values())
 
 
 def render_status(s: dict[str, Any]) -> str:

@@ -90,6 +90,17 @@ class ChatopsSettings(BaseModel):
     # ones that change things, which default to nobody until listed here.
     permissions: dict[str, Permission] = Field(default_factory=dict)
     webhooks: tuple[WebhookSettings, ...] = ()
+    # A request's `response_url` is only ever posted to these hosts: anything else would
+    # let whoever can send a request make the engine POST wherever they like.
+    slack_response_hosts: tuple[str, ...] = ("hooks.slack.com",)
+    mattermost_response_hosts: tuple[str, ...] = Field(
+        default=(), description="the Mattermost server's host name(s)"
+    )
+    # Signatures seen within max_skew_s are remembered to refuse replays; past this many
+    # the endpoint refuses new requests rather than forget one that could be replayed.
+    replay_cache_size: int = Field(default=100_000, ge=1)
+    # Refused requests are counted in /metrics; the audit gets one summary per interval.
+    rejection_note_interval_s: float = Field(default=60.0, gt=0)
 
 
 class DriftSchedule(BaseModel):

@@ -67,3 +67,15 @@ def test_validate_accepts_the_shipped_rules() -> None:
 def test_schema_prints_json() -> None:
     done = _gpuops("schema", "events")
     assert json.loads(done.stdout)["title"] == "gpuops event v1"
+
+
+def test_help_lists_every_command() -> None:
+    done = _gpuops("--help")
+    assert done.returncode == 0, done.stderr
+    listed = {line.split()[0] for line in done.stdout.split("Commands:")[1].splitlines() if line}
+    assert listed == {
+        *("run", "validate", "test-rules", "replay", "schema", "bench"),
+        *("status", "history", "silence", "unsilence", "approve", "deny", "breaker"),
+        *("drain", "undrain", "dry-run", "drift-check", "publish"),
+        *("simulate", "sim-fault", "demo", "agent"),
+    }

@@ -9,11 +9,15 @@ from urllib.parse import urlencode
 
 import aiohttp
 import pytest
+from prometheus_client import CollectorRegistry
 
 from engine.app import App
-from engine.bus.conn import Bus
+from engine.bus.conn import EVENTS, Bus
 from engine.bus.server import EmbeddedNats
+from engine.bus.store import NatsKV
+from engine.commands import COMMANDS, help_text
 from engine.decide.silence import SilenceStore
+from engine.http import HttpServer
 from engine.intake.chatops import slack_signature
 from engine.record.audit import read_audit
 from engine.sim.fleet import SimFleet
@@ -83,19 +87,30 @@ async def test_valid_slack_command_runs(engine: App) -> None:
     )
     status, body = await _slack(engine, "silence node:node-001 30m 'fan swap'")
     assert status == 200 and body["text"].startswith("silence ")
-    silences = await SilenceStore(engine.bus.kv["control"]).all()
+    silences = await SilenceStore(NatsKV(engine.bus.kv["control"])).all()
     assert [(s.target, s.reason, s.by) for s in silences] == [
         ("node:node-001", "fan swap", "alice")
     ]
 
 
-async def test_forged_replayed_and_unsigned_slack_requests_get_401(engine: App) -> None:
-    assert (await _slack(engine, "status", secret="not-the-secret"))[0] == 401
-    assert (await _slack(engine, "status", ts=time.time() - 600))[0] == 401
-    assert (await _slack(engine, "status", sign=False))[0] == 401
+async def test_forged_stale_and_unsigned_slack_requests_get_401_and_are_counted(
+    engine: App,
+) -> None:
+    assert await _slack(engine, "status", secret="not-the-secret") == (
+        401,
+        {"error": "bad_signature"},
+    )
+    assert await _slack(engine, "status", ts=time.time() - 600) == (
+        401,
+        {"error": "stale_timestamp"},
+    )
+    assert await _slack(engine, "status", sign=False) == (401, {"error": "unsigned"})
+    metrics = await _get(engine, "/metrics")
+    for reason in ("bad_signature", "stale_timestamp", "unsigned"):
+        assert f'gpuops_chatops_rejections_total{{reason="{reason}"}} 1.0' in metrics
     records = [r async for r in read_audit(engine.bus.js)]
-    reasons = [r.body.get("why") for r in records if "rejected" in r.summary]
-    assert reasons == ["bad signature", "stale timestamp (replay?)", "unsigned"]
+    notes = [r.body["rejected"] for r in records if "rejected" in r.summary]
+    assert notes == [{"bad_signature": 1}], "one summary now, the rest within the interval"
     assert not any(SECRET in r.model_dump_json() for r in records), "no secret in the audit trail"
 
 
@@ -106,7 +121,7 @@ async def test_user_without_permission_is_refused_with_why(engine: App) -> None:
     assert body["text"] == "refused: 'silence' may not be run in channel 'random'"
     status, body = await _slack(engine, "breaker reset")
     assert body["text"] == "refused: 'breaker' is not granted to anyone in settings"
-    assert await SilenceStore(engine.bus.kv["control"]).all() == []
+    assert await SilenceStore(NatsKV(engine.bus.kv["control"])).all() == []
 
 
 async def test_mattermost_token_and_trigger_word(engine: App) -> None:
@@ -131,20 +146,71 @@ async def test_mattermost_token_and_trigger_word(engine: App) -> None:
 
 async def test_commands_become_chatops_events_and_metrics_and_health(engine: App) -> None:
     await _slack(engine, "dry-run on")
-    await wait_for(lambda: engine.pipeline.events["chatops"] >= 1, 10)
+    m = engine.engine.metrics
+    await wait_for(lambda: m.count(m.events, "chatops") >= 1, 10)
     await wait_for(lambda: engine.pipeline.decider.dry_run, 10)
-    async with aiohttp.ClientSession() as session:
-        metrics = await (await session.get(f"http://127.0.0.1:{engine.http_port}/metrics")).text()
-        health = await session.get(f"http://127.0.0.1:{engine.http_port}/healthz")
+    metrics = await _get(engine, "/metrics")
     assert 'gpuops_events_total{kind="chatops"}' in metrics
     assert "gpuops_breaker_open" in metrics
-    assert "gpuops_chatops_rejected_total 0.0" in metrics
-    assert health.status == 200
+    assert "gpuops_chatops_rejections_total" in metrics
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{engine.http_port}/healthz") as health,
+    ):
+        assert (health.status, await health.json()) == (200, {"status": "ok"})
 
 
-async def test_drain_from_chat_runs_the_playbook_on_that_node(engine: App, fleet: SimFleet) -> None:
+async def test_healthz_says_degraded_and_why() -> None:
+    server = HttpServer(CollectorRegistry(), lambda: (False, {"nats": "not connected"}))
+    port = await server.start("127.0.0.1:0")
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/healthz") as health,
+        ):
+            body = await health.json()
+    finally:
+        await server.stop()
+    assert (health.status, body) == (503, {"status": "degraded", "why": {"nats": "not connected"}})
+
+
+async def test_drain_from_chat_is_decided_by_the_engine_and_runs_on_that_node(
+    engine: App, fleet: SimFleet
+) -> None:
     status, body = await _slack(engine, "drain node-002 'bad fan'")
-    assert status == 200 and body["text"] == "draining node-002: bad fan"
+    assert (status, body["text"]) == (
+        200,
+        "drain of node-002 requested: bad fan (the engine decides; see `status`)",
+    )
     await wait_for(lambda: fleet.state("node-002")["drained"], 30)
     assert "bad fan (by alice)" in fleet.state("node-002")["drain_reason"]
     assert not fleet.state("node-001")["drained"]
+    records = [r async for r in read_audit(engine.bus.js, "node-002")]
+    assert any(r.type == "decision" and r.rule == "chatops-drain" for r in records), (
+        "a decision through the stages, not an intent written by the command"
+    )
+
+
+async def test_a_refused_or_malformed_drain_requests_nothing(engine: App) -> None:
+    refused = await _slack(engine, "drain node-002 x", user="mallory")
+    assert refused[1]["text"] == "refused: user 'mallory' may not run 'drain'"
+    no_reason = await _slack(engine, "drain node-002")
+    assert no_reason[1]["text"] == "drain: missing arguments (usage: drain NODE REASON)"
+    unknown = await _slack(engine, "drain node-999 x")
+    assert unknown[1]["text"].startswith("drain: 'node-999' is not in the inventory")
+    info = await engine.bus.js.stream_info(EVENTS, subjects_filter="gpuops.events.chatops.>")
+    assert not info.state.subjects, "no chatops event, so the engine has nothing to act on"
+
+
+async def test_help_lists_the_command_table(engine: App) -> None:
+    _, body = await _slack(engine, "help")
+    assert body["text"] == help_text()
+    assert all(c.usage in body["text"] for c in COMMANDS.values())
+
+
+async def _get(app: App, path: str) -> str:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{app.http_port}{path}") as reply,
+    ):
+        return await reply.text()

@@ -1,0 +1,5 @@
+"""`python -m engine.cli`: the gpuops command."""
+
+from engine.cli import main
+
+main()

@@ -1,0 +1,255 @@
+"""ChatOps as an attacker tries it (issue 10, defect 9), over real HTTP on loopback and a
+real nats-server: replays, odd timestamps, a response_url pointing inward, malformed
+Mattermost bodies, floods of unsigned requests, and Rich markup sent from chat."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from engine.bus.conn import EVENTS, Bus
+from engine.bus.publish import JetStreamPublisher
+from engine.bus.server import EmbeddedNats
+from engine.clock import ManualClock
+from engine.commands import Caller, Commands
+from engine.http import HttpServer
+from engine.intake.chatops import Chatops, slack_signature
+from engine.inventory import load_inventory
+from engine.record.audit import Auditor, read_audit
+from engine.settings import ChatopsSettings
+from engine.sim.fleet import SimFleet
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.faults
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+TOKEN = "mm-token-123"
+GRANTS = {"drain": {"users": ["alice"]}, "silence": {"users": ["alice"]}}
+
+
+class Endpoint:
+    """One ChatOps endpoint on loopback, with its clock and metrics registry."""
+
+    def __init__(self, bus: Bus, fleet: SimFleet, **settings: Any) -> None:
+        self.clock = ManualClock()
+        self.registry = CollectorRegistry()
+        self.settings = ChatopsSettings.model_validate(
+            {
+                "slack_signing_secret": SECRET,
+                "mattermost_tokens": [TOKEN],
+                "permissions": GRANTS,
+                **settings,
+            }
+        )
+        inventory = load_inventory(fleet.root / "inventory")
+        commands = Commands(bus, self.clock, inventory, self.settings)
+        self.chatops = Chatops(
+            commands, self.settings, Auditor(JetStreamPublisher(bus.js)), self.clock, self.registry
+        )
+        self.server = HttpServer(self.registry, lambda: (True, {}), [self.chatops.mount])
+        self.url = ""
+
+    async def __aenter__(self) -> Endpoint:
+        self.url = f"http://127.0.0.1:{await self.server.start('127.0.0.1:0')}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.server.stop()
+
+    def rejected(self, reason: str) -> float:
+        """The rejection counter for one reason, as /metrics shows it."""
+        value = self.registry.get_sample_value(
+            "gpuops_chatops_rejections_total", {"reason": reason}
+        )
+        return value or 0.0
+
+    async def post(self, path: str, **kwargs: Any) -> tuple[int, Any]:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(self.url + path, **kwargs) as reply,
+        ):
+            return reply.status, await reply.json()
+
+
+def signed(body: bytes, stamp: str) -> dict[str, str]:
+    """Headers of a Slack request signed with the secret."""
+    return {
+        "Content-Type": "application/x-www-form-urlencoded",
+        "X-Slack-Request-Timestamp": stamp,
+        "X-Slack-Signature": slack_signature(SECRET, stamp, body),
+    }
+
+
+def slack_body(text: str, **extra: str) -> bytes:
+    return urlencode({"text": text, "user_name": "alice", "channel_name": "ops", **extra}).encode()
+
+
+@pytest.fixture
+async def endpoint(bus: Bus, fleet: SimFleet) -> AsyncIterator[Endpoint]:
+    async with Endpoint(bus, fleet) as e:
+        yield e
+
+
+async def chatops_events(bus: Bus, node: str) -> int:
+    """How many chatops events about `node` the events stream holds."""
+    info = await bus.js.stream_info(EVENTS, subjects_filter=f"gpuops.events.chatops.{node}")
+    return sum((info.state.subjects or {}).values())
+
+
+async def rejection_notes(bus: Bus) -> list[dict[str, int]]:
+    """The counts of every rejection summary in the audit trail."""
+    records = [r async for r in read_audit(bus.js)]
+    return [r.body["rejected"] for r in records if r.summary.startswith("chatops requests rej")]
+
+
+async def test_a_replayed_signed_slack_request_is_refused_and_counted(
+    endpoint: Endpoint, bus: Bus
+) -> None:
+    body = slack_body("drain node-002 'bad fan'")
+    headers = signed(body, str(int(endpoint.clock.now())))
+    first = await endpoint.post("/chatops/slack", data=body, headers=headers)
+    assert first[0] == 200 and first[1]["text"].startswith("drain of node-002 requested")
+    endpoint.clock.advance(120)  # still inside the five-minute window
+    again = await endpoint.post("/chatops/slack", data=body, headers=headers)
+    assert again == (401, {"error": "replayed"})
+    assert endpoint.rejected("replayed") == 1
+    assert await chatops_events(bus, "node-002") == 1, "the replay requested nothing"
+
+
+async def test_a_replay_that_passes_a_fresh_endpoint_is_stored_once_on_the_bus(
+    bus: Bus, fleet: SimFleet
+) -> None:
+    # Two endpoints with their own memory of signatures: a restart, or a second replica.
+    body = slack_body("drain node-002 'bad fan'")
+    async with Endpoint(bus, fleet) as one, Endpoint(bus, fleet) as two:
+        headers = signed(body, str(int(one.clock.now())))
+        assert (await one.post("/chatops/slack", data=body, headers=headers))[0] == 200
+        assert (await two.post("/chatops/slack", data=body, headers=headers))[0] == 200
+    assert await chatops_events(bus, "node-002") == 1, "same request id, deduplicated by NATS"
+
+
+@pytest.mark.parametrize(
+    "stamp", ["nan", "NaN", "inf", "-1767225600", "+1767225600", "1767225600.0", "1.7672256e9"]
+)
+async def test_slack_timestamps_that_are_not_whole_ascii_seconds_are_refused(
+    endpoint: Endpoint, stamp: str
+) -> None:
+    body = slack_body("status")
+    status, answer = await endpoint.post("/chatops/slack", data=body, headers=signed(body, stamp))
+    assert (status, answer) == (401, {"error": "bad_timestamp"})
+    assert endpoint.rejected("bad_timestamp") == 1
+
+
+async def test_response_url_is_posted_only_to_allowed_hosts(bus: Bus, fleet: SimFleet) -> None:
+    posted: list[Any] = []
+
+    async def record(request: web.Request) -> web.Response:
+        posted.append(await request.json())
+        return web.Response()
+
+    app = web.Application()
+    app.router.add_post("/hook", record)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
+    inward = [
+        f"http://127.0.0.1:{port}/hook",
+        f"http://hooks.slack.com@127.0.0.1:{port}/hook",
+        f"http://localhost:{port}/hook",
+    ]
+    try:
+        async with Endpoint(bus, fleet) as default:
+            for url in inward:
+                body = slack_body("status", response_url=url)
+                stamp = str(int(default.clock.now()))
+                reply = await default.post("/chatops/slack", data=body, headers=signed(body, stamp))
+                assert reply[0] == 200, "the request is served; only its response_url is not"
+        assert posted == []
+        assert default.registry.get_sample_value("gpuops_chatops_response_url_refused_total") == 3
+        async with Endpoint(bus, fleet, slack_response_hosts=["127.0.0.1"]) as allowing:
+            body = slack_body("status", response_url=inward[0])
+            headers = signed(body, str(int(allowing.clock.now())))
+            assert (await allowing.post("/chatops/slack", data=body, headers=headers))[0] == 200
+        assert len(posted) == 1 and "breaker: closed" in posted[0]["text"]
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "reason"),
+    [
+        (b"{not json", 400, "malformed"),
+        (b'["token", "text"]', 400, "malformed"),
+        (b"[" * 50_000, 400, "malformed"),
+        (b"\x80{}", 400, "malformed"),
+        ('{"token": "t\u00f6ken", "text": "status"}'.encode(), 401, "bad_token"),
+        (b'{"text": "status"}', 401, "missing_token"),
+    ],
+)
+async def test_malformed_mattermost_bodies_get_400_and_bad_tokens_401(
+    endpoint: Endpoint, bus: Bus, body: bytes, status: int, reason: str
+) -> None:
+    headers = {"Content-Type": "application/json"}
+    answer = await endpoint.post("/chatops/mattermost", data=body, headers=headers)
+    assert answer == (status, {"error": reason})
+    assert endpoint.rejected(reason) == 1
+    assert await rejection_notes(bus) == [{reason: 1}], "audited, not a 500"
+
+
+async def test_a_flood_of_unsigned_requests_is_counted_and_audited_once_per_interval(
+    endpoint: Endpoint, bus: Bus
+) -> None:
+    for _ in range(50):
+        assert (await endpoint.post("/chatops/slack", data=b"text=status"))[0] == 401
+    assert endpoint.rejected("unsigned") == 50
+    assert await rejection_notes(bus) == [{"unsigned": 1}], "the first at once, then one a minute"
+    endpoint.clock.advance(endpoint.settings.rejection_note_interval_s)
+    assert (await endpoint.post("/chatops/slack", data=b"text=status"))[0] == 401
+    assert await rejection_notes(bus) == [{"unsigned": 1}, {"unsigned": 50}]
+
+
+async def test_history_prints_rich_markup_sent_from_chat(
+    bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    settings = ChatopsSettings()
+    commands = Commands(bus, ManualClock(), load_inventory(fleet.root / "inventory"), settings)
+    reply = await commands.run('silence node:node-001 1m "[/]x[bold]y"', Caller("alice"))
+    assert reply.startswith("silence ")
+    cli = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "engine.cli", "--state-dir", str(tmp_path / "cli")),
+        *("history", "--nats", nats_server.url),
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(cli.communicate(), 60)
+    assert cli.returncode == 0, stderr.decode()
+    assert "[/]x[bold]y" in stdout.decode(), "shown as typed, not read as markup"
+
+
+async def test_a_refusal_while_nats_is_away_is_still_a_401_and_counted_later(
+    endpoint: Endpoint, bus: Bus, nats_server: EmbeddedNats
+) -> None:
+    nats_server.stop()
+    assert await endpoint.post("/chatops/slack", data=b"text=status") == (
+        401,
+        {"error": "unsigned"},
+    )
+    assert endpoint.rejected("unsigned") == 1
+    nats_server.start()
+    await wait_for(lambda: bus.nc.is_connected, 30)
+    endpoint.clock.advance(endpoint.settings.rejection_note_interval_s)
+    assert (await endpoint.post("/chatops/slack", data=b"text=status"))[0] == 401
+    records = [r async for r in read_audit(bus.js)]
+    last = [r.body for r in records if r.summary.startswith("chatops requests rej")][-1]
+    assert last["total"] == {"unsigned": 2}, "the summary after the outage counts both"
