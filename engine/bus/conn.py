@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +27,7 @@ from nats.js.errors import Error as JsError
 from nats.js.kv import KeyValue
 
 from engine.bus.auth import Credentials, Role, read_credentials
-from engine.bus.embedded import announce, new_server, url_file
+from engine.bus.embedded import announce, new_server, remembered_url, url_file
 from engine.bus.server import EmbeddedNats
 from engine.errors import BusError
 from engine.settings import NatsSettings
@@ -320,3 +320,44 @@ async def _own_embedded(
                 await bus.close()
         finally:
             url_file(state_dir).unlink(missing_ok=True)
+
+
+def agent_endpoint(cfg: NatsSettings, state_dir: Path) -> tuple[str, Credentials | None]:
+    """Where an agent connects: the configured URL, else this state dir's embedded server."""
+    if cfg.url:
+        return cfg.url, None
+    url = remembered_url(state_dir)
+    if url is None:
+        raise BusError(
+            f"no NATS URL: pass --nats URL, or run `gpuops run` with state dir {state_dir}"
+        )
+    return url, read_credentials(state_dir, "agent")
+
+
+def _first_errors(url: str) -> Callable[[Exception], Awaitable[None]]:
+    """An error callback that logs a failure once, not on every retry of a long outage."""
+    last = [""]
+
+    async def report(exc: Exception) -> None:
+        text = f"{type(exc).__name__}: {exc}"
+        if text != last[0]:
+            log.warning("nats at %s: %s (retrying)", url, text)
+        last[0] = text
+
+    return report
+
+
+async def connect_forever(
+    nc: Client, url: str, cfg: NatsSettings, credentials: Credentials | None, name: str
+) -> None:
+    """Connect `nc`, retrying until it works or the task is cancelled; reconnects after."""
+    opts = connect_options(cfg, credentials)
+    await nc.connect(
+        url,
+        name=name,
+        error_cb=_first_errors(url),
+        connect_timeout=2,
+        allow_reconnect=True,
+        **opts,
+    )
+    log.info("connected to nats at %s", url)
