@@ -80,7 +80,7 @@ async def test_agent_started_before_nats_delivers_its_spool_when_nats_comes_up(
             return info.state.messages >= 3
 
         await wait_for(heartbeats_stored, 30)
-        stored = [json.loads((await js.get_msg(EVENTS, seq)).data) for seq in (1, 2, 3)]
+        stored = [json.loads((await js.get_msg(EVENTS, seq)).data or b"") for seq in (1, 2, 3)]
         assert [e["id"] for e in stored] == held, "the spool is delivered first, in order"
         assert {e["node"] for e in stored} == {"node-001"}
         assert agent.poll() is None, "the agent kept running through the outage"

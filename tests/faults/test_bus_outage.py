@@ -112,7 +112,7 @@ async def _all_processed(nc: Client, through_seq: int) -> bool:
         info = await nc.jetstream(timeout=2).consumer_info(EVENTS, CONSUMER)
     except (NatsError, JsError, TimeoutError):
         return False
-    return (
+    return bool(
         info.num_pending == 0
         and info.num_ack_pending == 0
         and info.ack_floor.stream_seq >= through_seq

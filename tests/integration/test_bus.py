@@ -14,13 +14,25 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
 from engine.bus.auth import KV_BUCKETS, Role, read_credentials
-from engine.bus.conn import ACTIONS, AUDIT, BUCKETS, EVENTS, Bus, connect, open_bus
+from engine.bus.conn import (
+    ACTIONS,
+    AUDIT,
+    BUCKETS,
+    EVENTS,
+    Bus,
+    agent_endpoint,
+    connect,
+    connect_forever,
+    open_bus,
+)
 from engine.bus.embedded import port_file, url_file
 from engine.bus.server import EmbeddedNats, _alive
+from engine.errors import BusError
 from engine.settings import NatsSettings
 from tests.conftest import ROOT, wait_for
 
@@ -128,7 +140,7 @@ async def test_state_dir_and_credentials_are_private(tmp_path: Path) -> None:
         assert "password" not in url_file(state).read_text()
 
 
-async def _client(state: Path, role: Role, url: str, errors: list[str]) -> nats.NATS:
+async def _client(state: Path, role: Role, url: str, errors: list[str]) -> Client:
     cred = read_credentials(state, role)
 
     async def collect(exc: Exception) -> None:
@@ -160,7 +172,7 @@ async def test_agent_may_publish_its_events_but_not_intents_kv_or_jetstream_api(
             await agent.publish("$JS.API.STREAM.INFO.GPUOPS_ACTIONS", b"")
             await agent.flush()
             for subject in ("gpuops.actions.node-001", "$KV.gpuops_control", "$JS.API.STREAM"):
-                await wait_for(lambda s=subject: _violations(errors, s), 10)  # type: ignore[misc]
+                await wait_for(lambda s=subject: _violations(errors, s), 10)
             with pytest.raises((NatsError, TimeoutError)):
                 await js.publish("gpuops.actions.node-002", b"{}", timeout=1)
             info = await engine.js.stream_info(ACTIONS)
@@ -204,7 +216,7 @@ async def _stream_messages(bus: Bus, stream: str, count: int) -> bool:
 
 async def test_a_client_without_credentials_is_refused(tmp_path: Path) -> None:
     async with open_bus(NatsSettings(), tmp_path / "state") as bus:
-        with pytest.raises(NatsError, match="(?i)authorization"):
+        with pytest.raises(NatsError, match=r"(?i)authorization"):
             await nats.connect(bus.url, allow_reconnect=False, connect_timeout=2)
 
 
@@ -222,7 +234,9 @@ async def test_stream_limits_come_from_settings_and_update_existing_streams(
         assert (await bus.js.stream_info(EVENTS)).config.max_bytes == 4 << 30
     finally:
         await bus.close()
-    smaller = NatsSettings(audit_max_bytes=64 << 20, audit_max_age_s=3600, events_max_bytes=32 << 20)
+    smaller = NatsSettings(
+        audit_max_bytes=64 << 20, audit_max_age_s=3600, events_max_bytes=32 << 20
+    )
     bus = await connect(nats_server.url, smaller)
     try:
         audit = (await bus.js.stream_info(AUDIT)).config
@@ -241,3 +255,22 @@ async def test_a_stale_url_file_does_not_stop_a_cli_from_starting_its_own_server
     async with asyncio.timeout(30):
         async with open_bus(NatsSettings(), state, role="cli") as bus:
             assert bus.server is not None and bus.url == bus.server.url
+
+
+async def test_an_agent_without_a_url_finds_the_embedded_server_with_its_own_user(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    with pytest.raises(BusError, match="no NATS URL"):
+        agent_endpoint(NatsSettings(), state)
+    async with open_bus(NatsSettings(), state) as engine:
+        url, credentials = agent_endpoint(NatsSettings(), state)
+        assert url == engine.url
+        assert credentials is not None and credentials.user == "agent"
+        nc = Client()
+        await connect_forever(nc, url, NatsSettings(), credentials, "gpuops-agent-test")
+        try:
+            ack = await nc.jetstream(timeout=5).publish("gpuops.events.heartbeat.node-001", b"{}")
+            assert ack.stream == EVENTS
+        finally:
+            await nc.close()
