@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -160,10 +161,6 @@ def connect_options(cfg: NatsSettings, credentials: Credentials | None = None) -
     return opts
 
 
-async def _log_error(exc: Exception) -> None:
-    log.warning("nats: %s", exc)
-
-
 async def connect(
     url: str,
     cfg: NatsSettings | None = None,
@@ -181,7 +178,12 @@ async def connect(
     opts = connect_options(cfg, credentials)
     try:
         nc = await nats.connect(
-            url, name=name, error_cb=_log_error, connect_timeout=5, **opts, allow_reconnect=False
+            url,
+            name=name,
+            error_cb=_first_errors(url),
+            connect_timeout=5,
+            **opts,
+            allow_reconnect=False,
         )
     except (OSError, NatsError, TimeoutError) as exc:
         raise BusError(f"cannot connect to NATS at {url}: {exc}") from exc
@@ -334,15 +336,16 @@ def agent_endpoint(cfg: NatsSettings, state_dir: Path) -> tuple[str, Credentials
     return url, read_credentials(state_dir, "agent")
 
 
-def _first_errors(url: str) -> Callable[[Exception], Awaitable[None]]:
-    """An error callback that logs a failure once, not on every retry of a long outage."""
-    last = [""]
+def _first_errors(url: str, every_s: float = 60.0) -> Callable[[Exception], Awaitable[None]]:
+    """An error callback that logs a failure when it changes or once a minute, not on every
+    retry of a long outage."""
+    last_text, last_at = [""], [0.0]
 
     async def report(exc: Exception) -> None:
-        text = f"{type(exc).__name__}: {exc}"
-        if text != last[0]:
+        text, now = f"{type(exc).__name__}: {exc}", time.monotonic()
+        if text != last_text[0] or now - last_at[0] >= every_s:
             log.warning("nats at %s: %s (retrying)", url, text)
-        last[0] = text
+            last_text[0], last_at[0] = text, now
 
     return report
 
