@@ -39,6 +39,11 @@ class NatsSettings(BaseModel):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     replicas: int = Field(default=1, ge=1, le=5)
+    # Caps of the streams that would otherwise grow without bound: the oldest records go
+    # first when a cap is reached (the audit trail keeps its newest 8 GiB / 90 days).
+    audit_max_bytes: int = Field(default=8 << 30, ge=1 << 20)
+    audit_max_age_s: float = Field(default=90 * 86400.0, gt=0)
+    events_max_bytes: int = Field(default=4 << 30, ge=1 << 20)
 
 
 class SafetySettings(BaseModel):

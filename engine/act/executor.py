@@ -280,7 +280,6 @@ class Executor:
         finally:
             keepalive.cancel()
 
-
     async def _keep_alive(self, msg: Msg, intent: Intent) -> None:
         """Tell JetStream and the claim that the run goes on (not redelivered, not judged dead)."""
         while True:

@@ -3,6 +3,8 @@
 Health events are published to JetStream with `Nats-Msg-Id` and the store's ack awaited;
 when that fails they go to the spool and are flushed in order once NATS answers again.
 Telemetry is published without waiting: a lost sample is replaced by the next one.
+The client may still be connecting when the agent starts (NATS down at boot): sampling
+and spooling begin at once, and the spool drains when the connection comes up.
 """
 
 from __future__ import annotations
@@ -72,16 +74,13 @@ class Agent:
         self._signals: asyncio.Queue[HealthSignal] = asyncio.Queue()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """All loops until `stop`."""
+        """All loops until `stop`; they sample and spool from the start, connected or not."""
         loop = asyncio.get_running_loop()
         halt = threading.Event()
         listener = threading.Thread(
             target=self._listen, args=(loop, halt), daemon=True, name="nvml-events"
         )
         listener.start()
-        sub = await self.nc.subscribe(
-            f"gpuops.agent.{subject_token(self.s.node)}.probe", cb=self._on_probe_request
-        )
         try:
             await asyncio.gather(
                 self._every(self.s.interval_s, self.publish_telemetry, stop),
@@ -89,9 +88,23 @@ class Agent:
                 self._every(self.s.probe_every_s, self.probe, stop),
                 self._every(2.0, self.flush_spool, stop),
                 self._drain_signals(stop),
+                self._serve_probe_requests(stop),
             )
         finally:
             halt.set()
+
+    async def _serve_probe_requests(self, stop: asyncio.Event) -> None:
+        """Answer probe requests once connected (the client resubscribes after reconnects)."""
+        while not self.nc.is_connected:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
+            if stop.is_set():
+                return
+        sub = await self.nc.subscribe(
+            f"gpuops.agent.{subject_token(self.s.node)}.probe", cb=self._on_probe_request
+        )
+        await stop.wait()
+        with contextlib.suppress(NatsError):
             await sub.unsubscribe()
 
     async def _every(self, period: float, step: Any, stop: asyncio.Event) -> None:
@@ -126,8 +139,8 @@ class Agent:
         gpus, signals = await asyncio.to_thread(self.backend.sample)
         for signal in signals:
             await self.publish_health(signal.kind, signal.data)
-        if not gpus:
-            return
+        if not gpus or not self.nc.is_connected:
+            return  # not spooled: the next sample replaces it
         payload = event("telemetry", self.s.node, self.clock.now(), {"gpus": gpus})
         with contextlib.suppress(NatsError):  # not spooled: the next sample replaces it
             await self.nc.publish(

@@ -10,10 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+
 from engine.agent.agent import Agent, AgentSettings, default_node, event
 from engine.agent.backend import GpuBackend
 from engine.agent.probe import run_probe
-from engine.bus.conn import open_bus
+from engine.bus.conn import agent_endpoint, connect_forever
 from engine.clock import SystemClock
 from engine.errors import ConfigError
 from engine.settings import Settings
@@ -58,7 +61,7 @@ def agent_once(opts: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def run_agent(settings: Settings, opts: dict[str, Any]) -> None:
-    """Run until SIGINT/SIGTERM."""
+    """Run until SIGINT/SIGTERM, whether NATS answers or not."""
     node = opts.get("node") or default_node()
     backend = make_backend(opts)
     agent_settings = AgentSettings(
@@ -77,8 +80,35 @@ async def run_agent(settings: Settings, opts: dict[str, Any]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
+    url, credentials = agent_endpoint(settings.nats, settings.state_dir)
+    nc = Client()
+    # Connecting runs beside the agent, not before it: with NATS down at boot the agent
+    # still samples, spools health events and answers SIGTERM.
+    connecting = asyncio.create_task(
+        connect_forever(nc, url, settings.nats, credentials, name=f"gpuops-agent-{node}")
+    )
     try:
-        async with open_bus(settings.nats, settings.state_dir, name=f"gpuops-agent-{node}") as bus:
-            await Agent(agent_settings, backend, bus.nc, SystemClock()).run(stop)
+        await Agent(agent_settings, backend, nc, SystemClock()).run(stop)
     finally:
+        await _cancel(connecting)
+        await _close(nc)
         backend.close()
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    """Cancel until it ends: nats-py's connect loop swallows a cancel that lands in its cleanup."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.2)
+    with contextlib.suppress(asyncio.CancelledError, NatsError, OSError, TimeoutError):
+        task.result()
+
+
+async def _close(nc: Client) -> None:
+    """Flush and close a connected client; a client still connecting is just dropped."""
+    if not (nc.is_connected or nc.is_reconnecting):
+        return  # never connected: there is nothing to flush, and nats-py cannot close it
+    with contextlib.suppress(NatsError, OSError, TimeoutError):
+        if nc.is_connected:
+            await nc.flush(timeout=2)
+        await asyncio.wait_for(nc.close(), 5)

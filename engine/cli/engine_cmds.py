@@ -46,7 +46,12 @@ async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
 
     rules, inventory = load_world(settings)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    async with open_bus(settings.nats, settings.state_dir, name="gpuops-engine") as bus:
+    async with open_bus(
+        settings.nats,
+        settings.state_dir,
+        name="gpuops-engine",
+        role="executor" if settings.role == "executor" else "engine",
+    ) as bus:
         app = App(
             settings=settings,
             bus=bus,

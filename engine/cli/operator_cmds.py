@@ -34,7 +34,7 @@ async def with_commands(settings: Settings, use: Callable[[Commands], Awaitable[
 
     inventory = load_inventory(settings.inventory)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    async with open_bus(settings.nats, settings.state_dir, name="gpuops-cli") as bus:
+    async with open_bus(settings.nats, settings.state_dir, name="gpuops-cli", role="cli") as bus:
         return await use(Commands(bus, SystemClock(), inventory, settings.chatops))
 
 
@@ -134,7 +134,9 @@ async def audit_records(settings: Settings, node: str | None) -> list[AuditRecor
     from engine.record.audit import read_audit
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    async with open_bus(settings.nats, settings.state_dir, name="gpuops-history") as bus:
+    async with open_bus(
+        settings.nats, settings.state_dir, name="gpuops-history", role="cli"
+    ) as bus:
         return [r async for r in read_audit(bus.js, node)]
 
 
@@ -211,7 +213,9 @@ async def run_drift_check(
     )
     if publish:
         settings.state_dir.mkdir(parents=True, exist_ok=True)
-        async with open_bus(settings.nats, settings.state_dir, name="gpuops-drift") as bus:
+        async with open_bus(
+            settings.nats, settings.state_dir, name="gpuops-drift", role="cli"
+        ) as bus:
             await publish_report(bus.js, report)
             await Auditor(JetStreamPublisher(bus.js)).note(
                 clock.now(), "", report.line(), {"drift_check": report.summary()}
@@ -241,7 +245,9 @@ async def publish_lines(settings: Settings, lines: list[bytes]) -> tuple[int, in
 
     sent = bad = 0
     subject: str | None
-    async with open_bus(settings.nats, settings.state_dir, name="gpuops-publish") as bus:
+    async with open_bus(
+        settings.nats, settings.state_dir, name="gpuops-publish", role="cli"
+    ) as bus:
         for line in lines:
             if not line.strip():
                 continue

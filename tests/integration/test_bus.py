@@ -1,0 +1,276 @@
+"""The embedded nats-server: supervised, never orphaned, a stable port, users per role."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.js.errors import Error as JsError
+
+from engine.bus.auth import KV_BUCKETS, Role, read_credentials
+from engine.bus.conn import (
+    ACTIONS,
+    AUDIT,
+    BUCKETS,
+    EVENTS,
+    Bus,
+    agent_endpoint,
+    connect,
+    connect_forever,
+    open_bus,
+)
+from engine.bus.embedded import port_file, url_file
+from engine.bus.server import EmbeddedNats, _alive
+from engine.errors import BusError
+from engine.settings import NatsSettings
+from tests.conftest import ROOT, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+async def _publish_acked(bus: Bus, subject: str) -> bool:
+    try:
+        await bus.js.publish(subject, b"{}", timeout=1)
+    except (NatsError, JsError, TimeoutError):
+        return False
+    return True
+
+
+async def test_killed_server_is_restarted_on_the_same_port_and_clients_reconnect(
+    tmp_path: Path,
+) -> None:
+    async with open_bus(NatsSettings(), tmp_path / "state") as bus:
+        assert bus.server is not None
+        first_pid, port = bus.server.pid, bus.server.port
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGKILL)
+        await wait_for(lambda: bus.server is not None and bus.server.restarts >= 1, 20)
+        await wait_for(lambda: bus.server is not None and bus.server.pid not in (None, first_pid))
+        assert bus.server.port == port, "restarted on the port clients and agents know"
+        await wait_for(lambda: _publish_acked(bus, "gpuops.events.heartbeat.node-001"), 20)
+
+
+def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from engine.bus.server import EmbeddedNats\n"
+        "server = EmbeddedNats(Path(sys.argv[1]), supervise=True).start()\n"
+        "print(server.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "nats")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert owner.stdout is not None
+        server_pid = int(owner.stdout.readline())
+        assert _alive(server_pid)
+        owner.kill()  # SIGKILL: no cleanup code runs in the owner
+        owner.wait(10)
+        deadline = time.monotonic() + 5
+        while _alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(server_pid), "nats-server outlived the engine that started it"
+    finally:
+        owner.kill()
+        pid_file = tmp_path / "nats" / "nats-server.pid"
+        if pid_file.exists() and _alive(int(pid_file.read_text())):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_start_stops_an_orphan_named_by_the_pid_file(tmp_path: Path) -> None:
+    orphan = EmbeddedNats(tmp_path / "nats").start()
+    orphan_pid = orphan.pid
+    assert orphan_pid is not None
+    # A second start on the same store and port, as after a crash that left the first.
+    second = EmbeddedNats(tmp_path / "nats", port=orphan.port).start()
+    try:
+        assert not _alive(orphan_pid)
+        assert second.port == orphan.port and second.pid != orphan_pid
+    finally:
+        second.stop()
+        orphan.stop()
+
+
+async def test_port_is_remembered_across_restarts_and_replaced_when_taken(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    async with open_bus(NatsSettings(), state) as bus:
+        first = bus.server.port if bus.server else 0
+    assert port_file(state).read_text() == str(first)
+    async with open_bus(NatsSettings(), state) as bus:
+        assert bus.server is not None and bus.server.port == first
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", first))
+        squatter.listen()
+        async with open_bus(NatsSettings(), state) as bus:
+            assert bus.server is not None and bus.server.port != first
+            assert port_file(state).read_text() == str(bus.server.port)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+async def test_state_dir_and_credentials_are_private(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    async with open_bus(NatsSettings(), state):
+        assert _mode(state) == 0o700
+        assert _mode(state / "creds") == 0o700
+        for role in ("engine", "executor", "agent", "cli"):
+            assert _mode(state / "creds" / f"{role}.json") == 0o600
+        assert _mode(state / "nats" / "nats-server.conf") == 0o600
+        assert _mode(url_file(state)) & 0o022 == 0, "nats.url is 0644 at most"
+        assert "password" not in url_file(state).read_text()
+
+
+async def _client(state: Path, role: Role, url: str, errors: list[str]) -> Client:
+    cred = read_credentials(state, role)
+
+    async def collect(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    return await nats.connect(
+        url, user=cred.user, password=cred.password, error_cb=collect, allow_reconnect=False
+    )
+
+
+async def _violations(errors: list[str], subject: str) -> bool:
+    # nats-py lowercases the server's error line.
+    return any(f'permissions violation for publish to "{subject.lower()}' in e for e in errors)
+
+
+async def test_agent_may_publish_its_events_but_not_intents_kv_or_jetstream_api(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    async with open_bus(NatsSettings(), state) as engine:
+        errors: list[str] = []
+        agent = await _client(state, "agent", engine.url, errors)
+        try:
+            js = agent.jetstream(timeout=2)
+            ack = await js.publish("gpuops.events.heartbeat.node-001", b"{}")
+            assert ack.stream == EVENTS, "an agent's health event is stored and acked"
+            await agent.publish("gpuops.actions.node-001", b"{}")
+            await agent.publish("$KV.gpuops_control.breaker", b"{}")
+            await agent.publish("$JS.API.STREAM.INFO.GPUOPS_ACTIONS", b"")
+            await agent.flush()
+            for subject in ("gpuops.actions.node-001", "$KV.gpuops_control", "$JS.API.STREAM"):
+                await wait_for(lambda s=subject: _violations(errors, s), 10)
+            with pytest.raises((NatsError, TimeoutError)):
+                await js.publish("gpuops.actions.node-002", b"{}", timeout=1)
+            info = await engine.js.stream_info(ACTIONS)
+            assert info.state.messages == 0, "no intent from an agent was stored"
+        finally:
+            await agent.close()
+
+
+async def test_executor_consumes_intents_and_the_cli_cannot_queue_one(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    async with open_bus(NatsSettings(), state) as engine:
+        await engine.js.publish("gpuops.actions.node-001", b'{"intent": 1}')
+        async with open_bus(NatsSettings(), state, role="executor") as executor:
+            sub = await executor.js.pull_subscribe(
+                "gpuops.actions.>", durable="gpuops-executor", stream=ACTIONS
+            )
+            msgs = await sub.fetch(1, timeout=5)
+            assert msgs[0].data == b'{"intent": 1}'
+            await msgs[0].ack()
+            await executor.js.publish("gpuops.audit.node-001", b"{}")
+            await executor.kv["claims"].put("k1", b"claimed")
+        await wait_for(lambda: _stream_messages(engine, ACTIONS, 0), 10)
+        errors: list[str] = []
+        cli = await _client(state, "cli", engine.url, errors)
+        try:
+            await cli.publish("gpuops.actions.node-001", b"{}")
+            await cli.flush()
+            await wait_for(lambda: _violations(errors, "gpuops.actions.node-001"), 10)
+        finally:
+            await cli.close()
+        async with open_bus(NatsSettings(), state, role="cli") as ops:
+            await ops.kv["control"].put("silence.x", b"{}")
+            assert await ops.kv["control"].keys() == ["silence.x"]
+            assert (await ops.js.stream_info(AUDIT)).state.messages == 1
+        assert await _stream_messages(engine, ACTIONS, 0)
+
+
+async def _stream_messages(bus: Bus, stream: str, count: int) -> bool:
+    return (await bus.js.stream_info(stream)).state.messages == count
+
+
+async def test_a_client_without_credentials_is_refused(tmp_path: Path) -> None:
+    async with open_bus(NatsSettings(), tmp_path / "state") as bus:
+        with pytest.raises(NatsError, match=r"(?i)authorization"):
+            await nats.connect(bus.url, allow_reconnect=False, connect_timeout=2)
+
+
+def test_kv_permissions_name_every_bucket() -> None:
+    assert set(KV_BUCKETS) == {config.bucket for config in BUCKETS.values()}
+
+
+async def test_stream_limits_come_from_settings_and_update_existing_streams(
+    nats_server: EmbeddedNats,
+) -> None:
+    bus = await connect(nats_server.url, NatsSettings())
+    try:
+        audit = (await bus.js.stream_info(AUDIT)).config
+        assert audit.max_bytes == 8 << 30 and audit.max_age == 90 * 86400.0
+        assert (await bus.js.stream_info(EVENTS)).config.max_bytes == 4 << 30
+    finally:
+        await bus.close()
+    smaller = NatsSettings(
+        audit_max_bytes=64 << 20, audit_max_age_s=3600, events_max_bytes=32 << 20
+    )
+    bus = await connect(nats_server.url, smaller)
+    try:
+        audit = (await bus.js.stream_info(AUDIT)).config
+        assert audit.max_bytes == 64 << 20 and audit.max_age == 3600.0
+        assert (await bus.js.stream_info(EVENTS)).config.max_bytes == 32 << 20
+    finally:
+        await bus.close()
+
+
+async def test_a_stale_url_file_does_not_stop_a_cli_from_starting_its_own_server(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    url_file(state).write_text("nats://127.0.0.1:1")
+    async with asyncio.timeout(30):
+        async with open_bus(NatsSettings(), state, role="cli") as bus:
+            assert bus.server is not None and bus.url == bus.server.url
+
+
+async def test_an_agent_without_a_url_finds_the_embedded_server_with_its_own_user(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    with pytest.raises(BusError, match="no NATS URL"):
+        agent_endpoint(NatsSettings(), state)
+    async with open_bus(NatsSettings(), state) as engine:
+        url, credentials = agent_endpoint(NatsSettings(), state)
+        assert url == engine.url
+        assert credentials is not None and credentials.user == "agent"
+        nc = Client()
+        await connect_forever(nc, url, NatsSettings(), credentials, "gpuops-agent-test")
+        try:
+            ack = await nc.jetstream(timeout=5).publish("gpuops.events.heartbeat.node-001", b"{}")
+            assert ack.stream == EVENTS
+        finally:
+            await nc.close()
