@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,9 @@ from engine.signing import load_key
 log = logging.getLogger(__name__)
 
 BACKOFF_MAX_S = 10.0
+# A loop that failed within this long makes /healthz say degraded; one that has run
+# since without failing is well again (loops restart; they do not return).
+RECENT_FAILURE_S = 15.0
 OBSERVE_EVERY_S = 5.0
 SWEEP_EVERY_S = 10.0
 
@@ -69,7 +73,8 @@ class App:
     intakes: list[Intake] = field(init=False, default_factory=list)
     stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     http_port: int = field(init=False, default=0)
-    failing: dict[str, str] = field(init=False, default_factory=dict)
+    # loop -> (why, monotonic time): a loop that failed recently, for /healthz.
+    failing: dict[str, tuple[str, float]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -178,20 +183,24 @@ class App:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any error: the loop must come back, not the process die
-                self.failing[name] = f"{type(exc).__name__}: {exc}"[:300]
+                why = f"{type(exc).__name__}: {exc}"[:300]
+                self.failing[name] = (why, time.monotonic())
                 self.engine.metrics.loop_restarts.labels(name).inc()
-                log.warning(
-                    "loop %s failed (%s); restarting in %.1fs", name, self.failing[name], delay
-                )
+                log.warning("loop %s failed (%s); restarting in %.1fs", name, why, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), delay)
             delay = min(delay * 2, BACKOFF_MAX_S)
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when NATS is connected and no loop is failing; else why not."""
-        why = {} if self.bus.nc.is_connected else {"nats": "not connected; reconnecting"}
-        why.update({f"loop {k}": v for k, v in self.failing.items()})
-        return not why, why
+        """Ready when NATS is connected and no loop failed lately; else why not."""
+        why: dict[str, Any] = {}
+        if not self.bus.nc.is_connected:
+            why["nats"] = "not connected; reconnecting"
+        recent = time.monotonic() - RECENT_FAILURE_S
+        why.update({f"loop {k}": w for k, (w, at) in self.failing.items() if at > recent})
+        server = self.bus.server
+        detail = {"nats_restarts": server.restarts} if server is not None else {}
+        return not why, {**why, **detail} if why else detail
 
     def commands(self) -> Commands:
         """The command set people use, bound to this engine (drift checks run here)."""
