@@ -106,6 +106,8 @@ class Child:
     async def start(self) -> None:
         """Start it, its output appended to its log."""
         self._out = _append(self.log)
+        self._out.write(f"--- soak: {self.name} started at {time.time():.3f}\n".encode())
+        self._out.flush()
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv,
             stdout=self._out,
@@ -337,7 +339,13 @@ async def _healthy(http: aiohttp.ClientSession, url: str) -> bool:
 async def watch_advisories(system: System, chaos: Chaos) -> Client:
     """Count messages JetStream gave up on (max deliveries) or that were terminated.
     Advisories sent while this client is reconnecting are missed; the counts are a floor."""
-    nc = await nats.connect(system.url, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+
+    async def quiet(exc: Exception) -> None:
+        pass  # outages are the point of the soak; the engine's log tells them already
+
+    nc = await nats.connect(
+        system.url, max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=quiet
+    )
 
     async def given_up(msg: Any) -> None:
         chaos.given_up[".".join(msg.subject.split(".")[-2:])] += 1
@@ -485,7 +493,7 @@ def _summary(
         "config": config,
         "faults_planned": faults,
         "simulator": {"rc": sim_rc, **simulator_stats(system.sim.log)},
-        "chaos": {**asdict(chaos), "drain_s": round(waited, 1)},
+        "chaos": {**_plain(chaos), "drain_s": round(waited, 1)},
         **figures,
         "checks": checks,
         "failed": [name for name, ok in checks.items() if not ok],
@@ -493,14 +501,20 @@ def _summary(
     }
 
 
+def _plain(chaos: Chaos) -> dict[str, Any]:
+    # Not dataclasses.asdict: it rebuilds a Counter from (key, value) pairs, counting pairs.
+    return {k: dict(v) if isinstance(v, Counter) else v for k, v in vars(chaos).items()}
+
+
 def render(summary: dict[str, Any]) -> str:
     """The summary as text, one figure per line."""
     lines = ["soak summary"]
     for key, value in summary.items():
-        if key not in ("checks", "failed"):
+        if key not in ("checks", "failed", "warnings"):
             lines.append(f"  {key}: {json.dumps(value, sort_keys=True, default=str)}")
     for name, ok in summary["checks"].items():
         lines.append(f"  [{'ok' if ok else 'FAIL'}] {name}")
+    lines += [f"  [warn] {w}" for w in summary.get("warnings", [])]
     lines.append("PASS" if not summary["failed"] else f"FAIL: {len(summary['failed'])} invariants")
     return "\n".join(lines)
 
@@ -529,7 +543,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the soak; print its summary; 0 when every invariant held, 1 when not."""
     args = vars(parser().parse_args(argv))
     as_json = args.pop("json")
-    summary = asyncio.run(soak(SoakConfig(**args)))
+    cfg = SoakConfig(**args)
+    try:
+        summary = asyncio.run(soak(cfg))
+    except (RuntimeError, OSError) as exc:
+        print(f"soak: setup failed: {exc}", file=sys.stderr)
+        return 2
+    if cfg.workdir is not None:
+        (cfg.workdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(json.dumps(summary, sort_keys=True, default=str) if as_json else render(summary))
     return 0 if not summary["failed"] else 1
 
