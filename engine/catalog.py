@@ -72,8 +72,7 @@ class Catalog:
     def takes_out(self, names: Iterable[str]) -> bool:
         """Whether any of these leaves the node out of service until validated or fixed."""
         return any(
-            (s := self.specs.get(n)) is not None
-            and (s.validate_after or s.effect is Effect.ISOLATE)
+            (s := self.specs.get(n)) is not None and (s.validate_after or s.effect is Effect.ISOLATE)
             for n in names
         )
 
