@@ -81,6 +81,7 @@ class Chaos:
     engine_exits: list[int] = field(default_factory=list)  # exits the soak did not cause
     healthz: Counter[str] = field(default_factory=Counter)  # ok / bad, while all was up
     longest_unhealthy_s: float = 0.0
+    unhealthy_at_s: list[float] = field(default_factory=list)  # soak time of each 'bad'
     given_up: Counter[str] = field(default_factory=Counter)  # max-deliveries advisories
     terminated: Counter[str] = field(default_factory=Counter)  # term()ed messages
 
@@ -309,7 +310,7 @@ async def engine_chaos(system: System, cfg: SoakConfig, chaos: Chaos, end: float
             next_kill += cfg.engine_kill_every
 
 
-async def watch_health(system: System, chaos: Chaos) -> None:
+async def watch_health(system: System, chaos: Chaos, t0: float) -> None:
     """Poll /healthz; count answers only while NATS and the engine have both been up for
     20 s, so a 'bad' is an engine that did not recover, not one still reconnecting."""
     url = f"http://127.0.0.1:{system.http_port}/healthz"
@@ -323,9 +324,13 @@ async def watch_health(system: System, chaos: Chaos) -> None:
             ok = await _healthy(http, url)
             chaos.healthz["ok" if ok else "bad"] += 1
             now = time.monotonic()
-            bad_since = None if ok else (bad_since or now)
-            if bad_since is not None:
+            if not ok:
+                chaos.unhealthy_at_s.append(round(now - t0))
+                # one bad answer counts as a poll interval of being unhealthy
+                bad_since = bad_since or now - 5
                 chaos.longest_unhealthy_s = max(chaos.longest_unhealthy_s, now - bad_since)
+            else:
+                bad_since = None
 
 
 async def _healthy(http: aiohttp.ClientSession, url: str) -> bool:
@@ -426,7 +431,7 @@ async def _soak(system: System, cfg: SoakConfig) -> dict[str, Any]:
     tasks = [
         asyncio.create_task(nats_chaos(system, cfg, chaos, end)),
         asyncio.create_task(engine_chaos(system, cfg, chaos, end)),
-        asyncio.create_task(watch_health(system, chaos)),
+        asyncio.create_task(watch_health(system, chaos, t0)),
     ]
     try:
         sim_rc = await _until_published(system, tasks[:2], cfg)
