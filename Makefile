@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # molecule and ansible-lint call ansible-* by name: the venv's must come first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test lint unit integration molecule bench clean venv
+.PHONY: demo test lint unit integration molecule bench soak clean venv
 
 venv: $(STAMP)
 
@@ -42,6 +42,10 @@ molecule: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/gpuops bench rules --rules 50 --gpus 10000 --seconds 20
+
+# 10 minutes of a 1,000-node fleet with NATS outages and engine kill -9s (issue 10).
+soak: $(STAMP)
+	$(BIN)/gpuops bench soak $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -174,6 +174,19 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> None:
         click.echo(line)
 
 
+@bench.command("soak", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_soak(args: tuple[str, ...]) -> None:
+    """NATS outages and engine kill -9s against a simulated fleet; exit 1 on a broken invariant.
+
+    Options (see `python -m engine.soak --help`): --nodes, --gpus, --minutes, --nats-every,
+    --outage-min, --outage-max, --engine-kill-every, --seed, --json.
+    """
+    from engine.soak import main as soak_main
+
+    sys.exit(soak_main(list(args)))
+
+
 @click.command()
 @click.argument("what", type=click.Choice(["events", "rules"]))
 def schema(what: str) -> None:

@@ -81,6 +81,8 @@ async def drive_fleet(
         f"nodes={len(fleet.nodes)} gpus={gpus} telemetry_per_s={st.telemetry / seconds:.0f} "
         f"gpu_samples_per_s={st.telemetry * fleet.gpus / seconds:.0f} "
         f"tick_busy_ms={1000 * st.busy_s / max(st.ticks, 1):.0f}",
+        f"telemetry_dropped={st.telemetry_dropped} health_retries={st.health_retries} "
+        f"health_unsent={st.health_unsent}",
     ]
 
 

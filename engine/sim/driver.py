@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats.errors import Error as NatsError
+
 from engine.bus.conn import Bus
 from engine.clock import ScaledClock
 from engine.models import subject_for
@@ -33,6 +35,9 @@ class DriverStats:
     ticks: int = 0
     late_ticks: int = 0
     busy_s: float = 0.0
+    telemetry_dropped: int = 0  # samples not sent while NATS was away (agents drop them too)
+    health_retries: int = 0  # health publishes retried while NATS was away
+    health_unsent: int = 0  # health events given up when the run ended during an outage
     injected: list[tuple[Fault, float]] = field(default_factory=list)
 
 
@@ -57,10 +62,12 @@ class SimDriver:
         self.on_inject = on_inject
         self.stats = DriverStats()
         self.t0 = clock.now()
+        self._stop = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Tick until `stop`; each tick is one telemetry interval of simulated time."""
         # Agents answer probe requests (the engine validates remediated nodes this way).
+        self._stop = stop
         sub = await self.bus.nc.subscribe("gpuops.agent.*.probe", cb=self._on_probe_request)
         try:
             await self._loop(stop)
@@ -99,8 +106,7 @@ class SimDriver:
             sample = self.fleet.telemetry(node, now)
             if sample is None:
                 continue  # a silent agent sends nothing at all
-            await self.bus.nc.publish(subject_for("telemetry", node), json.dumps(sample).encode())
-            self.stats.telemetry += 1
+            await self._telemetry(node, sample)
             for pending in self.fleet.take_events(node):
                 await self._health(envelope(pending["kind"], node, now, pending["data"]))
             if beat:
@@ -108,12 +114,33 @@ class SimDriver:
             if probe:
                 await self._health(envelope("probe", node, now, self.fleet.probe(node)))
 
+    async def _telemetry(self, node: str, sample: dict[str, Any]) -> None:
+        # While NATS is away the client's reconnect buffer fills and publish raises; an
+        # agent loses such samples too (the next one replaces them), so drop and count.
+        try:
+            await self.bus.nc.publish(subject_for("telemetry", node), json.dumps(sample).encode())
+        except (NatsError, OSError):
+            self.stats.telemetry_dropped += 1
+            return
+        self.stats.telemetry += 1
+
     async def _health(self, event: dict[str, Any]) -> None:
+        # Health events are kept and retried until stored, as the agent's spool does; the
+        # message id makes a retry of a publish whose ack was lost a duplicate, stored once.
         subject = subject_for(event["kind"], event["node"])
-        await self.bus.js.publish(
-            subject, json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]}
-        )
-        self.stats.health += 1
+        data, headers = json.dumps(event).encode(), {"Nats-Msg-Id": event["id"]}
+        while True:
+            try:
+                await self.bus.js.publish(subject, data, headers=headers)
+            except (NatsError, OSError, TimeoutError):
+                if self._stop.is_set():
+                    self.stats.health_unsent += 1
+                    return
+                self.stats.health_retries += 1
+                await asyncio.sleep(1.0)
+                continue
+            self.stats.health += 1
+            return
 
     def _inject(self, now: float) -> None:
         while self.pending and now - self.t0 >= self.pending[0].at:
