@@ -114,6 +114,7 @@ class App:
                 cache_dir=s.state_dir / "playbook-refs",
                 parallel=s.max_parallel_runs,
                 max_timeout_s=s.run_timeout_s,
+                claim_stale_s=s.run_claim_stale_s,
             )
 
     def _intake(self, stream: str, what: str, telemetry: bool) -> Intake:
@@ -124,7 +125,7 @@ class App:
             subject=f"gpuops.{what}.>",
             durable="gpuops-engine-telemetry" if telemetry else "gpuops-engine",
             handler=self.engine.pipeline.handle,
-            batch=self.settings.intake_batch if telemetry else 64,
+            batch=self.settings.intake_batch if telemetry else 16,
             ack_all=telemetry,
             max_future_s=self.settings.max_future_skew_s,
             on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),

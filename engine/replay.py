@@ -9,20 +9,29 @@ from engine.errors import EventError
 from engine.intake.decode import decode
 from engine.inventory import load_inventory
 from engine.match.rules import RuleSet
-from engine.settings import SafetySettings, Settings
+from engine.settings import Settings
 from engine.shadow import Shadow, WouldRun
 
 log = logging.getLogger(__name__)
 
 
 async def replay_file(
-    path: Path, rules: RuleSet, inventory: Path | None
+    path: Path, rules: RuleSet, inventory: Path | None, settings: Settings | None = None
 ) -> tuple[list[WouldRun], dict[str, int]]:
     """Would-be actions, in event order, and counts of events read and unreadable."""
+    _, actions, stats = await replay(path, rules, inventory, settings)
+    return actions, stats
+
+
+async def replay(
+    path: Path, rules: RuleSet, inventory: Path | None, settings: Settings | None = None
+) -> tuple[Shadow, list[WouldRun], dict[str, int]]:
+    """The shadow engine after the recording, its would-be actions, and the counts."""
     nodes = load_inventory(inventory).hosts if inventory is not None else _nodes_in(path)
     # Recorded events are old by now: replay judges them at their own time, never stale.
-    settings = Settings(safety=SafetySettings(stale_after_s=float("inf")))
-    shadow = Shadow(rules, nodes, settings)
+    base = settings or Settings()
+    safety = base.safety.model_copy(update={"stale_after_s": float("inf")})
+    shadow = Shadow(rules, nodes, base.model_copy(update={"safety": safety}))
     actions: list[WouldRun] = []
     stats = {"events": 0, "bad": 0}
     with path.open("rb") as lines:
@@ -37,7 +46,7 @@ async def replay_file(
                 continue
             stats["events"] += 1
             actions += await shadow.feed(event)
-    return actions, stats
+    return shadow, actions, stats
 
 
 def _nodes_in(path: Path) -> set[str]:

@@ -147,6 +147,9 @@ class Settings(BaseModel):
     drift: DriftSettings = DriftSettings()
     http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
     run_timeout_s: float = Field(default=900.0, gt=0)
+    # A run whose executor has not renewed its claim for this long is taken as interrupted
+    # (the executor died): the node goes to a person, or a retry-safe playbook runs again.
+    run_claim_stale_s: float = Field(default=90.0, ge=2)
     max_parallel_runs: int = Field(default=4, ge=1, le=256)
     intake_batch: int = Field(default=256, ge=1, le=10_000)
     tick_s: float = Field(default=1.0, gt=0)

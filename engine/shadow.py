@@ -18,9 +18,20 @@ from engine.build import Buckets, build_engine
 from engine.bus.publish import MemoryPublisher
 from engine.catalog import load_catalog
 from engine.clock import ManualClock, rfc3339
+from engine.errors import EngineError
 from engine.inventory import Inventory
+from engine.match.durations import parse_duration
 from engine.match.rules import RuleSet
-from engine.models import Decision, Event, Intent, Match, Reason, RunOutcome, RunStatus
+from engine.models import (
+    ChatopsEvent,
+    Decision,
+    Event,
+    Intent,
+    Match,
+    Reason,
+    RunOutcome,
+    RunStatus,
+)
 from engine.settings import Settings
 
 # Decisions that say what the engine would do; the other drops say why it would not.
@@ -97,10 +108,15 @@ class Shadow:
     async def feed(self, event: Event) -> list[WouldRun]:
         """Evaluate one event at its own time (ticking `absent` rules up to it first)."""
         out = await self.advance(event.epoch)
+        if isinstance(event, ChatopsEvent):
+            await self._command(event)
         if event.node not in self.hosts:
             return out
         for match in self.engine.matcher.match(event):
             out += await self._decide(match)
+        # Runs start once the event is decided, as live: a second rule matching the same
+        # event sees the node as the first decision left it, not as its run would.
+        await self._run_intents()
         return out
 
     async def advance(self, t: float) -> list[WouldRun]:
@@ -112,7 +128,20 @@ class Shadow:
         out: list[WouldRun] = []
         for match in self.engine.matcher.tick(self.clock.now()):
             out += await self._decide(match)
+        await self._run_intents()
         return out
+
+    async def _command(self, event: ChatopsEvent) -> None:
+        """A person's silence, as recorded, is in force in the replay as it was live."""
+        d = event.data
+        if d.command != "silence" or len(d.args) < 3:
+            return
+        try:
+            until = event.epoch + parse_duration(d.args[1])
+            reason = " ".join(d.args[2:])
+            await self.engine.silences.add(d.args[0], event.epoch, until, reason, d.user)
+        except (ValueError, EngineError):
+            return  # the live command refused it too
 
     async def _decide(self, match: Match) -> list[WouldRun]:
         d = await self.engine.pipeline.handle_match(match)
@@ -120,7 +149,6 @@ class Shadow:
             return []
         if d.reason is not Reason.NOT_APPLICABLE:
             self.decisions.append(d)
-        await self._run_intents()
         return would_run(d)
 
     async def _run_intents(self) -> None:

@@ -41,10 +41,9 @@ from engine.signing import verify
 log = logging.getLogger(__name__)
 
 DURABLE = "gpuops-executor"
-# A running claim is renewed this often; one not renewed for CLAIM_STALE_S belongs to an
-# executor that died (a live one may simply be slow: a duplicate copy must not judge it).
-RENEW_S = 20.0
-CLAIM_STALE_S = 90.0
+# A running claim is renewed every quarter of `claim_stale_s`; one not renewed for that
+# long belongs to an executor that died (a live one may simply be slow: a duplicate copy
+# of its intent must not judge it). The intent comes back after the same time.
 
 
 class LockRelease(Protocol):
@@ -87,6 +86,7 @@ class Executor:
         cache_dir: Path,
         parallel: int = 4,
         max_timeout_s: float = 900.0,
+        claim_stale_s: float = 90.0,
     ) -> None:
         self.bus = bus
         self.recorder = recorder
@@ -100,13 +100,16 @@ class Executor:
         self.playbooks_dir = playbooks_dir
         self.cache_dir = cache_dir
         self.max_timeout_s = max_timeout_s
+        self.claim_stale_s = claim_stale_s
         self.slots = asyncio.Semaphore(parallel)
         self.parallel = parallel
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and run intents until `stop` is set; in-flight runs are awaited."""
         config = ConsumerConfig(
-            ack_policy=AckPolicy.EXPLICIT, ack_wait=60.0, max_ack_pending=self.parallel * 4
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.claim_stale_s,
+            max_ack_pending=self.parallel * 4,
         )
         sub = await self.bus.js.pull_subscribe(
             "gpuops.actions.>", durable=DURABLE, stream=ACTIONS, config=config
@@ -192,7 +195,9 @@ class Executor:
         if await self.claims.cas(fresh, 0, intent.key):
             return 1
         held, revision = await self.claims.get(intent.key)
-        alive = held is not None and held.state == "running" and now - held.renewed < CLAIM_STALE_S
+        alive = (
+            held is not None and held.state == "running" and now - held.renewed < self.claim_stale_s
+        )
         if held is None or held.state != "running" or alive:
             done = "running elsewhere" if alive else (held.status if held else "claimed")
             await self.recorder.auditor.note(
@@ -283,7 +288,7 @@ class Executor:
     async def _keep_alive(self, msg: Msg, intent: Intent) -> None:
         """Tell JetStream and the claim that the run goes on (not redelivered, not judged dead)."""
         while True:
-            await asyncio.sleep(RENEW_S)
+            await asyncio.sleep(self.claim_stale_s / 4)
             now = self.clock.now()
             with contextlib.suppress(Exception):
                 await msg.in_progress()

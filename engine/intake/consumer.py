@@ -60,7 +60,7 @@ class Intake:
         """Fetch until `stop` is set."""
         config = ConsumerConfig(
             ack_policy=AckPolicy.ALL if self.ack_all else AckPolicy.EXPLICIT,
-            ack_wait=300.0,  # a batch handled slowly on a loaded host must not come back
+            ack_wait=120.0,  # a batch handled slowly on a loaded host must not come back
             max_deliver=20,  # a handler bug must not redeliver one event forever
             max_ack_pending=max(1000, self.batch * 4),
         )

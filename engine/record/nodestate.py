@@ -55,7 +55,9 @@ class NodeRecord(BaseModel):
     why: str = ""
     quarantined: bool = False
     previous: NodeState | None = None
-    cause: str = ""  # the event or intent that moved it: the same one never moves it twice
+    # The last decision applied: the same decision (made again after a crash, or seen
+    # first by the executor through its intent) never moves the node twice.
+    cause: str = ""
 
 
 def moved(
@@ -82,7 +84,7 @@ def moved(
         why=why,
         quarantined=flag,
         previous=record.state,
-        cause=cause,
+        cause=cause or record.cause,
     )
 
 

@@ -126,9 +126,15 @@ class Recorder:
         return count
 
     async def run_started(self, intent: Intent) -> None:
-        """A playbook began on the node."""
-        now, play = self.clock.now(), intent.action.playbook
-        await self.states.apply(intent.node, lambda r: ns.after_run_started(r, play, now))
+        """A playbook began on the node (its decision applied first, if not yet: the
+        executor may start before the engine has recorded the decision)."""
+        now, play, d = self.clock.now(), intent.action.playbook, intent.decision
+
+        def step(r: ns.NodeRecord) -> ns.NodeRecord | None:
+            decided = ns.after_decision(r, d, self.catalog, now) if d is not None else None
+            return ns.after_run_started(decided or r, play, now) or decided
+
+        await self.states.apply(intent.node, step)
 
     async def run_ended(self, intent: Intent, outcome: RunOutcome) -> ns.NodeRecord:
         """The run record and the node's next state; the node's record after it."""
