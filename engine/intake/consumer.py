@@ -60,7 +60,9 @@ class Intake:
         """Fetch until `stop` is set."""
         config = ConsumerConfig(
             ack_policy=AckPolicy.ALL if self.ack_all else AckPolicy.EXPLICIT,
-            ack_wait=120.0,  # a batch handled slowly on a loaded host must not come back
+            # Long enough for a batch handled slowly on a loaded host not to come back;
+            # short enough that what a crashed engine held is decided again soon.
+            ack_wait=120.0 if self.ack_all else 60.0,
             max_deliver=20,  # a handler bug must not redeliver one event forever
             max_ack_pending=max(1000, self.batch * 4),
         )
