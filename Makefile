@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # molecule and ansible-lint call ansible-* by name: the venv's must come first.
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test lint unit integration molecule bench soak clean venv
+.PHONY: demo test test-slow lint unit integration molecule bench soak clean venv
 
 venv: $(STAMP)
 
@@ -27,8 +27,13 @@ lint: $(STAMP)
 	$(BIN)/yamllint -c .yamllint.yml playbooks rules tests/rules molecule
 	$(BIN)/ansible-lint --profile production playbooks/
 
+# `make test` leaves out the tests marked slow (minutes each on 2 cores); .ci/run runs
+# them too, with `make test-slow`.
 test: lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -q -m slow
 
 unit: $(STAMP)
 	$(BIN)/pytest -q tests/unit

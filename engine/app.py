@@ -73,6 +73,7 @@ class App:
     intakes: list[Intake] = field(init=False, default_factory=list)
     stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     http_port: int = field(init=False, default=0)
+    watching: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     # loop -> (why, monotonic time): a loop that failed recently, for /healthz.
     failing: dict[str, tuple[str, float]] = field(init=False, default_factory=dict)
 
@@ -285,9 +286,10 @@ class App:
     async def _watch_rules(self) -> None:
         """Reload when a rule file changes (polling: works on every filesystem)."""
         seen = _mtimes(self.settings)
+        self.watching.set()
         while not self.stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), 2.0)
+                await asyncio.wait_for(self.stop.wait(), self.settings.rules_poll_s)
             now = _mtimes(self.settings)
             if now != seen:
                 seen = now

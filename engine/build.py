@@ -21,7 +21,7 @@ from engine.decide.breaker import BreakerStore, FleetBreaker
 from engine.decide.cooldown import Cooldown
 from engine.decide.equivalence import Equivalence
 from engine.decide.gates import DryRun, RecordOnly
-from engine.decide.inventory import KnownNode
+from engine.decide.known_node import KnownNode
 from engine.decide.ladder import LadderStage
 from engine.decide.lock import NodeLock, NodeLocks
 from engine.decide.nodegate import Escalate, NodeStateGate

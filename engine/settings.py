@@ -153,6 +153,7 @@ class Settings(BaseModel):
     max_parallel_runs: int = Field(default=4, ge=1, le=256)
     intake_batch: int = Field(default=256, ge=1, le=10_000)
     tick_s: float = Field(default=1.0, gt=0)
+    rules_poll_s: float = Field(default=2.0, gt=0, description="how often rule files are checked")
     max_future_skew_s: float = Field(
         default=300.0,
         gt=0,

@@ -21,7 +21,11 @@ def _gpuops(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
 
 
 def test_demo_closes_the_loop_for_every_fault(tmp_path: Path) -> None:
-    done = _gpuops("--state-dir", str(tmp_path), "demo", "--json-summary", timeout=170)
+    # The demo waits on what happens, not on the wall: a loaded machine makes it slower,
+    # never wrong, so its own limit is generous.
+    done = _gpuops(
+        "--state-dir", str(tmp_path), "demo", "--json-summary", "--timeout", "500", timeout=600
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads(done.stdout)
     assert summary["ok"] is True

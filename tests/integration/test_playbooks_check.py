@@ -24,7 +24,7 @@ from engine.sim import state as node_state
 from engine.sim.fleet import SimFleet
 from tests.conftest import ROOT, calls
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PLAYBOOKS = ROOT / "playbooks"
 CHANGING, SETTLED, OUTSIDE = "node-001", "node-002", "node-003"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from engine.bus.conn import Bus
 from engine.bus.server import EmbeddedNats
 from engine.clock import rfc3339
 from engine.sim.fleet import SimFleet
-from tests.conftest import ROOT, engine_settings, running_engine
+from tests.conftest import ROOT, engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +25,10 @@ async def test_reload_with_a_bad_file_keeps_the_last_good_rules(
 ) -> None:
     rules_dir = tmp_path / "rules"
     shutil.copytree(ROOT / "rules", rules_dir)
-    settings = engine_settings(tmp_path, fleet, nats_server.url, rules_dir=rules_dir)
+    # The watcher stays out of the way: this test calls reload itself.
+    settings = engine_settings(
+        tmp_path, fleet, nats_server.url, rules_dir=rules_dir, rules_poll_s=3600.0
+    )
     async with running_engine(settings, bus) as app:
         before = {r.name for r in app.pipeline.matcher.rules.rules}
         bad = ROOT / "tests" / "unit" / "bad_rules" / "lambda.yml"
@@ -36,6 +40,24 @@ async def test_reload_with_a_bad_file_keeps_the_last_good_rules(
         )
         assert await app.reload() is True
         assert "new-rule" in {r.name for r in app.pipeline.matcher.rules.rules}
+
+
+async def test_the_watcher_reloads_a_changed_rule_file(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    rules_dir = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules_dir)
+    settings = engine_settings(
+        tmp_path, fleet, nats_server.url, rules_dir=rules_dir, rules_poll_s=0.2
+    )
+    async with running_engine(settings, bus) as app:
+        await asyncio.wait_for(app.watching.wait(), 30)  # it has read the files as they were
+        (rules_dir / "zz-new.yml").write_text(
+            "rules:\n  - name: watched-rule\n    on: xid\n    when: xid == 13\n"
+        )
+        await wait_for(
+            lambda: "watched-rule" in {r.name for r in app.pipeline.matcher.rules.rules}, 30
+        )
 
 
 def test_replay_prints_would_be_actions_as_json(tmp_path: Path) -> None:

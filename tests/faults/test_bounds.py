@@ -1,0 +1,70 @@
+"""Issue 10, defects 7 and 8: oversized fields and made-up hosts are bounded.
+
+A decision about an XID whose driver message is nearly a mebibyte is still recorded
+(the field cut, its hash kept), and 5,000 heartbeats from hosts outside the inventory
+leave no per-host state and a handful of audit notes, not thousands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.bus.conn import AUDIT, Bus
+from engine.bus.server import EmbeddedNats
+from engine.models import new_event, subject_for
+from engine.record.audit import read_audit
+from engine.sim.fleet import SimFleet
+from tests.conftest import counted, engine_settings, running_engine, wait_for
+
+pytestmark = pytest.mark.faults
+
+
+async def _send(bus: Bus, kind: str, node: str, data: dict[str, object]) -> None:
+    event = new_event(kind, node, time.time(), data, "test")
+    await bus.js.publish(
+        subject_for(kind, node), json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]}
+    )
+
+
+async def test_a_huge_xid_message_is_recorded_cut_with_its_hash(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    message = "NVRM: Xid (PCI:0000:18:00): 13, " + "x" * 900_000
+    settings = engine_settings(tmp_path, fleet, nats_server.url, role="engine")
+    async with running_engine(settings, bus) as app:
+        for _ in range(2):  # the rule wants it twice within a day
+            await _send(bus, "xid", "node-001", {"gpu": 0, "xid": 13, "message": message})
+        await wait_for(lambda: counted(app.engine.metrics.decisions) >= 1, 30)
+
+        async def recorded() -> list[dict[str, object]]:
+            return [r.body async for r in read_audit(bus.js, "node-001") if r.type == "decision"]
+
+        await wait_for(recorded, 30)
+    (body,) = await recorded()
+    cut = body["truncated"]
+    assert isinstance(cut, dict)
+    assert cut["body.facts.message"] == hashlib.sha256(message.encode()).hexdigest()
+    assert len(json.dumps(body)) < 64 * 1024, "the record stays small"
+    info = await bus.js.stream_info(AUDIT)
+    assert info.state.bytes < 512 * 1024
+
+
+async def test_heartbeats_from_5000_made_up_hosts_leave_no_state(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = engine_settings(tmp_path, fleet, nats_server.url, role="engine")
+    async with running_engine(settings, bus) as app:
+        windows_before = app.engine.matcher.state_size()
+        for i in range(5000):
+            await _send(bus, "heartbeat", f"ghost-{i:05d}", {"seq": i})
+        await wait_for(lambda: counted(app.engine.metrics.unknown_nodes) == 5000, 120)
+        assert app.engine.matcher.state_size() == windows_before, "no window for a ghost"
+        assert len(app.engine.pipeline._unknown) <= 1001, "the summary is bounded"
+    notes = [r async for r in read_audit(bus.js) if "not in the inventory" in r.summary]
+    assert 1 <= len(notes) <= 3, "summarised, not one note per host"
+    assert [r async for r in read_audit(bus.js, "ghost-00001")] == []
