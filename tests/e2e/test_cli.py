@@ -57,7 +57,7 @@ def test_demo_closes_the_loop_for_every_fault(tmp_path: Path) -> None:
 
 
 def test_validate_reports_file_line_rule_and_exits_1() -> None:
-    bad = ROOT / "tests" / "unit" / "bad_rules" / "lambda.yml"
+    bad = ROOT / "tests" / "unit" / "match" / "bad_rules" / "lambda.yml"
     done = _gpuops("validate", str(bad))
     assert done.returncode == 1
     assert done.stdout.strip() == f"{bad}:4: rule sneaky: when: lambdas are not allowed"

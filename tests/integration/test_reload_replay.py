@@ -31,7 +31,7 @@ async def test_reload_with_a_bad_file_keeps_the_last_good_rules(
     )
     async with running_engine(settings, bus) as app:
         before = {r.name for r in app.pipeline.matcher.rules.rules}
-        bad = ROOT / "tests" / "unit" / "bad_rules" / "lambda.yml"
+        bad = ROOT / "tests" / "unit" / "match" / "bad_rules" / "lambda.yml"
         shutil.copy(bad, rules_dir / "zz-bad.yml")
         assert await app.reload() is False
         assert {r.name for r in app.pipeline.matcher.rules.rules} == before

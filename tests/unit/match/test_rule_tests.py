@@ -13,7 +13,7 @@ from engine.match.loader import load_rules
 from engine.match.rules import RuleSet
 from engine.ruletest import load_cases, run_cases
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RULE_TESTS = sorted((ROOT / "tests" / "rules").glob("*.yml"))
 
 

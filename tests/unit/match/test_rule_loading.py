@@ -11,7 +11,7 @@ from engine.errors import RuleError, RuleSetError
 from engine.match.loader import build_all, load_rules
 from engine.match.yamlsrc import LineDict, load_yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BAD = Path(__file__).resolve().parent / "bad_rules"
 
 CASES = {

@@ -10,7 +10,7 @@ from engine.match.loader import load_rules
 from engine.match.matcher import Matcher
 from engine.models import EVENT_ADAPTER
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TRACE = ROOT / "tests" / "fixtures" / "nvml" / "h200_trace_load_burst.jsonl"
 SNAPSHOT = json.loads((ROOT / "tests" / "fixtures" / "nvml" / "h200_snapshot.json").read_text())
 
