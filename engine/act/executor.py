@@ -24,6 +24,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy, ConsumerConfig
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from engine import subjects
 from engine.act.playbooks import resolve
 from engine.act.runner import RunRequest, run_async
 from engine.bus.conn import ACTIONS, Bus
@@ -32,7 +33,7 @@ from engine.catalog import Catalog
 from engine.clock import Clock
 from engine.errors import ActionError
 from engine.inventory import Inventory
-from engine.models import Intent, RunOutcome, RunStatus, subject_token
+from engine.models import Intent, RunOutcome, RunStatus
 from engine.record.metrics import Metrics
 from engine.record.nodestate import NodeState
 from engine.record.recorder import Recorder, decision_msg_id, decision_record
@@ -250,9 +251,7 @@ class Executor:
         if intent.holds_lock:
             await self.locks.release(intent.node, intent.event_id)
         if record.state is NodeState.VALIDATING and outcome.status is RunStatus.SUCCESSFUL:
-            await self.bus.nc.publish(
-                f"gpuops.agent.{subject_token(intent.node)}.probe", b"validate"
-            )
+            await self.bus.nc.publish(subjects.probe_request(intent.node), b"validate")
 
     async def _execute(self, intent: Intent, msg: Msg) -> RunOutcome:
         try:

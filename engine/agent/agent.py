@@ -23,12 +23,12 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
-from engine import __version__
+from engine import __version__, subjects
 from engine.agent.backend import GpuBackend, HealthSignal
 from engine.agent.probe import run_probe
 from engine.agent.spool import Spool, Spooled
 from engine.clock import Clock
-from engine.models import new_event, subject_for, subject_token
+from engine.models import new_event, subject_for
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Agent:
             if stop.is_set():
                 return
         sub = await self.nc.subscribe(
-            f"gpuops.agent.{subject_token(self.s.node)}.probe", cb=self._on_probe_request
+            subjects.probe_request(self.s.node), cb=self._on_probe_request
         )
         await stop.wait()
         with contextlib.suppress(NatsError):

@@ -13,6 +13,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from engine import subjects
 from engine.clock import Clock
 from engine.errors import EventError
 from engine.intake.decode import dead_letter, decode
@@ -113,5 +114,5 @@ class Intake:
         body = dead_letter(exc.reason, exc.message, msg.data, msg.subject, self.clock.now())
         seq = msg.metadata.sequence.stream
         await self.js.publish(
-            f"gpuops.dlq.{exc.reason}", body, headers={"Nats-Msg-Id": f"dlq-{self.stream}-{seq}"}
+            subjects.dlq(exc.reason), body, headers={"Nats-Msg-Id": f"dlq-{self.stream}-{seq}"}
         )

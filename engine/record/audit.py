@@ -14,16 +14,17 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from engine import subjects
 from engine.bus.conn import AUDIT
 from engine.bus.publish import Publisher
-from engine.models import AuditRecord, subject_token
+from engine.models import AuditRecord
 
 log = logging.getLogger(__name__)
 
 
 def audit_subject(node: str) -> str:
     """`gpuops.audit.<node>`, or `gpuops.audit._fleet` for records about no node."""
-    return f"gpuops.audit.{subject_token(node) if node else '_fleet'}"
+    return subjects.audit(node)
 
 
 # A record is small: one decision or run. Oversized fields (a 1 MiB XID message) are cut
