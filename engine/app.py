@@ -221,7 +221,7 @@ class App:
 
         return DriftScheduler(
             self.settings.drift.schedules,
-            self.bus.kv["control"],
+            self.engine.buckets.control,
             self.clock,
             check,
             record,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -21,9 +22,13 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
-from engine.bus.kvjson import kv_key
-
 T = TypeVar("T", bound=BaseModel)
+_UNSAFE = re.compile(r"[^-/_=.a-zA-Z0-9]")
+
+
+def kv_key(*parts: str) -> str:
+    """A KV key from parts (anything outside the allowed characters becomes `_`)."""
+    return ".".join(_UNSAFE.sub("_", p) for p in parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,7 @@ run failed counts as an attempt, so the next recurrence climbs past it.
 
 from __future__ import annotations
 
-from engine.bus.kvjson import kv_key
-from engine.bus.store import KV, Store
+from engine.bus.store import KV, Store, kv_key
 from engine.decide.history import AttemptLog, append
 from engine.decide.stage import BaseStage, Drop, Proposal
 from engine.match.durations import format_duration

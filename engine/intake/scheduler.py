@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from apscheduler.triggers.cron import CronTrigger
-from nats.js.kv import KeyValue
+from pydantic import BaseModel, ConfigDict
 
-from engine.bus.kvjson import cas_json, get_json, kv_key, put_json
+from engine.bus.store import KV, Store
 from engine.clock import Clock
 from engine.errors import ConfigError
 from engine.settings import DriftSchedule
@@ -54,6 +54,18 @@ def latest_slot(trigger: CronTrigger, now: float, horizon_s: float) -> float | N
     return latest.timestamp() if latest is not None else None
 
 
+class SlotClaim(BaseModel):
+    """Who took a schedule's latest slot, and how it went (shared by replicas in KV)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    slot: float
+    state: str  # before-first-start | missed | running | done
+    by: str
+    started: float | None = None
+    ended: float | None = None
+
+
 @dataclass
 class Slot:
     """One schedule's slot, and what became of it."""
@@ -69,7 +81,7 @@ class DriftScheduler:
     def __init__(
         self,
         schedules: tuple[DriftSchedule, ...],
-        kv: KeyValue,
+        kv: KV,
         clock: Clock,
         run: Runner,
         record: Recorder,
@@ -77,7 +89,8 @@ class DriftScheduler:
         replica: str = "engine",
     ) -> None:
         self.items = [(s, trigger_for(s)) for s in schedules]
-        self.kv, self.clock, self.run_check, self.record = kv, clock, run, record
+        self.claims: Store[SlotClaim] = Store(kv, SlotClaim, "drift.slot")
+        self.clock, self.run_check, self.record = clock, run, record
         self.grace_s = grace_s
         self.replica = replica
 
@@ -92,32 +105,33 @@ class DriftScheduler:
 
     async def _consider(self, schedule: DriftSchedule, trigger: CronTrigger) -> Slot | None:
         now = self.clock.now()
-        key = kv_key("drift", "slot", schedule.name)
-        claimed, rev = await get_json(self.kv, key)
-        last = float(claimed["slot"]) if claimed else float("-inf")
+        name = schedule.name
+        claimed, rev = await self.claims.get(name)
+        last = claimed.slot if claimed else float("-inf")
         # Look back far enough to notice a slot missed beyond the grace period.
         due = latest_slot(trigger, now, max(self.grace_s, 1.0) + 86400.0 * 7)
         if due is None or due <= last:
             return None
         if now - due > self.grace_s and claimed is None:
             # A schedule seen for the first time: slots before it existed were never missed.
-            await put_json(
-                self.kv, key, {"slot": due, "state": "before-first-start", "by": self.replica}
+            await self.claims.put(
+                SlotClaim(slot=due, state="before-first-start", by=self.replica), name
             )
             return None
         if now - due > self.grace_s:
-            await put_json(self.kv, key, {"slot": due, "state": "missed", "by": self.replica})
+            await self.claims.put(SlotClaim(slot=due, state="missed", by=self.replica), name)
             await self.record(
                 f"drift check {schedule.name}: slot missed beyond the grace period",
                 {"schedule": schedule.name, "slot": due, "outcome": "missed"},
             )
             return Slot(schedule.name, due, "missed")
-        mine = {"slot": due, "state": "running", "by": self.replica, "started": now}
-        if not await cas_json(self.kv, key, mine, rev):
+        mine = SlotClaim(slot=due, state="running", by=self.replica, started=now)
+        if not await self.claims.cas(mine, rev, name):
             return Slot(schedule.name, due, "claimed-elsewhere")
         log.info("drift check %s for slot %s over %s", schedule.name, due, schedule.group)
         await self.run_check(schedule.group)
-        await put_json(self.kv, key, {**mine, "state": "done", "ended": self.clock.now()})
+        done = mine.model_copy(update={"state": "done", "ended": self.clock.now()})
+        await self.claims.put(done, name)
         return Slot(schedule.name, due, "ran")
 
     async def run(self, stop: asyncio.Event, every_s: float = 15.0) -> None:

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from engine.bus.conn import Bus
+from engine.bus.store import NatsKV
 from engine.clock import ManualClock
 from engine.intake.scheduler import DriftScheduler, latest_slot, trigger_for
 from engine.settings import DriftSchedule
@@ -33,7 +34,8 @@ def _scheduler(
     async def record(summary: str, body: dict[str, object]) -> None:
         notes.append(summary)
 
-    return DriftScheduler((NIGHTLY,), bus.kv["control"], clock, run, record, grace_s, replica)
+    control = NatsKV(bus.kv["control"])
+    return DriftScheduler((NIGHTLY,), control, clock, run, record, grace_s, replica)
 
 
 def test_slots_follow_the_time_zone() -> None:
