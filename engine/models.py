@@ -455,6 +455,27 @@ class RunOutcome(_Frozen):
         """Wall seconds the run took."""
         return self.ended - self.started
 
+    @classmethod
+    def of(
+        cls,
+        intent: Intent,
+        status: RunStatus,
+        started: float,
+        ended: float,
+        error: str | None = None,
+    ) -> RunOutcome:
+        """An outcome that no ansible-runner call produced (refused, interrupted, shadow)."""
+        return cls(
+            intent_key=intent.key,
+            rule=intent.rule,
+            node=intent.node,
+            playbook=intent.action.playbook,
+            status=status,
+            started=started,
+            ended=ended,
+            error=error,
+        )
+
 
 class AuditRecord(_Frozen):
     """One line of the audit trail."""

@@ -161,14 +161,6 @@ class Shadow:
             intent = Intent.model_validate_json(payload)
             now = self.clock.now()
             await self.engine.recorder.run_started(intent)
-            outcome = RunOutcome(
-                intent_key=intent.key,
-                rule=intent.rule,
-                node=intent.node,
-                playbook=intent.action.playbook,
-                status=RunStatus.SUCCESSFUL,
-                started=now,
-                ended=now,
-            )
+            outcome = RunOutcome.of(intent, RunStatus.SUCCESSFUL, now, now)
             await self.engine.recorder.run_ended(intent, outcome)
             await self.engine.locks.release(intent.node, intent.event_id)

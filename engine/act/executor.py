@@ -220,16 +220,8 @@ class Executor:
     async def _interrupted(self, intent: Intent, held: Claim, revision: int) -> None:
         """An earlier executor died mid-run: record it, free the node, tell a person."""
         now = self.clock.now()
-        outcome = RunOutcome(
-            intent_key=intent.key,
-            rule=intent.rule,
-            node=intent.node,
-            playbook=intent.action.playbook,
-            status=RunStatus.INTERRUPTED,
-            started=held.at,
-            ended=now,
-            error="the executor running it died; not run again (the playbook is not retry-safe)",
-        )
+        why = "the executor running it died; not run again (the playbook is not retry-safe)"
+        outcome = RunOutcome.of(intent, RunStatus.INTERRUPTED, held.at, now, why)
         done = Claim(state="done", at=now, rule=intent.rule, status=outcome.status.value)
         if await self.claims.cas(done, revision, intent.key):
             await self._record(intent, outcome)
@@ -260,16 +252,7 @@ class Executor:
             )
         except ActionError as exc:
             now = self.clock.now()
-            return RunOutcome(
-                intent_key=intent.key,
-                rule=intent.rule,
-                node=intent.node,
-                playbook=intent.action.playbook,
-                status=RunStatus.ERROR,
-                started=now,
-                ended=now,
-                error=str(exc),
-            )
+            return RunOutcome.of(intent, RunStatus.ERROR, now, now, str(exc))
         await self.recorder.auditor.note(
             self.clock.now(),
             intent.node,

@@ -20,11 +20,16 @@ from tests.conftest import ROOT, engine_settings, running_engine, wait_for
 pytestmark = pytest.mark.integration
 
 
+def _rules_copy(tmp_path: Path) -> Path:
+    rules_dir = tmp_path / "rules"
+    shutil.copytree(ROOT / "rules", rules_dir)
+    return rules_dir
+
+
 async def test_reload_with_a_bad_file_keeps_the_last_good_rules(
     tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
 ) -> None:
-    rules_dir = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules_dir)
+    rules_dir = _rules_copy(tmp_path)
     # The watcher stays out of the way: this test calls reload itself.
     settings = engine_settings(
         tmp_path, fleet, nats_server.url, rules_dir=rules_dir, rules_poll_s=3600.0
@@ -45,8 +50,7 @@ async def test_reload_with_a_bad_file_keeps_the_last_good_rules(
 async def test_the_watcher_reloads_a_changed_rule_file(
     tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
 ) -> None:
-    rules_dir = tmp_path / "rules"
-    shutil.copytree(ROOT / "rules", rules_dir)
+    rules_dir = _rules_copy(tmp_path)
     settings = engine_settings(
         tmp_path, fleet, nats_server.url, rules_dir=rules_dir, rules_poll_s=0.2
     )
