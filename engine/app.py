@@ -39,6 +39,8 @@ from engine.inventory import Inventory, load_inventory
 from engine.match.builtin import with_builtins
 from engine.match.loader import load_rules, rule_files
 from engine.match.rules import RuleSet
+from engine.pipeline import Pipeline
+from engine.record.audit import Auditor
 from engine.settings import Settings
 from engine.signing import load_key
 
@@ -133,12 +135,12 @@ class App:
         )
 
     @property
-    def pipeline(self) -> Any:
-        """The engine's pipeline (tests and the demo read its counters)."""
+    def pipeline(self) -> Pipeline:
+        """The engine's pipeline."""
         return self.engine.pipeline
 
     @property
-    def auditor(self) -> Any:
+    def auditor(self) -> Auditor:
         """The audit trail's writer."""
         return self.engine.auditor
 

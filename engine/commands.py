@@ -24,10 +24,10 @@ from engine.bus.store import NatsKV, Store
 from engine.clock import Clock, rfc3339
 from engine.decide.approval import ApprovalStatus, ApprovalStore
 from engine.decide.breaker import BreakerState, BreakerStore
-from engine.decide.silence import SilenceStore
+from engine.decide.silence import SilenceStore, silence_span
 from engine.errors import EngineError
 from engine.inventory import Inventory
-from engine.match.durations import format_duration, parse_duration
+from engine.match.durations import format_duration
 from engine.models import new_event, subject_for
 from engine.record.audit import Auditor, read_audit
 from engine.record.nodestate import NodeState, NodeStates
@@ -256,15 +256,12 @@ class Commands:
         return f"denied {args[0]}: {record.summary}"
 
     async def do_silence(self, args: list[str], caller: Caller) -> str:
-        if len(args) < 3:
-            raise CommandError("missing arguments")
         try:
-            duration = parse_duration(args[1])
+            target, starts, ends, reason = silence_span(args, self.clock.now())
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
-        now = self.clock.now()
-        s = await self.silences.add(args[0], now, now + duration, " ".join(args[2:]), caller.user)
-        return f"silence {s.id}: {s.target} for {format_duration(duration)} ({s.reason})"
+        s = await self.silences.add(target, starts, ends, reason, caller.user)
+        return f"silence {s.id}: {s.target} for {format_duration(ends - starts)} ({s.reason})"
 
     async def do_unsilence(self, args: list[str], caller: Caller) -> str:
         if not args:

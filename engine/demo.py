@@ -25,6 +25,7 @@ from engine.app import App, load_world
 from engine.bus.conn import open_bus
 from engine.clock import ScaledClock
 from engine.models import AuditRecord, Reason
+from engine.record.metrics import by_label, total
 from engine.settings import NatsSettings, SafetySettings, Settings, checkout_root
 from engine.sim.driver import SimDriver
 from engine.sim.fleet import SimFleet
@@ -275,29 +276,14 @@ def _summary(
         "wall_s": round(wall, 1),
         "telemetry_published": driver.stats.telemetry,
         "health_published": driver.stats.health,
-        "events_processed": int(_total(m.events)),
-        "decisions": {k: int(v) for k, v in _by_label(m.decisions).items()},
-        "intents": int(_total(m.intents)),
-        "runs": int(_total(m.runs)),
+        "events_processed": int(total(m.events)),
+        "decisions": {k: int(v) for k, v in by_label(m.decisions).items()},
+        "intents": int(total(m.intents)),
+        "runs": int(total(m.runs)),
         "node_states": states,
         "drift_check": drift,
         "faults": rows,
     }
-
-
-def _by_label(counter: Any) -> dict[str, float]:
-    """A labelled counter's values by its one label."""
-    out: dict[str, float] = {}
-    for family in counter.collect():
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                out[next(iter(sample.labels.values()), "")] = sample.value
-    return out
-
-
-def _total(counter: Any) -> float:
-    """A counter's sum over its labels."""
-    return sum(_by_label(counter).values())
 
 
 def _delta(a: float | None, b: float | None) -> float | None:

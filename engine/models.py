@@ -414,9 +414,13 @@ class Intent(_Frozen):
     event_id: str
     event_ts: float
     decided_at: float
-    holds_lock: bool = False
     decision: Decision | None = None  # the accepted decision, so the intent is its record too
     signature: str = ""  # HMAC of the engine over everything above (engine/signing.py)
+
+    @property
+    def holds_lock(self) -> bool:
+        """Whether the node's lock was taken for this intent's decision (the run gives it back)."""
+        return self.decision is not None and self.decision.holds_lock
 
 
 class RunStatus(StrEnum):

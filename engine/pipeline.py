@@ -57,7 +57,6 @@ class Pipeline:
         self.inventory = inventory
         self.metrics = metrics
         self.signing_key = signing_key
-        self.written: list[Intent] = []  # this call's intents (handle_match's result)
         self._unknown: dict[str, int] = {}
         self._unknown_reported = float("-inf")
 
@@ -100,7 +99,6 @@ class Pipeline:
         d = await self.decider.decide(match, rule, write, approved_by)
         self.metrics.decisions.labels(d.reason.value).inc()
         await self.recorder.decided(d, intents)
-        self.written = intents
         return d
 
     def _intents(self, d: Decision) -> list[Intent]:
@@ -116,7 +114,6 @@ class Pipeline:
                     event_id=m.event_id,
                     event_ts=m.event_ts,
                     decided_at=self.clock.now(),
-                    holds_lock=d.holds_lock,
                     decision=d,
                 ),
                 self.signing_key,

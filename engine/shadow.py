@@ -18,9 +18,9 @@ from engine.build import Buckets, build_engine
 from engine.bus.publish import MemoryPublisher
 from engine.catalog import load_catalog
 from engine.clock import ManualClock, rfc3339
+from engine.decide.silence import silence_span
 from engine.errors import EngineError
 from engine.inventory import Inventory
-from engine.match.durations import parse_duration
 from engine.match.rules import RuleSet
 from engine.models import (
     ChatopsEvent,
@@ -133,13 +133,11 @@ class Shadow:
 
     async def _command(self, event: ChatopsEvent) -> None:
         """A person's silence, as recorded, is in force in the replay as it was live."""
-        d = event.data
-        if d.command != "silence" or len(d.args) < 3:
+        if event.data.command != "silence":
             return
         try:
-            until = event.epoch + parse_duration(d.args[1])
-            reason = " ".join(d.args[2:])
-            await self.engine.silences.add(d.args[0], event.epoch, until, reason, d.user)
+            target, starts, ends, reason = silence_span(event.data.args, event.epoch)
+            await self.engine.silences.add(target, starts, ends, reason, event.data.user)
         except (ValueError, EngineError):
             return  # the live command refused it too
 

@@ -17,9 +17,11 @@ from engine.bus.server import EmbeddedNats
 from engine.clock import Clock, SystemClock
 from engine.models import RunOutcome
 from engine.record.audit import read_audit
+from engine.record.metrics import total
 from engine.settings import NatsSettings, Settings
 from engine.sim.fleet import SimFleet
 
+counted = total  # the tests' name for reading a counter (summed, or one label)
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -97,18 +99,6 @@ async def wait_for(predicate: Any, limit_s: float = 30.0, interval: float = 0.1)
             return
         await asyncio.sleep(interval)
     raise AssertionError(f"condition not met within {limit_s}s: {predicate}")
-
-
-def counted(counter: Any, label: str | None = None) -> float:
-    """A prometheus counter's value (summed over its labels when no label is given)."""
-    total = 0.0
-    for family in counter.collect():
-        for sample in family.samples:
-            if not sample.name.endswith("_total"):
-                continue
-            if label is None or label in sample.labels.values():
-                total += sample.value
-    return total
 
 
 async def run_outcomes(bus: Bus, node: str | None = None) -> list[RunOutcome]:

@@ -26,6 +26,9 @@ class Firing(BaseModel):
     event_id: str = ""
 
 
+CACHE_LIMIT = 10_000
+
+
 def _digest(rule: str, key: str) -> str:
     return hashlib.sha256(f"{rule}|{key}".encode()).hexdigest()[:40]
 
@@ -37,17 +40,24 @@ class Cooldown(BaseStage):
 
     def __init__(self, kv: KV) -> None:
         self.store: Store[Firing] = Store(kv, Firing, "cooldown")
-        self._running: dict[str, Firing] = {}
+        self._running: dict[str, tuple[Firing, float]] = {}  # digest -> (firing, ends)
 
     async def _last(self, digest: str, cooldown: float, now: float) -> Firing | None:
         cached = self._running.get(digest)
-        if cached is not None and now - cached.at < cooldown:
-            return cached
+        if cached is not None and now < cached[1]:
+            return cached[0]
         self._running.pop(digest, None)
         found, _ = await self.store.get(digest)
         if found is not None and now - found.at < cooldown:
-            self._running[digest] = found
+            self._remember(digest, found, found.at + cooldown, now)
         return found
+
+    def _remember(self, digest: str, firing: Firing, ends: float, now: float) -> None:
+        """Cache a running cooldown; past CACHE_LIMIT entries, ended ones are dropped."""
+        self._running[digest] = (firing, ends)
+        if len(self._running) > CACHE_LIMIT:
+            for d in [d for d, (_, end) in self._running.items() if end <= now]:
+                del self._running[d]
 
     async def check(self, p: Proposal) -> Drop | None:
         cooldown = p.rule.cooldown_s
@@ -64,10 +74,5 @@ class Cooldown(BaseStage):
             return
         firing = Firing(at=p.now, event_id=p.event_id)
         digest = _digest(p.rule.name, p.match.key)
-        self._running[digest] = firing
+        self._remember(digest, firing, p.now + p.rule.cooldown_s, p.now)
         await self.store.put(firing, digest)
-
-    def forget(self, now: float, longest: float) -> None:
-        """Drop cached cooldowns that have ended (called from the engine's tick)."""
-        for digest in [d for d, f in self._running.items() if now - f.at >= longest]:
-            del self._running[digest]

@@ -17,6 +17,7 @@ from engine.bus.store import KV, Store
 from engine.decide.stage import BaseStage, Drop, Proposal
 from engine.errors import ConfigError
 from engine.inventory import Inventory
+from engine.match.durations import parse_duration
 from engine.models import Reason
 
 TARGETS = ("rule", "node", "group", "label")
@@ -49,6 +50,17 @@ class Silence(BaseModel):
             return node in inventory.group_hosts(value)
         key, _, want = value.partition("=")
         return str(inventory.hostvars.get(node, {}).get(key)) == want
+
+
+def silence_span(args: list[str], now: float) -> tuple[str, float, float, str]:
+    """`TARGET DURATION REASON...` as (target, starts, ends, reason) from `now`.
+
+    The `silence` command and replay of a recorded one both read it here, so a replay
+    silences exactly what the person silenced. ValueError says what is missing or wrong.
+    """
+    if len(args) < 3:
+        raise ValueError("missing arguments")
+    return args[0], now, now + parse_duration(args[1]), " ".join(args[2:])
 
 
 def parse_target(target: str) -> str:

@@ -24,7 +24,7 @@ async def settle_approvals(approvals: ApprovalStore, pipeline: Pipeline, clock: 
                 now,
                 record.node,
                 f"approval {record.id} by {record.by}: decided again -> {verdict}",
-                {"approval": record.id, "intents": [i.key for i in pipeline.written]},
+                {"approval": record.id},  # the decision's own record lists its intents
             )
         elif (
             record.status is ApprovalStatus.PENDING

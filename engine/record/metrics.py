@@ -46,10 +46,21 @@ class Metrics:
         """The text exposition format."""
         return generate_latest(self.registry)
 
-    def count(self, counter: Counter, label: str | None = None) -> float:
-        """A counter's current value (for tests, the demo and `status`)."""
-        series = counter.labels(label) if label is not None else counter
-        return float(series._value.get())
+
+def by_label(counter: Counter) -> dict[str, float]:
+    """A counter's values by its (one) label; '' for an unlabelled one."""
+    out: dict[str, float] = {}
+    for family in counter.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                out[next(iter(sample.labels.values()), "")] = sample.value
+    return out
+
+
+def total(counter: Counter, label: str | None = None) -> float:
+    """A counter's value for one label, or summed over all of them."""
+    values = by_label(counter)
+    return values.get(label, 0.0) if label is not None else sum(values.values())
 
 
 def exposition(registry: CollectorRegistry) -> bytes:

@@ -20,6 +20,7 @@ from engine.decide.silence import SilenceStore
 from engine.http import HttpServer
 from engine.intake.chatops import slack_signature
 from engine.record.audit import read_audit
+from engine.record.metrics import total
 from engine.sim.fleet import SimFleet
 from tests.conftest import engine_settings, running_engine, wait_for
 
@@ -147,7 +148,7 @@ async def test_mattermost_token_and_trigger_word(engine: App) -> None:
 async def test_commands_become_chatops_events_and_metrics_and_health(engine: App) -> None:
     await _slack(engine, "dry-run on")
     m = engine.engine.metrics
-    await wait_for(lambda: m.count(m.events, "chatops") >= 1, 10)
+    await wait_for(lambda: total(m.events, "chatops") >= 1, 10)
     await wait_for(lambda: engine.pipeline.decider.dry_run, 10)
     metrics = await _get(engine, "/metrics")
     assert 'gpuops_events_total{kind="chatops"}' in metrics
