@@ -18,8 +18,8 @@ import jsonschema
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine.agent.nvml import NvmlBackend  # noqa: E402
-from engine.models import EVENT_ADAPTER, event_json_schema  # noqa: E402
+from gpuops.agent.nvml import NvmlBackend  # noqa: E402
+from gpuops.models import EVENT_ADAPTER, event_json_schema  # noqa: E402
 
 
 def main(out: Path) -> int:
@@ -27,7 +27,7 @@ def main(out: Path) -> int:
     report: dict[str, object] = {}
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "agent", "--once", "--json"],
+        [sys.executable, "-m", "gpuops.cli", "agent", "--once", "--json"],
         capture_output=True,
         text=True,
         cwd=ROOT,

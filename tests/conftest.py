@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from engine.app import App, load_world
-from engine.bus.conn import Bus, connect
-from engine.bus.server import EmbeddedNats
-from engine.clock import Clock, SystemClock
-from engine.models import RunOutcome
-from engine.record.audit import read_audit
-from engine.record.metrics import total
-from engine.settings import NatsSettings, Settings
-from engine.sim.fleet import SimFleet
+from gpuops.app import App, load_world
+from gpuops.bus.conn import Bus, connect
+from gpuops.bus.server import EmbeddedNats
+from gpuops.clock import Clock, SystemClock
+from gpuops.models import RunOutcome
+from gpuops.record.audit import read_audit
+from gpuops.record.metrics import total
+from gpuops.settings import NatsSettings, Settings
+from gpuops.sim.fleet import SimFleet
 
 counted = total  # the tests' name for reading a counter (summed, or one label)
 ROOT = Path(__file__).resolve().parent.parent

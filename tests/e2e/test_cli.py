@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
-GPUOPS = [sys.executable, "-m", "engine.cli"]
+GPUOPS = [sys.executable, "-m", "gpuops.cli"]
 
 
 def _gpuops(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.sim.fleet import SimFleet
+from gpuops.sim.fleet import SimFleet
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _gpuops(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "engine.cli", "--state-dir", str(state), *args],
+        [sys.executable, "-m", "gpuops.cli", "--state-dir", str(state), *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -35,7 +35,7 @@ def test_status_silence_drift_check_and_history_against_a_running_engine(tmp_pat
         [
             sys.executable,
             "-m",
-            "engine.cli",
+            "gpuops.cli",
             "--state-dir",
             str(state),
             "run",

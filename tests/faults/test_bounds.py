@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.bus.conn import AUDIT, Bus
-from engine.bus.server import EmbeddedNats
-from engine.models import new_event, subject_for
-from engine.record.audit import read_audit
-from engine.sim.fleet import SimFleet
+from gpuops.bus.conn import AUDIT, Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.models import new_event, subject_for
+from gpuops.record.audit import read_audit
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import counted, engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.faults

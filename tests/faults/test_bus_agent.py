@@ -14,9 +14,9 @@ from pathlib import Path
 import nats
 import pytest
 
-from engine.bus.conn import EVENTS, ensure_streams
-from engine.bus.server import EmbeddedNats
-from engine.sim.fleet import SimFleet
+from gpuops.bus.conn import EVENTS, ensure_streams
+from gpuops.bus.server import EmbeddedNats
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.faults
@@ -34,7 +34,7 @@ def agent_setup(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path, i
     """`gpuops agent` on a simulated node, pointed at a port where NATS is not (yet)."""
     fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=2)
     port, spool = _closed_port(), tmp_path / "spool.jsonl"
-    args = [sys.executable, "-m", "engine.cli", "--state-dir", str(tmp_path / "state")]
+    args = [sys.executable, "-m", "gpuops.cli", "--state-dir", str(tmp_path / "state")]
     args += ["agent", "--backend", "sim", "--sim-root", str(fleet.root), "--node", "node-001"]
     args += ["--nats", f"nats://127.0.0.1:{port}", "--spool", str(spool)]
     args += ["--interval", "0.2", "--heartbeat", "0.2", "--probe-command", "true"]

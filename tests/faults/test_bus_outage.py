@@ -24,10 +24,10 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
-from engine.bus.conn import EVENTS
-from engine.bus.server import EmbeddedNats
-from engine.models import new_event, subject_for
-from engine.sim.fleet import SimFleet
+from gpuops.bus.conn import EVENTS
+from gpuops.bus.server import EmbeddedNats
+from gpuops.models import new_event, subject_for
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import ROOT, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -73,11 +73,11 @@ def engine(tmp_path: Path, server: EmbeddedNats) -> Iterator[tuple[subprocess.Po
     """`gpuops run --dry-run` on the checkout's rules against a two-node simulated fleet."""
     fleet = SimFleet.create(tmp_path / "sim", nodes=2, gpus=4)
     http = _free_port()
-    args = [sys.executable, "-m", "engine.cli", "--state-dir", str(tmp_path / "state"), "run"]
+    args = [sys.executable, "-m", "gpuops.cli", "--state-dir", str(tmp_path / "state"), "run"]
     args += ["--nats", server.url, "--rules", str(ROOT / "rules")]
     args += ["--playbooks", str(ROOT / "playbooks"), "--inventory", str(fleet.root / "inventory")]
     args += ["--dry-run", "--http", f"127.0.0.1:{http}"]
-    log = (tmp_path / "engine.log").open("w")
+    log = (tmp_path / "gpuops.log").open("w")
     proc = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         yield proc, http
@@ -123,7 +123,7 @@ async def test_engine_processes_events_after_a_15s_nats_outage(
     tmp_path: Path, server: EmbeddedNats, engine: tuple[subprocess.Popen[str], int]
 ) -> None:
     proc, http = engine
-    log = tmp_path / "engine.log"
+    log = tmp_path / "gpuops.log"
     await wait_for(lambda: _healthy(http), 60)
     nc = await nats.connect(
         server.url, max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=_quiet

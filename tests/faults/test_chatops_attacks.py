@@ -16,17 +16,17 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from engine.bus.conn import EVENTS, Bus
-from engine.bus.publish import JetStreamPublisher
-from engine.bus.server import EmbeddedNats
-from engine.clock import ManualClock
-from engine.commands import Caller, Commands
-from engine.http import HttpServer
-from engine.intake.chatops import Chatops, slack_signature
-from engine.inventory import load_inventory
-from engine.record.audit import Auditor, read_audit
-from engine.settings import ChatopsSettings
-from engine.sim.fleet import SimFleet
+from gpuops.bus.conn import EVENTS, Bus
+from gpuops.bus.publish import JetStreamPublisher
+from gpuops.bus.server import EmbeddedNats
+from gpuops.clock import ManualClock
+from gpuops.commands import Caller, Commands
+from gpuops.http import HttpServer
+from gpuops.intake.chatops import Chatops, slack_signature
+from gpuops.inventory import load_inventory
+from gpuops.record.audit import Auditor, read_audit
+from gpuops.settings import ChatopsSettings
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.faults
@@ -226,7 +226,7 @@ async def test_history_prints_rich_markup_sent_from_chat(
     reply = await commands.run('silence node:node-001 1m "[/]x[bold]y"', Caller("alice"))
     assert reply.startswith("silence ")
     cli = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "engine.cli", "--state-dir", str(tmp_path / "cli")),
+        *(sys.executable, "-m", "gpuops.cli", "--state-dir", str(tmp_path / "cli")),
         *("history", "--nats", nats_server.url),
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,

@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from engine.bus.conn import ACTIONS, DLQ, EVENTS, Bus
-from engine.bus.server import EmbeddedNats
-from engine.bus.store import NatsKV
-from engine.decide.lock import NodeLocks
-from engine.models import new_event, subject_for
-from engine.record.audit import read_audit
-from engine.record.nodestate import NodeState, NodeStates
-from engine.sim.fleet import SimFleet
+from gpuops.bus.conn import ACTIONS, DLQ, EVENTS, Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.bus.store import NatsKV
+from gpuops.decide.lock import NodeLocks
+from gpuops.models import new_event, subject_for
+from gpuops.record.audit import read_audit
+from gpuops.record.nodestate import NodeState, NodeStates
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import ROOT, calls, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
@@ -37,7 +37,7 @@ class Engine:
     """`gpuops run` as a process that the test kills and starts again."""
 
     def __init__(self, tmp: Path, url: str, fleet: SimFleet, role: str, **env: str) -> None:
-        self.args = [sys.executable, "-m", "engine.cli", "--state-dir", str(tmp / "state")]
+        self.args = [sys.executable, "-m", "gpuops.cli", "--state-dir", str(tmp / "state")]
         self.args += ["run", "--nats", url, "--rules", str(ROOT / "rules"), "--role", role]
         self.args += ["--inventory", str(fleet.root / "inventory")]
         self.env = {**os.environ, **{f"GPUOPS_{k.upper()}": v for k, v in env.items()}}

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from engine.bus.conn import DLQ, EVENTS, TELEMETRY, Bus
-from engine.clock import SystemClock
-from engine.intake.consumer import Intake
-from engine.models import Event, new_event
+from gpuops.bus.conn import DLQ, EVENTS, TELEMETRY, Bus
+from gpuops.clock import SystemClock
+from gpuops.intake.consumer import Intake
+from gpuops.models import Event, new_event
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.faults

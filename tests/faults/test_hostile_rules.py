@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from engine.bus.conn import Bus
-from engine.bus.server import EmbeddedNats
-from engine.cli import main
-from engine.sim.fleet import SimFleet
+from gpuops.bus.conn import Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.cli import main
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import ROOT, engine_settings, running_engine
 
 pytestmark = pytest.mark.faults

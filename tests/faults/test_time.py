@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from engine.clock import ManualClock
-from engine.errors import EventError
-from engine.intake.decode import decode
-from engine.match.loader import load_rules
-from engine.match.matcher import Matcher
-from engine.models import Event, new_event
-from engine.subjects import event as subject_of
+from gpuops.clock import ManualClock
+from gpuops.errors import EventError
+from gpuops.intake.decode import decode
+from gpuops.match.loader import load_rules
+from gpuops.match.matcher import Matcher
+from gpuops.models import Event, new_event
+from gpuops.subjects import event as subject_of
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.faults

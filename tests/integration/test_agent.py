@@ -11,13 +11,13 @@ from pathlib import Path
 import nats
 import pytest
 
-from engine.agent.agent import Agent, AgentSettings
-from engine.agent.nvml import NvmlBackend
-from engine.agent.probe import run_probe
-from engine.bus.conn import EVENTS, ensure_streams
-from engine.bus.server import EmbeddedNats
-from engine.clock import SystemClock
-from engine.models import EVENT_ADAPTER
+from gpuops.agent.agent import Agent, AgentSettings
+from gpuops.agent.nvml import NvmlBackend
+from gpuops.agent.probe import run_probe
+from gpuops.bus.conn import EVENTS, ensure_streams
+from gpuops.bus.server import EmbeddedNats
+from gpuops.clock import SystemClock
+from gpuops.models import EVENT_ADAPTER
 from tests.conftest import ROOT, wait_for
 from tests.fake_pynvml import FakeNvml
 
@@ -104,14 +104,14 @@ def test_probe_command_failure_and_timeout() -> None:
 
 
 def test_agent_once_json_on_a_simulated_node(tmp_path: Path) -> None:
-    from engine.sim.fleet import SimFleet
+    from gpuops.sim.fleet import SimFleet
 
     fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=2)
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "engine.cli",
+            "gpuops.cli",
             "agent",
             "--once",
             "--json",

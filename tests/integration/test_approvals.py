@@ -11,16 +11,16 @@ import pytest
 from aiohttp import web
 from pydantic import SecretStr
 
-from engine.act.notify import Notifier, Webhook
-from engine.bus.conn import ACTIONS, Bus
-from engine.bus.server import EmbeddedNats
-from engine.clock import ManualClock
-from engine.commands import Caller
-from engine.decide.approval import ApprovalStatus
-from engine.decide.breaker import BreakerState
-from engine.intake.answers import settle_approvals
-from engine.models import Match, Reason
-from engine.sim.fleet import SimFleet
+from gpuops.act.notify import Notifier, Webhook
+from gpuops.bus.conn import ACTIONS, Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.clock import ManualClock
+from gpuops.commands import Caller
+from gpuops.decide.approval import ApprovalStatus
+from gpuops.decide.breaker import BreakerState
+from gpuops.intake.answers import settle_approvals
+from gpuops.models import Match, Reason
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import calls, counted, engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

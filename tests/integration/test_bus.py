@@ -18,8 +18,8 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
-from engine.bus.auth import KV_BUCKETS, Role, read_credentials
-from engine.bus.conn import (
+from gpuops.bus.auth import KV_BUCKETS, Role, read_credentials
+from gpuops.bus.conn import (
     ACTIONS,
     AUDIT,
     BUCKETS,
@@ -30,10 +30,10 @@ from engine.bus.conn import (
     connect_forever,
     open_bus,
 )
-from engine.bus.embedded import port_file, url_file
-from engine.bus.server import EmbeddedNats, _alive
-from engine.errors import BusError
-from engine.settings import NatsSettings
+from gpuops.bus.embedded import port_file, url_file
+from gpuops.bus.server import EmbeddedNats, _alive
+from gpuops.errors import BusError
+from gpuops.settings import NatsSettings
 from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.integration
@@ -65,7 +65,7 @@ def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from engine.bus.server import EmbeddedNats\n"
+        "from gpuops.bus.server import EmbeddedNats\n"
         "server = EmbeddedNats(Path(sys.argv[1]), supervise=True).start()\n"
         "print(server.pid, flush=True)\n"
         "time.sleep(600)\n"

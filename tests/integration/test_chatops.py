@@ -11,17 +11,17 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from engine.app import App
-from engine.bus.conn import EVENTS, Bus
-from engine.bus.server import EmbeddedNats
-from engine.bus.store import NatsKV
-from engine.commands import COMMANDS, help_text
-from engine.decide.silence import SilenceStore
-from engine.http import HttpServer
-from engine.intake.chatops import slack_signature
-from engine.record.audit import read_audit
-from engine.record.metrics import total
-from engine.sim.fleet import SimFleet
+from gpuops.app import App
+from gpuops.bus.conn import EVENTS, Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.bus.store import NatsKV
+from gpuops.commands import COMMANDS, help_text
+from gpuops.decide.silence import SilenceStore
+from gpuops.http import HttpServer
+from gpuops.intake.chatops import slack_signature
+from gpuops.record.audit import read_audit
+from gpuops.record.metrics import total
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

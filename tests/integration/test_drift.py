@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.bus.conn import Bus
-from engine.bus.server import EmbeddedNats
-from engine.decide.approval import ApprovalStatus
-from engine.record.audit import read_audit
-from engine.sim.fleet import SimFleet
+from gpuops.bus.conn import Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.decide.approval import ApprovalStatus
+from gpuops.record.audit import read_audit
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import counted, engine_settings, run_outcomes, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

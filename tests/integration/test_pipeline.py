@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.bus.conn import ACTIONS, DLQ, Bus
-from engine.bus.server import EmbeddedNats
-from engine.record.audit import read_audit
-from engine.sim.fleet import SimFleet, envelope
+from gpuops.bus.conn import ACTIONS, DLQ, Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.record.audit import read_audit
+from gpuops.sim.fleet import SimFleet, envelope
 from tests.conftest import (
     calls,
     counted,
@@ -112,7 +112,7 @@ def _engine(state: Path, url: str, fleet: SimFleet, role: str) -> subprocess.Pop
     cmd = [
         sys.executable,
         "-m",
-        "engine.cli",
+        "gpuops.cli",
         "--state-dir",
         str(state),
         "run",

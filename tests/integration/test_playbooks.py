@@ -11,11 +11,11 @@ from typing import Any
 import ansible_runner
 import pytest
 
-from engine.act.playbooks import resolve
-from engine.act.runner import RunRequest, run_playbook
-from engine.clock import SystemClock
-from engine.models import RunOutcome, RunStatus
-from engine.sim.fleet import SimFleet
+from gpuops.act.playbooks import resolve
+from gpuops.act.runner import RunRequest, run_playbook
+from gpuops.clock import SystemClock
+from gpuops.models import RunOutcome, RunStatus
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import ROOT, calls
 
 pytestmark = pytest.mark.integration

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from engine.act.playbooks import resolve
-from engine.act.runner import RunRequest, run_playbook
-from engine.catalog import load_catalog
-from engine.clock import SystemClock
-from engine.models import RunStatus
-from engine.sim import state as node_state
-from engine.sim.fleet import SimFleet
+from gpuops.act.playbooks import resolve
+from gpuops.act.runner import RunRequest, run_playbook
+from gpuops.catalog import load_catalog
+from gpuops.clock import SystemClock
+from gpuops.models import RunStatus
+from gpuops.sim import state as node_state
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import ROOT, calls
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.bus.conn import Bus
-from engine.bus.server import EmbeddedNats
-from engine.clock import rfc3339
-from engine.sim.fleet import SimFleet
+from gpuops.bus.conn import Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.clock import rfc3339
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import ROOT, engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration
@@ -92,7 +92,7 @@ def test_replay_prints_would_be_actions_as_json(tmp_path: Path) -> None:
     path = tmp_path / "week.jsonl"
     path.write_text("\n".join(json.dumps(e) for e in events) + "\n{broken\n")
     done = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "replay", str(path), "--json"],
+        [sys.executable, "-m", "gpuops.cli", "replay", str(path), "--json"],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -19,17 +19,17 @@ from typing import Any
 
 import pytest
 
-from engine.app import App
-from engine.bus.conn import ACTIONS, EVENTS, TELEMETRY, Bus
-from engine.bus.server import EmbeddedNats
-from engine.clock import ManualClock
-from engine.commands import Caller
-from engine.match.loader import load_rules
-from engine.models import subject_for
-from engine.record.audit import read_audit
-from engine.replay import replay
-from engine.settings import Settings
-from engine.sim.fleet import SimFleet, envelope
+from gpuops.app import App
+from gpuops.bus.conn import ACTIONS, EVENTS, TELEMETRY, Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.clock import ManualClock
+from gpuops.commands import Caller
+from gpuops.match.loader import load_rules
+from gpuops.models import subject_for
+from gpuops.record.audit import read_audit
+from gpuops.replay import replay
+from gpuops.settings import Settings
+from gpuops.sim.fleet import SimFleet, envelope
 from tests.conftest import ROOT, engine_settings, running_engine, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -6,11 +6,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from engine.bus.conn import Bus
-from engine.bus.store import NatsKV
-from engine.clock import ManualClock
-from engine.intake.scheduler import DriftScheduler, latest_slot, trigger_for
-from engine.settings import DriftSchedule
+from gpuops.bus.conn import Bus
+from gpuops.bus.store import NatsKV
+from gpuops.clock import ManualClock
+from gpuops.intake.scheduler import DriftScheduler, latest_slot, trigger_for
+from gpuops.settings import DriftSchedule
 
 pytestmark = pytest.mark.integration
 NIGHTLY = DriftSchedule(name="nightly", cron="0 3 * * *", timezone="Europe/Berlin", group="h200")

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.act.playbooks import resolve
-from engine.act.runner import RunRequest, run_playbook
-from engine.clock import SystemClock
-from engine.models import ActionSpec, Intent, RunStatus
-from engine.sim.fleet import SimFleet
+from gpuops.act.playbooks import resolve
+from gpuops.act.runner import RunRequest, run_playbook
+from gpuops.clock import SystemClock
+from gpuops.models import ActionSpec, Intent, RunStatus
+from gpuops.sim.fleet import SimFleet
 from tests.conftest import ROOT, calls
 
 pytestmark = pytest.mark.integration

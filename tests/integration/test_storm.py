@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from engine.bus.conn import ACTIONS, Bus
-from engine.bus.server import EmbeddedNats
-from engine.clock import ScaledClock
-from engine.decide.breaker import BreakerState
-from engine.sim.driver import SimDriver
-from engine.sim.fleet import SimFleet
-from engine.sim.scenario import load_scenario
+from gpuops.bus.conn import ACTIONS, Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.clock import ScaledClock
+from gpuops.decide.breaker import BreakerState
+from gpuops.sim.driver import SimDriver
+from gpuops.sim.fleet import SimFleet
+from gpuops.sim.scenario import load_scenario
 from tests.conftest import calls, counted, engine_settings, run_outcomes, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

@@ -5,11 +5,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ENGINE = Path(__file__).resolve().parents[2] / "engine"
+PACKAGE = Path(__file__).resolve().parents[2] / "gpuops"
 
 
 def _module(path: Path) -> str:
-    parts = path.relative_to(ENGINE.parent).with_suffix("").parts
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -27,7 +27,7 @@ def _imports(path: Path, known: set[str]) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
-    files = {_module(p): p for p in ENGINE.rglob("*.py")}
+    files = {_module(p): p for p in PACKAGE.rglob("*.py")}
     known = set(files)
     return {m: _imports(p, known) - {m} for m, p in files.items()}
 
@@ -60,7 +60,7 @@ def test_the_walk_finds_a_cycle_when_there_is_one() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-def test_engine_has_no_import_cycle() -> None:
+def test_package_has_no_import_cycle() -> None:
     graph = _graph()
-    assert "engine.pipeline" in graph and "engine.decide.stage" in graph["engine.pipeline"]
+    assert "gpuops.pipeline" in graph and "gpuops.decide.stage" in graph["gpuops.pipeline"]
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ConfigError
-from engine.settings import load_settings
+from gpuops.errors import ConfigError
+from gpuops.settings import load_settings
 
 
 def test_file_then_environment_then_flags(tmp_path: Path) -> None:

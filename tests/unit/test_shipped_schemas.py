@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.match.schema import RULES_FILE_SCHEMA
-from engine.models import event_json_schema
+from gpuops.match.schema import RULES_FILE_SCHEMA
+from gpuops.models import event_json_schema
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 

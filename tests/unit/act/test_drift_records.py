@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.act.driftcheck import DRIFT_KEY, drift_records
+from gpuops.act.driftcheck import DRIFT_KEY, drift_records
 
 
 def test_a_result_carrying_the_key_gives_typed_records() -> None:

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pynvml
 
-from engine.agent.nvml import NvmlBackend
-from engine.models import GpuSample
+from gpuops.agent.nvml import NvmlBackend
+from gpuops.models import GpuSample
 from tests.fake_pynvml import SNAPSHOT, FakeNvml
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.act.notify import Notifier
-from engine.build import Buckets, Engine, build_engine
-from engine.bus.publish import MemoryPublisher
-from engine.catalog import load_catalog
-from engine.clock import ManualClock
-from engine.inventory import Inventory
-from engine.match.rules import RuleSet
-from engine.models import Match
-from engine.settings import SafetySettings, Settings
+from gpuops.act.notify import Notifier
+from gpuops.build import Buckets, Engine, build_engine
+from gpuops.bus.publish import MemoryPublisher
+from gpuops.catalog import load_catalog
+from gpuops.clock import ManualClock
+from gpuops.inventory import Inventory
+from gpuops.match.rules import RuleSet
+from gpuops.models import Match
+from gpuops.settings import SafetySettings, Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 T0 = 1_800_000_000.0

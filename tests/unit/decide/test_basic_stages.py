@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from engine.clock import ManualClock
-from engine.decide.stage import Decider
-from engine.inventory import Inventory
-from engine.match.loader import load_rules
-from engine.match.rules import Rule
-from engine.models import Match, Reason
+from gpuops.clock import ManualClock
+from gpuops.decide.stage import Decider
+from gpuops.inventory import Inventory
+from gpuops.match.loader import load_rules
+from gpuops.match.rules import Rule
+from gpuops.models import Match, Reason
 from tests.unit.decide.helpers import engine_on
 
 RULES = """

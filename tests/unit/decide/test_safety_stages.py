@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.act.notify import Notifier
-from engine.build import Buckets
-from engine.clock import ManualClock
-from engine.decide.approval import ApprovalStatus
-from engine.decide.breaker import BreakerState
-from engine.errors import ConfigError
-from engine.match.loader import load_rules
-from engine.match.rules import Rule, RuleSet
-from engine.models import Reason
+from gpuops.act.notify import Notifier
+from gpuops.build import Buckets
+from gpuops.clock import ManualClock
+from gpuops.decide.approval import ApprovalStatus
+from gpuops.decide.breaker import BreakerState
+from gpuops.errors import ConfigError
+from gpuops.match.loader import load_rules
+from gpuops.match.rules import Rule, RuleSet
+from gpuops.models import Reason
 from tests.unit.decide.helpers import ROOT, T0, engine_on, match
 
 RULESET = load_rules([ROOT / "rules"], ROOT / "playbooks")

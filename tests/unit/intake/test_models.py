@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from engine.errors import EventError
-from engine.intake.decode import dead_letter, decode, event_subject
-from engine.models import event_json_schema
+from gpuops.errors import EventError
+from gpuops.intake.decode import dead_letter, decode, event_subject
+from gpuops.models import event_json_schema
 
 XID = {
     "id": "e1",

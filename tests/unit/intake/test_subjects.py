@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import subjects
-from engine.errors import ConfigError, EventError
-from engine.inventory import load_inventory
-from engine.models import action_subject, subject_for, subject_token
+from gpuops import subjects
+from gpuops.errors import ConfigError, EventError
+from gpuops.inventory import load_inventory
+from gpuops.models import action_subject, subject_for, subject_token
 
 
 def test_every_subject_comes_from_the_node_token() -> None:

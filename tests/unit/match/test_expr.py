@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from engine.match.expr import MAX_SOURCE, check_size, compile_condition, render
+from gpuops.match.expr import MAX_SOURCE, check_size, compile_condition, render
 
 FIELDS = frozenset({"temp_c", "temp_slowdown_c", "clocks_event_reasons", "node", "uuid", "xid"})
 TEXT = frozenset({"node", "uuid"})

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.clock import ManualClock
-from engine.match.loader import load_rules
-from engine.match.matcher import Matcher
-from engine.models import EVENT_ADAPTER
+from gpuops.clock import ManualClock
+from gpuops.match.loader import load_rules
+from gpuops.match.matcher import Matcher
+from gpuops.models import EVENT_ADAPTER
 
 ROOT = Path(__file__).resolve().parents[3]
 TRACE = ROOT / "tests" / "fixtures" / "nvml" / "h200_trace_load_burst.jsonl"
@@ -41,7 +41,7 @@ def _telemetry(t0: float, rec: dict, **over: object) -> object:
         "pcie_width": 16,
         **over,
     }
-    from engine.clock import rfc3339
+    from gpuops.clock import rfc3339
 
     return EVENT_ADAPTER.validate_python(
         {

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import RuleError, RuleSetError
-from engine.match.loader import build_all, load_rules
-from engine.match.yamlsrc import LineDict, load_yaml
+from gpuops.errors import RuleError, RuleSetError
+from gpuops.match.loader import build_all, load_rules
+from gpuops.match.yamlsrc import LineDict, load_yaml
 
 ROOT = Path(__file__).resolve().parents[3]
 BAD = Path(__file__).resolve().parent / "bad_rules"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.match.loader import load_rules
-from engine.match.rules import RuleSet
-from engine.ruletest import load_cases, run_cases
+from gpuops.match.loader import load_rules
+from gpuops.match.rules import RuleSet
+from gpuops.ruletest import load_cases, run_cases
 
 ROOT = Path(__file__).resolve().parents[3]
 RULE_TESTS = sorted((ROOT / "tests" / "rules").glob("*.yml"))
@@ -54,7 +54,7 @@ def test_cli_exits_nonzero_on_a_failing_case(tmp_path: Path) -> None:
     }
     (tmp_path / "t.yml").write_text(yaml.safe_dump(case))
     done = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "test-rules", str(tmp_path)],
+        [sys.executable, "-m", "gpuops.cli", "test-rules", str(tmp_path)],
         capture_output=True,
         text=True,
         cwd=ROOT,

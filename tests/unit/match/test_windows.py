@@ -7,8 +7,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.clock import ManualClock
-from engine.match.windows import Absent, CountWithin, HeldFor, Increase
+from gpuops.clock import ManualClock
+from gpuops.match.windows import Absent, CountWithin, HeldFor, Increase
 
 # Gaps between samples: mostly small, sometimes a long jump (an outage, a clock step).
 gaps = st.one_of(st.integers(0, 5), st.integers(0, 400)).map(float)

@@ -1,5 +1,0 @@
-"""`python -m engine.cli`: the gpuops command."""
-
-from engine.cli import main
-
-main()

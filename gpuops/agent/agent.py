@@ -1,0 +1,209 @@
+"""The node agent: telemetry on an interval, health events at once, heartbeats, probes.
+
+Health events are published to JetStream with `Nats-Msg-Id` and the store's ack awaited;
+when that fails they go to the spool and are flushed in order once NATS answers again.
+Telemetry is published without waiting: a lost sample is replaced by the next one.
+The client may still be connecting when the agent starts (NATS down at boot): sampling
+and spooling begin at once, and the spool drains when the connection comes up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.js.errors import Error as JsError
+
+from gpuops import __version__, subjects
+from gpuops.agent.backend import GpuBackend, HealthSignal
+from gpuops.agent.probe import run_probe
+from gpuops.agent.spool import Spool, Spooled
+from gpuops.clock import Clock
+from gpuops.models import new_event, subject_for
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """How often the agent does what."""
+
+    node: str
+    interval_s: float = 10.0
+    heartbeat_s: float = 30.0
+    probe_every_s: float = 3600.0
+    probe_timeout_s: float = 60.0
+    probe_command: tuple[str, ...] = ()
+    spool_path: Path = Path("/var/lib/gpuops/agent-spool.jsonl")
+    spool_max: int = 10_000
+
+
+def event(kind: str, node: str, t: float, data: dict[str, Any]) -> dict[str, Any]:
+    """An event in format v1 from this agent."""
+    return new_event(kind, node, t, data, "agent")
+
+
+def default_node() -> str:
+    """This host's short name, as inventories usually spell it."""
+    return socket.gethostname().split(".")[0]
+
+
+class Agent:
+    """Runs the agent's loops against one backend and one NATS connection."""
+
+    def __init__(
+        self, settings: AgentSettings, backend: GpuBackend, nc: Client, clock: Clock
+    ) -> None:
+        self.s = settings
+        self.backend = backend
+        self.nc = nc
+        self.js = nc.jetstream(timeout=5)
+        self.clock = clock
+        self.spool = Spool(settings.spool_path, settings.spool_max)
+        self.seq = 0
+        self.sent: dict[str, int] = {}
+        self._signals: asyncio.Queue[HealthSignal] = asyncio.Queue()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """All loops until `stop`; they sample and spool from the start, connected or not."""
+        loop = asyncio.get_running_loop()
+        halt = threading.Event()
+        listener = threading.Thread(
+            target=self._listen, args=(loop, halt), daemon=True, name="nvml-events"
+        )
+        listener.start()
+        try:
+            await asyncio.gather(
+                self._every(self.s.interval_s, self.publish_telemetry, stop),
+                self._every(self.s.heartbeat_s, self.publish_heartbeat, stop),
+                self._every(self.s.probe_every_s, self.probe, stop),
+                self._every(2.0, self.flush_spool, stop),
+                self._drain_signals(stop),
+                self._serve_probe_requests(stop),
+            )
+        finally:
+            halt.set()
+
+    async def _serve_probe_requests(self, stop: asyncio.Event) -> None:
+        """Answer probe requests once connected (the client resubscribes after reconnects)."""
+        while not self.nc.is_connected:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
+            if stop.is_set():
+                return
+        sub = await self.nc.subscribe(
+            subjects.probe_request(self.s.node), cb=self._on_probe_request
+        )
+        await stop.wait()
+        with contextlib.suppress(NatsError):
+            await sub.unsubscribe()
+
+    async def _every(self, period: float, step: Any, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await step()
+            except Exception:
+                log.exception("agent step %s failed", getattr(step, "__name__", step))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period)
+
+    def _listen(self, loop: asyncio.AbstractEventLoop, halt: threading.Event) -> None:
+        """Thread: wait on NVML events with a short timeout so stopping is prompt."""
+        while not halt.is_set():
+            try:
+                signals = self.backend.wait_events(200)
+            except Exception:
+                log.exception("NVML event wait failed")
+                halt.wait(1.0)
+                continue
+            for signal in signals:
+                loop.call_soon_threadsafe(self._signals.put_nowait, signal)
+
+    async def _drain_signals(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                signal = await asyncio.wait_for(self._signals.get(), 0.5)
+                await self.publish_health(signal.kind, signal.data)
+
+    async def publish_telemetry(self) -> None:
+        """One sample of every GPU; a GPU found lost goes out as a health event at once."""
+        gpus, signals = await asyncio.to_thread(self.backend.sample)
+        for signal in signals:
+            await self.publish_health(signal.kind, signal.data)
+        if not gpus or not self.nc.is_connected:
+            return  # not spooled: the next sample replaces it
+        payload = event("telemetry", self.s.node, self.clock.now(), {"gpus": gpus})
+        with contextlib.suppress(NatsError):  # not spooled: the next sample replaces it
+            await self.nc.publish(
+                subject_for("telemetry", self.s.node), json.dumps(payload).encode()
+            )
+            self.sent["telemetry"] = self.sent.get("telemetry", 0) + 1
+
+    async def publish_heartbeat(self) -> None:
+        """I am alive (and how many spooled events I had to drop)."""
+        self.seq += 1
+        await self.publish_health(
+            "heartbeat",
+            {"seq": self.seq, "agent_version": __version__, "spool_dropped": self.spool.dropped},
+        )
+
+    async def probe(self) -> None:
+        """Run the known-answer probe on every GPU and publish each result."""
+        gpus = list(range(self.backend.gpu_count()))
+        command = list(self.s.probe_command) or None
+        for result in await asyncio.to_thread(run_probe, gpus, self.s.probe_timeout_s, command):
+            await self.publish_health(
+                "probe",
+                {
+                    k: v
+                    for k, v in result.items()
+                    if k in ("gpu", "ok", "outcome", "error", "duration_s")
+                },
+            )
+
+    async def _on_probe_request(self, msg: Any) -> None:
+        await self.probe()
+        if msg.reply:
+            await self.nc.publish(msg.reply, b"probed")
+
+    async def publish_health(self, kind: str, data: dict[str, Any]) -> None:
+        """Publish with a message id and an awaited ack; spool if that fails."""
+        payload = event(kind, self.s.node, self.clock.now(), data)
+        item = Spooled(subject_for(kind, self.s.node), json.dumps(payload), payload["id"])
+        if len(self.spool) or not await self._send(item):
+            self.spool.push(item)  # keep order: nothing overtakes what is already spooled
+            return
+        self.sent[kind] = self.sent.get(kind, 0) + 1
+
+    async def flush_spool(self) -> None:
+        """Publish held events in order; stop at the first that fails."""
+        pending = self.spool.pending()
+        done = 0
+        for item in pending:
+            if not await self._send(item):
+                break
+            done += 1
+        if done:
+            self.spool.commit(done)
+            log.info("flushed %d spooled events", done)
+
+    async def _send(self, item: Spooled) -> bool:
+        if not self.nc.is_connected:
+            return False
+        try:
+            await self.js.publish(
+                item.subject, item.payload.encode(), headers={"Nats-Msg-Id": item.msg_id}
+            )
+        except (NatsError, JsError, TimeoutError) as exc:
+            log.warning("publish to %s failed (%s); spooling", item.subject, exc)
+            return False
+        return True

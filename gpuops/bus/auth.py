@@ -1,0 +1,203 @@
+"""Users and permissions of the embedded nats-server, one user per role.
+
+Each role may publish and subscribe only what its loops need, so that a stolen agent
+password cannot queue an intent (`gpuops.actions.>`), rewrite state (`$KV.>`) or
+reshape a stream through the JetStream API. JetStream subjects name the stream in a
+fixed token, and permission wildcards match whole tokens only, so the stream names are
+spelt out. A site running its own NATS gives each node its own user instead (see
+docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from gpuops.errors import BusError
+
+Role = Literal["engine", "executor", "agent", "cli"]
+ROLES: tuple[Role, ...] = ("engine", "executor", "agent", "cli")
+
+ACTIONS = "GPUOPS_ACTIONS"
+AUDIT = "GPUOPS_AUDIT"
+KV_BUCKETS = (
+    "gpuops_claims",
+    "gpuops_cooldowns",
+    "gpuops_nodes",
+    "gpuops_locks",
+    "gpuops_control",
+    "gpuops_history",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    """What one role may publish and subscribe."""
+
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    deny_publish: tuple[str, ...] = ()
+    # Lets a role answer requests sent to it (the probe reply) without `_INBOX.>` publish.
+    allow_responses: bool = field(default=True)
+
+
+def _read_stream(stream: str) -> list[str]:
+    """JetStream API subjects to look up a stream and read it through its own consumers."""
+    return [
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$JS.API.CONSUMER.*.{stream}",
+        f"$JS.API.CONSUMER.*.{stream}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+    ]
+
+
+def _kv(buckets: Iterable[str], writable: Iterable[str]) -> list[str]:
+    """Read every bucket given; put, delete and compare-and-set on the writable ones."""
+    out: list[str] = []
+    for bucket in buckets:
+        out += _read_stream(f"KV_{bucket}")
+    return out + [f"$KV.{bucket}.>" for bucket in writable]
+
+
+# Replies of JetStream (publish acks, API answers) and ordered-consumer flow control.
+_CLIENT = ["_INBOX.>"]
+_FLOW = ["$JS.FC.>"]
+
+PERMISSIONS: dict[Role, Permissions] = {
+    "engine": Permissions(
+        publish=("gpuops.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", "_INBOX.>"),
+        subscribe=("gpuops.>", "_INBOX.>"),
+    ),
+    "executor": Permissions(
+        publish=(
+            "gpuops.audit.>",
+            "gpuops.agent.*.probe",
+            "$JS.API.INFO",
+            *_read_stream(ACTIONS),
+            *_read_stream(AUDIT),
+            *_kv(KV_BUCKETS, KV_BUCKETS),
+            *_FLOW,
+        ),
+        subscribe=(*_CLIENT,),
+    ),
+    # A static config cannot name each node's subjects: the agent role may publish any
+    # node's telemetry and health events (the engine checks subject against payload).
+    # Commands and drift reports are not an agent's to send: a forged `drain` or drift
+    # event would be decided like a person's or the baseline check's.
+    "agent": Permissions(
+        publish=("gpuops.telemetry.*", "gpuops.events.*.*"),
+        subscribe=("gpuops.agent.*.>", *_CLIENT),
+        deny_publish=("gpuops.events.chatops.*", "gpuops.events.drift.*"),
+    ),
+    # The CLI reads everything it shows and writes silences, approvals, the breaker and
+    # dry-run switch (control) and node states; it never queues an intent.
+    "cli": Permissions(
+        publish=(
+            "gpuops.events.>",
+            "gpuops.telemetry.>",
+            "gpuops.audit.>",
+            "$JS.API.INFO",
+            "$JS.API.STREAM.NAMES",
+            "$JS.API.STREAM.LIST",
+            *_read_stream(AUDIT),
+            *_read_stream("GPUOPS_EVENTS"),
+            *_read_stream("GPUOPS_DLQ"),
+            *_kv(KV_BUCKETS, ("gpuops_control", "gpuops_nodes")),
+            *_FLOW,
+        ),
+        subscribe=("gpuops.agent.*.>", *_CLIENT),
+        deny_publish=("gpuops.actions.>",),
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """One role's user and password on the embedded server."""
+
+    user: str
+    password: str
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and parents) and make it 0700: it holds passwords or leads to them."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    return path
+
+
+def creds_dir(state_dir: Path) -> Path:
+    """Where each role's credentials live (0700)."""
+    return state_dir / "creds"
+
+
+def ensure_credentials(state_dir: Path) -> dict[Role, Credentials]:
+    """Every role's credentials, generated the first time and kept (agents reuse them)."""
+    private_dir(state_dir)
+    folder = private_dir(creds_dir(state_dir))
+    out: dict[Role, Credentials] = {}
+    for role in ROLES:
+        path = folder / f"{role}.json"
+        if not path.exists():
+            _write_private(path, {"user": role, "password": secrets.token_urlsafe(32)})
+        path.chmod(0o600)
+        out[role] = read_credentials(state_dir, role)
+    return out
+
+
+def read_credentials(state_dir: Path, role: Role) -> Credentials:
+    """One role's credentials from the state dir."""
+    path = creds_dir(state_dir) / f"{role}.json"
+    try:
+        raw = json.loads(path.read_text())
+        return Credentials(user=str(raw["user"]), password=str(raw["password"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BusError(
+            f"cannot read the {role} credentials of the embedded NATS ({path}: {exc}); "
+            "start `gpuops run` on this state dir first, or configure a NATS URL"
+        ) from exc
+
+
+def _write_private(path: Path, data: dict[str, str]) -> None:
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle)
+    os.replace(tmp, path)
+
+
+def server_config(creds: dict[Role, Credentials]) -> str:
+    """The `authorization` block of nats-server.conf for these credentials.
+
+    Passwords are in plain text: nats-server accepts them so, and the file is 0600 in a
+    0700 directory owned by the user who also holds the credential files.
+    """
+    users = [_user_block(creds[role], PERMISSIONS[role]) for role in ROLES if role in creds]
+    return "authorization {\n  users = [\n" + "\n".join(users) + "\n  ]\n}\n"
+
+
+def _user_block(cred: Credentials, perms: Permissions) -> str:
+    publish: dict[str, list[str]] = {"allow": list(perms.publish)}
+    if perms.deny_publish:
+        publish["deny"] = list(perms.deny_publish)
+    block = {
+        "user": cred.user,
+        "password": cred.password,
+        "permissions": {
+            "publish": publish,
+            "subscribe": {"allow": list(perms.subscribe)},
+            **({"allow_responses": True} if perms.allow_responses else {}),
+        },
+    }
+    # JSON is valid nats-server config syntax, and quotes every `$` subject safely.
+    return "    " + json.dumps(block)

@@ -1,0 +1,370 @@
+"""The NATS connection, the streams and the KV buckets gpuops uses."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import nats
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+from nats.js.api import (
+    DiscardPolicy,
+    KeyValueConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, BucketNotFoundError
+from nats.js.errors import Error as JsError
+from nats.js.kv import KeyValue
+
+from gpuops.bus.auth import Credentials, Role, read_credentials
+from gpuops.bus.embedded import announce, new_server, remembered_url, url_file
+from gpuops.bus.server import EmbeddedNats
+from gpuops.errors import BusError
+from gpuops.settings import NatsSettings
+
+log = logging.getLogger(__name__)
+
+TELEMETRY = "GPUOPS_TELEMETRY"
+EVENTS = "GPUOPS_EVENTS"
+ACTIONS = "GPUOPS_ACTIONS"
+AUDIT = "GPUOPS_AUDIT"
+DLQ = "GPUOPS_DLQ"
+
+_DAY = 86400.0
+STREAMS: tuple[StreamConfig, ...] = (
+    # Samples are replaced seconds later; keep little and drop the oldest.
+    StreamConfig(
+        name=TELEMETRY,
+        subjects=["gpuops.telemetry.>"],
+        retention=RetentionPolicy.LIMITS,
+        max_age=600.0,
+        max_bytes=1 << 30,
+        discard=DiscardPolicy.OLD,
+        storage=StorageType.FILE,
+    ),
+    StreamConfig(
+        name=EVENTS,
+        subjects=["gpuops.events.>"],
+        retention=RetentionPolicy.LIMITS,
+        max_age=7 * _DAY,
+        # Covers ChatOps's 5-minute signature window: a replayed command is stored once.
+        duplicate_window=600.0,
+        storage=StorageType.FILE,
+    ),
+    # A work queue: each intent is removed once an executor acks it.
+    StreamConfig(
+        name=ACTIONS,
+        subjects=["gpuops.actions.>"],
+        retention=RetentionPolicy.WORK_QUEUE,
+        duplicate_window=600.0,
+        storage=StorageType.FILE,
+    ),
+    StreamConfig(
+        name=AUDIT,
+        subjects=["gpuops.audit.>"],
+        retention=RetentionPolicy.LIMITS,
+        max_age=90 * _DAY,
+        # A decision's record is written by the engine and again, from its intent, by the
+        # executor (in case the engine died first): one copy is stored.
+        duplicate_window=600.0,
+        storage=StorageType.FILE,
+    ),
+    StreamConfig(
+        name=DLQ,
+        subjects=["gpuops.dlq.>"],
+        retention=RetentionPolicy.LIMITS,
+        max_age=14 * _DAY,
+        storage=StorageType.FILE,
+    ),
+)
+
+BUCKETS: dict[str, KeyValueConfig] = {
+    "claims": KeyValueConfig(bucket="gpuops_claims", history=1, ttl=30 * _DAY),
+    "cooldowns": KeyValueConfig(bucket="gpuops_cooldowns", history=1, ttl=30 * _DAY),
+    "nodes": KeyValueConfig(bucket="gpuops_nodes", history=5),
+    "locks": KeyValueConfig(bucket="gpuops_locks", history=1),
+    # silences, approvals, the breaker, runtime switches such as dry-run
+    "control": KeyValueConfig(bucket="gpuops_control", history=5),
+    # remediation history per node: attempt counts and ladder rungs (survives restarts)
+    "history": KeyValueConfig(bucket="gpuops_history", history=1, ttl=30 * _DAY),
+}
+
+
+# What a connection sets up: the engine creates streams and buckets (and brings them to
+# this configuration); the executor and the CLI open the buckets the engine made; an
+# agent only publishes, so it touches no JetStream API at all.
+Setup = Literal["create", "open", "none"]
+_EMBEDDED_SETUP: dict[Role, Setup] = {
+    "engine": "create",
+    "executor": "open",
+    "cli": "open",
+    "agent": "none",
+}
+
+
+@dataclass(slots=True)
+class Bus:
+    """A connected client, its JetStream context and the KV buckets."""
+
+    nc: Client
+    js: JetStreamContext
+    kv: dict[str, KeyValue]
+    url: str
+    # The supervised embedded server when this process started it (for health reports).
+    server: EmbeddedNats | None = None
+
+    async def close(self) -> None:
+        """Flush what is pending and disconnect."""
+        if self.nc.is_closed:
+            return
+        with contextlib.suppress(NatsError, TimeoutError):
+            await self.nc.flush(timeout=5)
+        await self.nc.close()
+
+
+def _tls(cfg: NatsSettings) -> ssl.SSLContext | None:
+    if not (cfg.tls_ca or cfg.tls_cert):
+        return None
+    ctx = ssl.create_default_context(cafile=str(cfg.tls_ca) if cfg.tls_ca else None)
+    if cfg.tls_cert:
+        ctx.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key) if cfg.tls_key else None)
+    return ctx
+
+
+def connect_options(cfg: NatsSettings, credentials: Credentials | None = None) -> dict[str, Any]:
+    """Keyword arguments for nats.connect (secrets unwrapped only here).
+
+    `credentials` (the embedded server's generated user) replace the configured ones.
+    """
+    opts: dict[str, Any] = {"max_reconnect_attempts": -1, "reconnect_time_wait": 1}
+    if credentials is not None:
+        return {**opts, "user": credentials.user, "password": credentials.password}
+    if cfg.user:
+        opts["user"] = cfg.user
+        opts["password"] = cfg.password.get_secret_value() if cfg.password else None
+    if cfg.token:
+        opts["token"] = cfg.token.get_secret_value()
+    if cfg.nkeys_seed:
+        opts["nkeys_seed"] = str(cfg.nkeys_seed)
+    if cfg.creds:
+        opts["user_credentials"] = str(cfg.creds)
+    tls = _tls(cfg)
+    if tls is not None:
+        opts["tls"] = tls
+    return opts
+
+
+async def connect(
+    url: str,
+    cfg: NatsSettings | None = None,
+    name: str = "gpuops",
+    *,
+    setup: Setup = "create",
+    credentials: Credentials | None = None,
+) -> Bus:
+    """Connect, then set up JetStream as `setup` says (create streams and buckets by default).
+
+    The first connect fails fast (a BusError); once connected, the client reconnects
+    forever on its own.
+    """
+    cfg = cfg or NatsSettings()
+    opts = connect_options(cfg, credentials)
+    try:
+        nc = await nats.connect(
+            url,
+            name=name,
+            error_cb=_first_errors(url),
+            connect_timeout=5,
+            **opts,
+            allow_reconnect=False,
+        )
+    except (OSError, NatsError, TimeoutError) as exc:
+        raise BusError(f"cannot connect to NATS at {url}: {exc}") from exc
+    # Reconnecting is switched on once connected: nats-py would retry a failing first
+    # connect forever (max_reconnect_attempts=-1), hiding a wrong URL or password.
+    nc.options["allow_reconnect"] = True
+    js = nc.jetstream(timeout=10)
+    try:
+        kv = await _set_up(js, cfg, setup)
+    except (JsError, NatsError, TimeoutError) as exc:
+        await nc.close()
+        raise BusError(f"cannot set up JetStream at {url} ({setup}): {exc}") from exc
+    return Bus(nc=nc, js=js, kv=kv, url=url)
+
+
+async def _set_up(js: JetStreamContext, cfg: NatsSettings, setup: Setup) -> dict[str, KeyValue]:
+    if setup == "none":
+        return {}
+    if setup == "create":
+        await ensure_streams(js, cfg)
+        return {name: await ensure_bucket(js, c, cfg.replicas) for name, c in BUCKETS.items()}
+    try:
+        return {name: await js.key_value(c.bucket) for name, c in BUCKETS.items()}
+    except BucketNotFoundError as exc:
+        raise BusError(f"a KV bucket is missing ({exc}): start the engine once first") from exc
+
+
+def stream_configs(cfg: NatsSettings | None = None) -> list[StreamConfig]:
+    """The streams with the replicas and size limits of the settings."""
+    cfg = cfg or NatsSettings()
+    limits: dict[str, dict[str, Any]] = {
+        EVENTS: {"max_bytes": cfg.events_max_bytes},
+        AUDIT: {"max_bytes": cfg.audit_max_bytes, "max_age": cfg.audit_max_age_s},
+    }
+    return [
+        StreamConfig.from_response(
+            {
+                **base.as_dict(),
+                "num_replicas": cfg.replicas,
+                **_limits(limits.get(base.name or "", {})),
+            }
+        )
+        for base in STREAMS
+    ]
+
+
+def _limits(values: dict[str, Any]) -> dict[str, Any]:
+    # as_dict() speaks the server's units: max_age in nanoseconds.
+    out = dict(values)
+    if "max_age" in out:
+        out["max_age"] = int(out["max_age"] * 1_000_000_000)
+    return out
+
+
+async def ensure_streams(js: JetStreamContext, cfg: NatsSettings | None = None) -> None:
+    """Create each stream, or bring an existing one to this configuration."""
+    for config in stream_configs(cfg):
+        try:
+            await js.add_stream(config)
+        except BadRequestError:
+            await js.update_stream(config)
+
+
+async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig, replicas: int) -> KeyValue:
+    """Open a KV bucket, creating it the first time."""
+    try:
+        return await js.key_value(config.bucket)
+    except BucketNotFoundError:
+        config.replicas = replicas
+        return await js.create_key_value(config)
+
+
+@asynccontextmanager
+async def open_bus(
+    cfg: NatsSettings, state_dir: Path, name: str = "gpuops", role: Role = "engine"
+) -> AsyncIterator[Bus]:
+    """The configured NATS, or a running engine's embedded one, or a new embedded one.
+
+    On the embedded server the role's generated credentials are used (and its
+    permissions apply); a configured URL uses the configured credentials.
+    """
+    bus: Bus | None
+    if cfg.url:
+        bus = await connect(cfg.url, cfg, name, setup="none" if role == "agent" else "create")
+    else:
+        bus = await _join_embedded(cfg, state_dir, name, role)
+    if bus is None:
+        async with _own_embedded(cfg, state_dir, name, role) as own:
+            yield own
+        return
+    try:
+        yield bus
+    finally:
+        await bus.close()
+
+
+async def _join_embedded(cfg: NatsSettings, state_dir: Path, name: str, role: Role) -> Bus | None:
+    """A connection to another process's embedded server on this state dir, if it answers."""
+    url = url_file(state_dir).read_text().strip() if url_file(state_dir).exists() else None
+    if not url:
+        return None
+    try:
+        credentials = read_credentials(state_dir, role)
+        return await connect(url, cfg, name, setup=_EMBEDDED_SETUP[role], credentials=credentials)
+    except BusError as exc:
+        log.info("no running embedded nats-server at %s (%s); starting one", url, exc)
+        url_file(state_dir).unlink(missing_ok=True)
+        return None
+
+
+@asynccontextmanager
+async def _own_embedded(
+    cfg: NatsSettings, state_dir: Path, name: str, role: Role
+) -> AsyncIterator[Bus]:
+    """Start a supervised embedded server, set it up as the engine, connect as `role`."""
+    server = new_server(state_dir)
+    async with server:
+        announce(state_dir, server)
+        log.info("embedded nats-server at %s (store %s)", server.url, server.store_dir)
+        try:
+            engine = read_credentials(state_dir, "engine")
+            bus = await connect(server.url, cfg, name, credentials=engine)
+            if role != "engine":
+                await bus.close()
+                bus = await connect(
+                    server.url,
+                    cfg,
+                    name,
+                    setup=_EMBEDDED_SETUP[role],
+                    credentials=read_credentials(state_dir, role),
+                )
+            bus.server = server
+            try:
+                yield bus
+            finally:
+                await bus.close()
+        finally:
+            url_file(state_dir).unlink(missing_ok=True)
+
+
+def agent_endpoint(cfg: NatsSettings, state_dir: Path) -> tuple[str, Credentials | None]:
+    """Where an agent connects: the configured URL, else this state dir's embedded server."""
+    if cfg.url:
+        return cfg.url, None
+    url = remembered_url(state_dir)
+    if url is None:
+        raise BusError(
+            f"no NATS URL: pass --nats URL, or run `gpuops run` with state dir {state_dir}"
+        )
+    return url, read_credentials(state_dir, "agent")
+
+
+def _first_errors(url: str, every_s: float = 60.0) -> Callable[[Exception], Awaitable[None]]:
+    """An error callback that logs a failure when it changes or once a minute, not on every
+    retry of a long outage."""
+    last_text, last_at = [""], [0.0]
+
+    async def report(exc: Exception) -> None:
+        text, now = f"{type(exc).__name__}: {exc}", time.monotonic()
+        if text != last_text[0] or now - last_at[0] >= every_s:
+            log.warning("nats at %s: %s (retrying)", url, text)
+            last_text[0], last_at[0] = text, now
+
+    return report
+
+
+async def connect_forever(
+    nc: Client, url: str, cfg: NatsSettings, credentials: Credentials | None, name: str
+) -> None:
+    """Connect `nc`, retrying until it works or the task is cancelled; reconnects after."""
+    opts = connect_options(cfg, credentials)
+    await nc.connect(
+        url,
+        name=name,
+        error_cb=_first_errors(url),
+        connect_timeout=2,
+        allow_reconnect=True,
+        **opts,
+    )
+    log.info("connected to nats at %s", url)

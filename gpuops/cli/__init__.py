@@ -1,0 +1,38 @@
+"""The `gpuops` command. Results go to stdout, logs to stderr, so `--json` output pipes.
+
+The commands live in modules by audience, each a list of click commands added here:
+engine_cmds (run the engine, check and try rules), operator_cmds (status, history,
+approvals, silences, the breaker, drains, drift checks, publishing events),
+sim_cmds (the simulated fleet and the demo) and agent_cmds (the node agent).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from gpuops.cli import agent_cmds, engine_cmds, operator_cmds, sim_cmds
+
+
+@click.group()
+@click.option("--config", type=click.Path(path_type=Path), help="settings YAML (or GPUOPS_CONFIG)")
+@click.option(
+    "--state-dir", type=click.Path(path_type=Path), help="state dir (or GPUOPS_STATE_DIR)"
+)
+@click.option("-v", "--verbose", count=True, help="more logging on stderr")
+@click.pass_context
+def main(ctx: click.Context, config: Path | None, state_dir: Path | None, verbose: int) -> None:
+    """gpuops: event-driven remediation for GPU clusters."""
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(
+        level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    ctx.obj = {"config": config, "state_dir": state_dir}
+
+
+for _module in (engine_cmds, operator_cmds, sim_cmds, agent_cmds):
+    for _command in _module.COMMANDS:
+        main.add_command(_command)

@@ -1,0 +1,201 @@
+"""`gpuops` commands about the engine itself: run it, check rules, try them on events
+(test-rules, replay), print schemas, benchmark the matcher."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.table import Table
+
+from gpuops.cli.terminal import cells, err, out, run_async, settings_from
+from gpuops.errors import RuleError
+
+if TYPE_CHECKING:
+    from gpuops.clock import Clock
+    from gpuops.match.rules import RuleSet
+    from gpuops.settings import Settings
+
+
+@click.command()
+@click.option("--nats", help="NATS URL; without one an embedded nats-server is started")
+@click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="rules directory")
+@click.option("--playbooks", "playbooks_dir", type=click.Path(path_type=Path))
+@click.option("--inventory", type=click.Path(path_type=Path), help="Ansible inventory")
+@click.option("--dry-run/--no-dry-run", default=None, help="decide and record, never execute")
+@click.option("--role", type=click.Choice(["all", "engine", "executor"]), help="which loops to run")
+@click.option("--http", help="host:port for ChatOps, /metrics and /healthz (e.g. 127.0.0.1:8080)")
+@click.pass_context
+def run(ctx: click.Context, /, **flags: Any) -> None:
+    """Run the engine (intake, match, decide, intents) and the executor."""
+    settings = settings_from(ctx, **flags)
+    logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+    run_async(run_engine(settings))
+
+
+async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
+    """Load rules and inventory (failing fast), connect, and run until stopped."""
+    from gpuops.app import App, load_world
+    from gpuops.bus.conn import open_bus
+    from gpuops.clock import SystemClock
+
+    rules, inventory = load_world(settings)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    async with open_bus(
+        settings.nats,
+        settings.state_dir,
+        name="gpuops-engine",
+        role="executor" if settings.role == "executor" else "engine",
+    ) as bus:
+        app = App(
+            settings=settings,
+            bus=bus,
+            clock=clock or SystemClock(),
+            rules=rules,
+            inventory=inventory,
+        )
+        await app.run()
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--playbooks",
+    "playbooks_dir",
+    type=click.Path(path_type=Path),
+    help="check playbooks exist here",
+)
+def validate(paths: tuple[Path, ...], playbooks_dir: Path | None) -> None:
+    """Check rule files; print `file:line: rule NAME: message` per error, exit 1 on any."""
+    from gpuops.match.loader import load_rules
+    from gpuops.settings import checkout_root
+
+    targets = list(paths) or [checkout_root() / "rules"]
+    books = playbooks_dir or checkout_root() / "playbooks"
+    try:
+        rules = load_rules(targets, books if books.is_dir() else None)
+    except RuleError as exc:
+        for line in str(exc).splitlines():
+            click.echo(line)
+        sys.exit(1)
+    click.echo(f"ok: {len(rules.rules)} rules in {len(rules.sources)} files")
+
+
+def _rules(rules_dir: Path | None) -> RuleSet:
+    from gpuops.match.loader import load_rules
+    from gpuops.settings import checkout_root
+
+    books = checkout_root() / "playbooks"
+    try:
+        return load_rules(
+            [rules_dir or checkout_root() / "rules"], books if books.is_dir() else None
+        )
+    except RuleError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+
+
+@click.command("test-rules")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/")
+def test_rules(paths: tuple[Path, ...], rules_dir: Path | None) -> None:
+    """Run rule tests (YAML cases of events and expected actions); exit 1 on any failure."""
+    from gpuops.ruletest import load_cases, run_cases
+
+    rules = _rules(rules_dir)
+    files = [f for p in paths for f in (sorted(p.rglob("*.y*ml")) if p.is_dir() else [p])]
+    failed = total = 0
+    for file in files:
+        try:
+            results = asyncio.run(run_cases(str(file), load_cases(file), rules))
+        except RuleError as exc:
+            click.echo(f"FAIL {exc}")
+            failed += 1
+            continue
+        for result in results:
+            total += 1
+            click.echo(f"{'PASS' if result.passed else 'FAIL'} {file}: {result.name}")
+            for failure in result.failures:
+                click.echo(f"     {failure}")
+            failed += 0 if result.passed else 1
+    click.echo(f"{total - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+@click.command()
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/")
+@click.option(
+    "--inventory", type=click.Path(path_type=Path), help="only these hosts may be acted on"
+)
+@click.option("--json", "as_json", is_flag=True, help="one JSON line per would-be action")
+def replay(file: Path, rules_dir: Path | None, inventory: Path | None, as_json: bool) -> None:
+    """Shadow mode: recorded events through matching and safety stages, acting on nothing."""
+    from gpuops.clock import rfc3339
+    from gpuops.replay import replay_file
+
+    rules = _rules(rules_dir)
+    actions, stats = run_async(replay_file(file, rules, inventory))
+    if as_json:
+        for action in actions:
+            click.echo(json.dumps(action.as_dict(), sort_keys=True))
+    else:
+        table = Table("ts", "rule", "node", "gpu", "would run")
+        for a in actions:
+            would = a.action + (" (dry-run rule)" if a.dry_run else "")
+            gpu = "" if a.gpu is None else a.gpu
+            table.add_row(*cells(rfc3339(a.ts), a.rule, a.node, gpu, would))
+        out.print(table)
+    err.print(
+        f"{stats['events']} events, {stats['bad']} unreadable, {len(actions)} would-be actions",
+        highlight=False,
+    )
+
+
+@click.group()
+def bench() -> None:
+    """Benchmarks that print figures (never timed tests)."""
+
+
+@bench.command("rules")
+@click.option("--rules", "n_rules", type=int, default=50, show_default=True)
+@click.option("--gpus", type=int, default=10_000, show_default=True)
+@click.option("--seconds", type=float, default=20.0, show_default=True, help="wall seconds to run")
+def bench_rules(n_rules: int, gpus: int, seconds: float) -> None:
+    """Matcher throughput on samples built from the H200 recording."""
+    from gpuops.bench import bench_rules as run_bench
+
+    for line in run_bench(n_rules=n_rules, gpus=gpus, seconds=seconds):
+        click.echo(line)
+
+
+@bench.command("soak", context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def bench_soak(args: tuple[str, ...]) -> None:
+    """NATS outages and engine kill -9s against a simulated fleet; exit 1 on a broken invariant.
+
+    Options (see `python -m gpuops.soak --help`): --nodes, --gpus, --minutes, --nats-every,
+    --outage-min, --outage-max, --engine-kill-every, --seed, --json.
+    """
+    from gpuops.soak import main as soak_main
+
+    sys.exit(soak_main(list(args)))
+
+
+@click.command()
+@click.argument("what", type=click.Choice(["events", "rules"]))
+def schema(what: str) -> None:
+    """Print the JSON Schema of events (format v1) or of rule files."""
+    from gpuops.match.schema import RULES_FILE_SCHEMA
+    from gpuops.models import event_json_schema
+
+    doc = event_json_schema() if what == "events" else RULES_FILE_SCHEMA
+    click.echo(json.dumps(doc, indent=2, sort_keys=True))
+
+
+COMMANDS = [run, validate, test_rules, replay, bench, schema]

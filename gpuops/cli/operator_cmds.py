@@ -1,0 +1,283 @@
+"""`gpuops` commands for operators against a running engine's bus: status, history,
+approvals, silences, the breaker, drains, dry-run, drift checks, publishing events.
+
+Most of them run the ChatOps command of the same name (gpuops.commands), so a terminal
+and a chat do exactly the same thing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.table import Table
+
+from gpuops.cli.terminal import cells, err, out, run_async, settings_from
+
+if TYPE_CHECKING:
+    from gpuops.act.driftcheck import DriftReport
+    from gpuops.commands import Commands
+    from gpuops.models import AuditRecord
+    from gpuops.settings import Settings
+
+NATS_HELP = "NATS URL (default: the running engine's embedded server)"
+
+
+async def with_commands(settings: Settings, use: Callable[[Commands], Awaitable[Any]]) -> Any:
+    """Connect, build the command set over the inventory, and run `use(commands)`."""
+    from gpuops.bus.conn import open_bus
+    from gpuops.clock import SystemClock
+    from gpuops.commands import Commands
+    from gpuops.inventory import load_inventory
+
+    inventory = load_inventory(settings.inventory)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    async with open_bus(settings.nats, settings.state_dir, name="gpuops-cli", role="cli") as bus:
+        return await use(Commands(bus, SystemClock(), inventory, settings.chatops))
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="the status as one JSON object")
+@click.option("--nats", help=NATS_HELP)
+@click.pass_context
+def status(ctx: click.Context, as_json: bool, nats: str | None) -> None:
+    """The fleet: nodes per state, nodes not healthy and why, breaker, approvals, silences."""
+    from gpuops.commands import render_status
+
+    result = run_async(with_commands(settings_from(ctx, nats=nats), lambda c: c.status()))
+    click.echo(
+        json.dumps(result, sort_keys=True, default=str) if as_json else render_status(result)
+    )
+
+
+def _chat_command(name: str, doc: str) -> click.Command:
+    """A CLI command that runs the ChatOps command of the same name."""
+
+    @click.command(name, help=doc, context_settings={"ignore_unknown_options": True})
+    @click.argument("args", nargs=-1)
+    @click.option("--nats", help=NATS_HELP)
+    @click.pass_context
+    def command(ctx: click.Context, args: tuple[str, ...], nats: str | None) -> None:
+        import getpass
+        import shlex
+
+        from gpuops.commands import Caller
+
+        line = shlex.join([name, *args])
+        caller = Caller(user=getpass.getuser(), platform="cli")
+        settings = settings_from(ctx, nats=nats)
+        click.echo(run_async(with_commands(settings, lambda c: c.run(line, caller))))
+
+    return command
+
+
+CHAT_COMMANDS = [
+    _chat_command(name, doc)
+    for name, doc in (
+        ("approve", "Approve a pending action: approve ID."),
+        ("deny", "Deny a pending action: deny ID."),
+        (
+            "silence",
+            "Silence rule:NAME, node:NAME, group:NAME or label:K=V for a DURATION with a REASON.",
+        ),
+        ("unsilence", "Remove a silence: unsilence ID."),
+        (
+            "breaker",
+            "Reset the fleet breaker (reset) or let one action through on approval (half-open).",
+        ),
+        ("dry-run", "Switch the running engine's dry-run on or off."),
+        ("drain", "Ask the engine to drain a node: drain NODE REASON."),
+        ("undrain", "Ask the engine to return a node to service: undrain NODE [REASON]."),
+    )
+]
+
+
+@click.command()
+@click.argument("node", required=False)
+@click.option("--json", "as_json", is_flag=True, help="one JSON record per line")
+@click.option("--nats", help="NATS URL (default: the running engine's or the state dir's store)")
+@click.option("--limit", type=int, default=200, show_default=True, help="the newest N records")
+@click.option("--drift", is_flag=True, help="only drift-check summaries")
+@click.pass_context
+def history(
+    ctx: click.Context, node: str | None, as_json: bool, nats: str | None, limit: int, drift: bool
+) -> None:
+    """Print the audit trail: decisions, runs (with playbook revision), notes (for NODE, or all)."""
+    from gpuops.clock import rfc3339
+    from gpuops.record.audit import as_json_line
+
+    records = run_async(audit_records(settings_from(ctx, nats=nats), node))
+    if drift:
+        records = [r for r in records if "drift_check" in r.body]
+    records = records[-limit:]
+    if as_json:
+        for record in records:
+            click.echo(as_json_line(record))
+        return
+    table = Table("time", "type", "node", "rule", "what", "playbook version")
+    for r in records:
+        version = ""
+        if r.type == "run":
+            rev, sha = r.body.get("revision") or "-", r.body.get("sha256") or "-"
+            version = (
+                f"{rev[:12]}{'+dirty' if str(rev).endswith('+dirty') else ''} sha256:{sha[:12]}"
+            )
+        table.add_row(*cells(rfc3339(r.at)[:19], r.type, r.node, r.rule, r.summary, version))
+    out.print(table)
+
+
+async def audit_records(settings: Settings, node: str | None) -> list[AuditRecord]:
+    """Every audit record (for one node, or all), oldest first."""
+    from gpuops.bus.conn import open_bus
+    from gpuops.record.audit import read_audit
+
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    async with open_bus(
+        settings.nats, settings.state_dir, name="gpuops-history", role="cli"
+    ) as bus:
+        return [r async for r in read_audit(bus.js, node)]
+
+
+@click.command("drift-check")
+@click.option("--group", default="all", show_default=True, help="inventory group to check")
+@click.option("--json", "as_json", is_flag=True, help="the report as one JSON object")
+@click.option("--nats", help=NATS_HELP)
+@click.option("--no-publish", is_flag=True, help="only report; send no drift events to the engine")
+@click.pass_context
+def drift_check(
+    ctx: click.Context, group: str, as_json: bool, nats: str | None, no_publish: bool
+) -> None:
+    """Run baseline.yml in check mode over a group now; print hosts x drifted settings."""
+    from rich.progress import Progress
+
+    settings = settings_from(ctx, nats=nats)
+    with Progress(console=err, transient=True) as progress:
+        task = progress.add_task(cells(f"drift check of {group}")[0], total=None)
+
+        def advance(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        report = run_async(run_drift_check(settings, group, advance, publish=not no_publish))
+    if as_json:
+        hosts = {
+            h: {"drifts": r.drifts, "unreachable": r.unreachable, "failed": r.failed}
+            for h, r in sorted(report.hosts.items())
+        }
+        click.echo(json.dumps({**report.summary(), "results": hosts}, sort_keys=True))
+        return
+    _print_drift(report, group)
+
+
+def _print_drift(report: DriftReport, group: str) -> None:
+    table = Table("host", "drifted settings", "state", title=cells(f"drift check of {group}")[0])
+    for host, result in sorted(report.hosts.items()):
+        drifted = ", ".join(
+            f"{d['setting']}"
+            + (f"[{d['gpu']}]" if d.get("gpu") is not None else "")
+            + f": {d['actual']} (want {d['expected']})"
+            for d in result.drifts
+        )
+        table.add_row(*cells(host, drifted or "-", report.state_of(host)))
+    out.print(table)
+    s = report.summary()
+    out.print(
+        f"{s['hosts_checked']} hosts, {len(s['drifted'])} drifted, "
+        f"{len(s['unreachable'])} unreachable, {s['duration_s']}s",
+        markup=False,
+    )
+
+
+async def run_drift_check(
+    settings: Settings, group: str, progress: Callable[[int, int], None], publish: bool = True
+) -> DriftReport:
+    """One drift check now; its events and summary go to the bus unless `publish` is off."""
+    from gpuops.act.driftcheck import drift_check, publish_report
+    from gpuops.bus.conn import open_bus
+    from gpuops.bus.publish import JetStreamPublisher
+    from gpuops.clock import SystemClock
+    from gpuops.inventory import load_inventory
+    from gpuops.record.audit import Auditor
+
+    inventory = load_inventory(settings.inventory)
+    clock = SystemClock()
+    report = await drift_check(
+        inventory,
+        settings.playbooks_dir,
+        clock,
+        group=group,
+        batch_size=settings.drift.batch_size,
+        forks=settings.drift.forks,
+        progress=progress,
+    )
+    if publish:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        async with open_bus(
+            settings.nats, settings.state_dir, name="gpuops-drift", role="cli"
+        ) as bus:
+            await publish_report(bus.js, report)
+            await Auditor(JetStreamPublisher(bus.js)).note(
+                clock.now(), "", report.line(), {"drift_check": report.summary()}
+            )
+    return report
+
+
+@click.command()
+@click.argument("file", type=click.File("rb"))
+@click.option("--nats", help=NATS_HELP)
+@click.pass_context
+def publish(ctx: click.Context, file: Any, nats: str | None) -> None:
+    """Publish events from a JSON lines file (`-` for stdin) to their subjects."""
+    settings = settings_from(ctx, nats=nats)
+    sent, bad = run_async(publish_lines(settings, file.read().splitlines()))
+    click.echo(
+        f"published {sent} events"
+        + (f", {bad} lines were not JSON events (skipped)" if bad else "")
+    )
+
+
+async def publish_lines(settings: Settings, lines: list[bytes]) -> tuple[int, int]:
+    """Publish JSON-lines events to their subjects; lines that are not events are skipped."""
+    from gpuops.bus.conn import open_bus
+    from gpuops.intake.decode import event_subject
+    from gpuops.models import EVENT_ADAPTER
+
+    sent = bad = 0
+    subject: str | None
+    async with open_bus(
+        settings.nats, settings.state_dir, name="gpuops-publish", role="cli"
+    ) as bus:
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+                subject = event_subject(EVENT_ADAPTER.validate_python(raw))
+                msg_id = str(raw.get("id"))
+            except ValueError:
+                # Published anyway to the kind's subject when it has one: the engine's
+                # dead-letter path is where a bad event is meant to end up and be seen.
+                subject, msg_id = _fallback_subject(line), None
+                bad += 1
+                if subject is None:
+                    continue
+            headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+            await bus.js.publish(subject, line, headers=headers)
+            sent += 1
+    return sent, bad
+
+
+def _fallback_subject(line: bytes) -> str | None:
+    from gpuops.models import subject_for
+
+    try:
+        raw = json.loads(line)
+    except ValueError:
+        raw = None
+    if not isinstance(raw, dict):
+        return subject_for("unknown", "unknown")
+    return subject_for(str(raw.get("kind", "unknown")), str(raw.get("node", "unknown")))
+
+
+COMMANDS = [status, *CHAT_COMMANDS, history, drift_check, publish]

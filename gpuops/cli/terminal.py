@@ -1,0 +1,49 @@
+"""What every gpuops command shares: the consoles, settings from flags, running a
+coroutine with its errors printed, and user text made safe for Rich."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from gpuops.errors import EngineError
+from gpuops.settings import Settings, load_settings
+
+T = TypeVar("T")
+# Piped output is read in logs and CI: do not squeeze tables to 80 columns there.
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+err = Console(stderr=True)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a command's coroutine; an EngineError is printed and exits 2."""
+    try:
+        return asyncio.run(coro)
+    except EngineError as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
+        sys.exit(2)
+
+
+def settings_from(ctx: click.Context, **flags: Any) -> Settings:
+    """The settings: file, environment, then the group's and the command's flags."""
+    base: dict[str, Any] = dict(ctx.obj or {})
+    nats_url = flags.pop("nats", None)
+    if nats_url:
+        base["nats"] = {"url": nats_url}
+    base.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        return load_settings(base.pop("config", None), base)
+    except EngineError as exc:
+        err.print(f"error: {exc}", markup=False)
+        sys.exit(2)
+
+
+def cells(*values: object) -> list[str]:
+    """Table cells from text that may hold user input: Rich markup in it is shown as is."""
+    return [escape(str(v)) for v in values]

@@ -1,0 +1,338 @@
+"""The commands people give, from ChatOps or the CLI, with their permissions.
+
+Every command works through the bus and its KV buckets, so it acts the same from a
+chat, from a terminal, or from another replica. Each command that is allowed and well
+formed is also published as a `chatops` event, so rules can match commands too: that
+event is how `drain` and `undrain` reach the engine, which decides them through its
+built-in rules and every safety stage (node lock, fleet breaker) like any other action.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from gpuops.bus.conn import Bus
+from gpuops.bus.publish import JetStreamPublisher
+from gpuops.bus.store import NatsKV, Store
+from gpuops.clock import Clock, rfc3339
+from gpuops.decide.approval import ApprovalStatus, ApprovalStore
+from gpuops.decide.breaker import BreakerState, BreakerStore
+from gpuops.decide.silence import SilenceStore, silence_span
+from gpuops.errors import EngineError
+from gpuops.inventory import Inventory
+from gpuops.match.durations import format_duration
+from gpuops.models import new_event, subject_for
+from gpuops.record.audit import Auditor, read_audit
+from gpuops.record.nodestate import NodeState, NodeStates
+from gpuops.settings import ChatopsSettings
+
+DRY_RUN_KEY = "dry_run"
+
+
+class Switch(BaseModel):
+    """A runtime switch in the control bucket (dry-run)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    on: bool
+    by: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who asked, and where."""
+
+    user: str
+    channel: str = ""
+    platform: str = "cli"
+
+
+class CommandError(EngineError):
+    """A command that cannot be carried out; the message goes back to the person."""
+
+
+class Access(StrEnum):
+    """Who may run a command when settings do not name its users or channels."""
+
+    READ_ONLY = "read-only"  # anyone who passed verification
+    GRANTED = "granted"  # nobody until settings grant it: these change things
+
+
+Handler = Callable[["Commands", list[str], Caller], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One entry of the command table."""
+
+    name: str
+    handler: Handler
+    usage: str
+    access: Access
+
+
+def allowed(command: Command, caller: Caller, settings: ChatopsSettings) -> str | None:
+    """None if the caller may run the command, else why not."""
+    if caller.platform == "cli":
+        return None  # the shell's own access control stands in front of the CLI
+    grant = settings.permissions.get(command.name)
+    if grant is None:
+        if command.access is Access.READ_ONLY:
+            return None
+        return f"'{command.name}' is not granted to anyone in settings"
+    if grant.users and caller.user not in grant.users:
+        return f"user {caller.user!r} may not run '{command.name}'"
+    if grant.channels and caller.channel not in grant.channels:
+        return f"'{command.name}' may not be run in channel {caller.channel!r}"
+    return None
+
+
+class Commands:
+    """Carries out commands against the bus."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        clock: Clock,
+        inventory: Inventory,
+        settings: ChatopsSettings,
+        drift_check: Callable[[str], Awaitable[str]] | None = None,
+    ) -> None:
+        self.bus, self.clock, self.inventory, self.settings = bus, clock, inventory, settings
+        control = NatsKV(bus.kv["control"])
+        self.auditor = Auditor(JetStreamPublisher(bus.js))
+        self.approvals = ApprovalStore(control)
+        self.silences = SilenceStore(control)
+        self.breaker = BreakerStore(control)
+        self.switches: Store[Switch] = Store(control, Switch, "switch")
+        self.states = NodeStates(NatsKV(bus.kv["nodes"]))
+        self.drift_check = drift_check
+
+    async def run(self, text: str, caller: Caller, request_id: str | None = None) -> str:
+        """Parse and carry out one command line; the reply for the person.
+
+        `request_id`, derived from the chat request, becomes the chatops event's id: a
+        replayed request that got past the HTTP layer is then stored once by JetStream.
+        """
+        try:
+            words = shlex.split(text)
+        except ValueError as exc:
+            return f"cannot parse {text!r}: {exc}"
+        command = COMMANDS.get(words[0]) if words else None
+        if command is None:
+            return help_text()
+        args = words[1:]
+        refused = allowed(command, caller, self.settings)
+        if refused is not None:
+            who = f"{caller.user}@{caller.platform}"
+            await self._note(args, f"refused {command.name} from {who}: {refused}")
+            return f"refused: {refused}"
+        try:
+            reply = await command.handler(self, args, caller)
+        except CommandError as exc:
+            return f"{command.name}: {exc} (usage: {command.usage})"
+        except EngineError as exc:
+            return f"{command.name}: {exc}"
+        # Published only once allowed and well formed: the engine acts on some of these.
+        await self._publish(command.name, args, caller, request_id)
+        first = reply.splitlines()[0] if reply else ""
+        await self._note(args, f"{caller.user}@{caller.platform}: {text} -> {first}")
+        return reply
+
+    async def _note(self, args: list[str], summary: str) -> None:
+        node = args[0] if args and args[0] in self.inventory else ""
+        await self.auditor.note(self.clock.now(), node, summary)
+
+    async def _publish(
+        self, command: str, args: list[str], caller: Caller, request_id: str | None
+    ) -> None:
+        node = args[0] if args and args[0] in self.inventory else "fleet"
+        data = {
+            "command": command,
+            "args": args,
+            "reason": " ".join(args[1:]),
+            "user": caller.user,
+            "channel": caller.channel,
+            "platform": caller.platform,
+        }
+        event = new_event("chatops", node, self.clock.now(), data, f"chatops:{caller.platform}")
+        if request_id:
+            event["id"] = request_id
+        await self.bus.js.publish(
+            subject_for("chatops", node),
+            json.dumps(event).encode(),
+            headers={"Nats-Msg-Id": event["id"]},
+        )
+
+    def _node(self, args: list[str], n: int = 1) -> str:
+        if len(args) < n:
+            raise CommandError("missing arguments")
+        if args[0] not in self.inventory:
+            raise CommandError(f"{args[0]!r} is not in the inventory")
+        return args[0]
+
+    # --- the commands: handlers of the table below -----------------------------------
+
+    async def do_help(self, args: list[str], caller: Caller) -> str:
+        return help_text()
+
+    async def do_status(self, args: list[str], caller: Caller) -> str:
+        return render_status(await self.status())
+
+    async def status(self) -> dict[str, Any]:
+        """The fleet: counts per state, nodes not healthy, breaker, approvals, silences."""
+        now = self.clock.now()
+        records = {r.node: r for r in await self.states.all() if r.node in self.inventory}
+        counts = dict.fromkeys((s.value for s in NodeState), 0)
+        for node in self.inventory.hosts:
+            record = records.get(node)
+            counts[record.state.value if record else NodeState.HEALTHY.value] += 1
+        unhealthy = sorted(
+            (
+                r.model_dump(mode="json")
+                for r in records.values()
+                if r.state is not NodeState.HEALTHY
+            ),
+            key=lambda r: r["since"],
+        )
+        breaker, _ = await self.breaker.get()
+        approvals = [
+            r.model_dump(mode="json", exclude={"match"})
+            for r in await self.approvals.all()
+            if r.status is ApprovalStatus.PENDING and r.expires > now
+        ]
+        silences = [s.model_dump() for s in await self.silences.all() if s.ends > now]
+        dry, _ = await self.switches.get(DRY_RUN_KEY)
+        return {
+            "at": now,
+            "counts": counts,
+            "unhealthy": unhealthy,
+            "breaker": breaker.model_dump(mode="json"),
+            "approvals": approvals,
+            "silences": silences,
+            "dry_run": bool(dry and dry.on),
+        }
+
+    async def do_history(self, args: list[str], caller: Caller) -> str:
+        node = self._node(args)
+        records = [r async for r in read_audit(self.bus.js, node)][-10:]
+        return (
+            "\n".join(f"{rfc3339(r.at)[:19]} {r.type}: {r.summary}" for r in records)
+            or f"nothing for {node}"
+        )
+
+    async def do_drain(self, args: list[str], caller: Caller) -> str:
+        # The chatops event published after this is the request: the engine's built-in
+        # rule turns it into a decision, so the lock and the breaker apply.
+        node = self._node(args, 2)
+        reason = " ".join(args[1:]).strip()
+        if not reason:
+            raise CommandError("say why")
+        return f"drain of {node} requested: {reason} (the engine decides; see `status`)"
+
+    async def do_undrain(self, args: list[str], caller: Caller) -> str:
+        node = self._node(args)
+        reason = " ".join(args[1:]).strip()
+        said = f": {reason}" if reason else ""
+        return f"undrain of {node} requested{said} (the engine decides; see `status`)"
+
+    async def do_approve(self, args: list[str], caller: Caller) -> str:
+        if not args:
+            raise CommandError("which approval?")
+        record = await self.approvals.decide(args[0], True, caller.user, self.clock.now())
+        return f"approved {args[0]}: {record.summary}"
+
+    async def do_deny(self, args: list[str], caller: Caller) -> str:
+        if not args:
+            raise CommandError("which approval?")
+        record = await self.approvals.decide(args[0], False, caller.user, self.clock.now())
+        return f"denied {args[0]}: {record.summary}"
+
+    async def do_silence(self, args: list[str], caller: Caller) -> str:
+        try:
+            target, starts, ends, reason = silence_span(args, self.clock.now())
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        s = await self.silences.add(target, starts, ends, reason, caller.user)
+        return f"silence {s.id}: {s.target} for {format_duration(ends - starts)} ({s.reason})"
+
+    async def do_unsilence(self, args: list[str], caller: Caller) -> str:
+        if not args:
+            raise CommandError("which silence?")
+        if not await self.silences.remove(args[0]):
+            raise CommandError(f"no silence {args[0]!r}")
+        return f"silence {args[0]} removed"
+
+    async def do_breaker(self, args: list[str], caller: Caller) -> str:
+        targets = {"reset": BreakerState.CLOSED, "half-open": BreakerState.HALF_OPEN}
+        if not args or args[0] not in targets:
+            raise CommandError("reset or half-open?")
+        await self.breaker.set_state(
+            targets[args[0]], f"{args[0]} by {caller.user}", self.clock.now(), caller.user
+        )
+        return f"breaker {targets[args[0]].value.replace('_', '-')}"
+
+    async def do_dry_run(self, args: list[str], caller: Caller) -> str:
+        if not args or args[0] not in ("on", "off"):
+            raise CommandError("on or off?")
+        await self.switches.put(Switch(on=args[0] == "on", by=caller.user), DRY_RUN_KEY)
+        return f"dry-run {args[0]}"
+
+    async def do_drift_check(self, args: list[str], caller: Caller) -> str:
+        if self.drift_check is None:
+            raise CommandError(
+                "drift checks run in the engine; ask it (ChatOps) or use `gpuops drift-check`"
+            )
+        return await self.drift_check(args[0] if args else "all")
+
+
+_R, _G = Access.READ_ONLY, Access.GRANTED
+COMMANDS: dict[str, Command] = {
+    c.name: c
+    for c in (
+        Command("status", Commands.do_status, "status", _R),
+        Command("history", Commands.do_history, "history NODE", _R),
+        Command("drain", Commands.do_drain, "drain NODE REASON", _G),
+        Command("undrain", Commands.do_undrain, "undrain NODE [REASON]", _G),
+        Command("approve", Commands.do_approve, "approve ID", _G),
+        Command("deny", Commands.do_deny, "deny ID", _G),
+        Command("silence", Commands.do_silence, "silence TARGET DURATION REASON", _G),
+        Command("unsilence", Commands.do_unsilence, "unsilence ID", _G),
+        Command("breaker", Commands.do_breaker, "breaker reset|half-open", _G),
+        Command("drift-check", Commands.do_drift_check, "drift-check [GROUP]", _G),
+        Command("dry-run", Commands.do_dry_run, "dry-run on|off", _G),
+        Command("help", Commands.do_help, "help", _R),
+    )
+}
+
+
+def help_text() -> str:
+    """Every command's usage, from the table."""
+    return "commands: " + "; ".join(c.usage for c in COMMANDS.values())
+
+
+def render_status(s: dict[str, Any]) -> str:
+    """The status as lines of text for chat and terminal."""
+    lines = ["nodes: " + ", ".join(f"{k} {v}" for k, v in s["counts"].items() if v)]
+    for r in s["unhealthy"]:
+        lines.append(
+            f"  {r['node']}: {r['state']} since {rfc3339(r['since'])[:19]} ({r.get('why', '')})"
+        )
+    b = s["breaker"]
+    closed = b["state"] == BreakerState.CLOSED.value
+    lines.append(f"breaker: {b['state']}" + ("" if closed else f" ({b.get('why')})"))
+    for a in s["approvals"]:
+        lines.append(f"approval {a['id']}: {a['summary']}")
+    for x in s["silences"]:
+        lines.append(
+            f"silence {x['id']}: {x['target']} until {rfc3339(x['ends'])[:19]} ({x['reason']})"
+        )
+    lines.append(f"dry-run: {'on' if s['dry_run'] else 'off'}")
+    return "\n".join(lines)

@@ -1,0 +1,152 @@
+"""Stage: the fleet breaker. When more nodes lost capacity within a window than a share
+of the fleet or an absolute number allow, automated remediation that takes capacity
+away stops: the breaker opens, people are told, and it stays open until a person resets
+it. Half-open lets one such action through, on approval; that approval closes it.
+
+What counts is the playbook catalogue's `breaker: true` (drain, reset, reboot,
+reprovision). State in the control bucket under `breaker`, changed with compare-and-set.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from gpuops.bus.store import KV, Store
+from gpuops.catalog import Catalog
+from gpuops.decide.stage import BaseStage, Drop, Proposal
+from gpuops.match.durations import format_duration
+from gpuops.models import Reason
+
+
+class BreakerState(StrEnum):
+    """Closed lets actions through; open stops them; half-open lets one through on approval."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class Entry(BaseModel):
+    """A node that lost capacity, and when."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    at: float
+
+
+class BreakerRecord(BaseModel):
+    """The breaker's state and the recent entries it counts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: BreakerState = BreakerState.CLOSED
+    why: str = ""
+    since: float = 0.0
+    by: str = ""
+    entries: tuple[Entry, ...] = ()
+
+    def recent(self, now: float, window: float) -> set[str]:
+        """Nodes counted within the window."""
+        return {e.node for e in self.entries if now - e.at <= window}
+
+
+def limit_for(fleet_size: int, share: float, absolute: int) -> int:
+    """How many nodes may lose capacity within the window."""
+    return max(1, min(math.ceil(fleet_size * share), absolute))
+
+
+class BreakerStore:
+    """Reads and changes the breaker's state."""
+
+    def __init__(self, kv: KV) -> None:
+        self.store: Store[BreakerRecord] = Store(kv, BreakerRecord, "breaker")
+
+    async def get(self) -> tuple[BreakerRecord, int]:
+        """The state and its revision (closed and empty when never written)."""
+        value, rev = await self.store.get("fleet")
+        return value or BreakerRecord(), rev
+
+    async def set_state(self, state: BreakerState, why: str, at: float, by: str = "") -> None:
+        """A person resets (closed), half-opens, or the engine trips (open) the breaker."""
+
+        def change(current: BreakerRecord | None) -> BreakerRecord:
+            entries = () if state is BreakerState.CLOSED else (current or BreakerRecord()).entries
+            return BreakerRecord(state=state, why=why, since=at, by=by, entries=entries)
+
+        await self.store.update(change, "fleet")
+
+
+class FleetBreaker(BaseStage):
+    """Counts distinct nodes losing capacity; trips past the limit."""
+
+    name = "breaker"
+
+    def __init__(
+        self,
+        store: BreakerStore,
+        catalog: Catalog,
+        fleet_size: int,
+        *,
+        share: float = 0.05,
+        absolute: int = 20,
+        window_s: float = 600.0,
+        on_trip: Callable[[str], Awaitable[None]] | None = None,
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self.limit = limit_for(fleet_size, share, absolute)
+        self.window_s = window_s
+        self.on_trip = on_trip
+
+    def _counts(self, p: Proposal) -> bool:
+        return p.acts and self.catalog.counts_for_breaker(a.playbook for a in p.actions)
+
+    async def check(self, p: Proposal) -> Drop | None:
+        if not self._counts(p):
+            return None
+        state, rev = await self.store.get()
+        if state.state is BreakerState.OPEN:
+            return Drop(
+                Reason.BREAKER_OPEN, f"fleet breaker open ({state.why}); a person resets it"
+            )
+        if state.state is BreakerState.HALF_OPEN:
+            p.approval = True
+            p.closes_breaker = True
+            p.notes.append("breaker half-open: this one action needs approval and closes it")
+            return None
+        recent = state.recent(p.now, self.window_s)
+        if p.node in recent or len(recent) + 1 <= self.limit:
+            return None
+        why = (
+            f"{len(recent) + 1} nodes would lose capacity within "
+            f"{format_duration(self.window_s)} (limit {self.limit})"
+        )
+        opened = BreakerRecord(
+            state=BreakerState.OPEN, why=why, since=p.now, by="engine", entries=state.entries
+        )
+        if await self.store.store.cas(opened, rev, "fleet") and self.on_trip is not None:
+            await self.on_trip(why)
+        return Drop(Reason.BREAKER_OPEN, f"tripped: {why}")
+
+    async def commit(self, p: Proposal) -> None:
+        if not self._counts(p):
+            return
+        if p.closes_breaker:
+            await self.store.set_state(
+                BreakerState.CLOSED, f"half-open action approved by {p.approved_by}", p.now
+            )
+            return
+
+        def enter(state: BreakerRecord | None) -> BreakerRecord | None:
+            current = state or BreakerRecord()
+            if p.node in current.recent(p.now, self.window_s):
+                return None
+            kept = tuple(e for e in current.entries if p.now - e.at <= self.window_s)
+            return current.model_copy(update={"entries": (*kept, Entry(node=p.node, at=p.now))})
+
+        await self.store.store.update(enter, "fleet")

@@ -1,0 +1,78 @@
+"""Stage: after a rule fires for a group key, it stays quiet for the rule's cooldown.
+
+The last firing per (rule, key) is kept in KV, so a restarted engine or a second
+replica honours cooldowns the first one started. Reads go to KV; only a cooldown known
+to be running is cached, since no replica can shorten one (a firing only moves it on).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from pydantic import BaseModel, ConfigDict
+
+from gpuops.bus.store import KV, Store
+from gpuops.decide.stage import BaseStage, Drop, Proposal
+from gpuops.match.durations import format_duration
+from gpuops.models import Reason
+
+
+class Firing(BaseModel):
+    """When a rule last fired for a key, and on which event."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: float
+    event_id: str = ""
+
+
+CACHE_LIMIT = 10_000
+
+
+def _digest(rule: str, key: str) -> str:
+    return hashlib.sha256(f"{rule}|{key}".encode()).hexdigest()[:40]
+
+
+class Cooldown(BaseStage):
+    """Drops a match while its rule and group key are cooling down."""
+
+    name = "cooldown"
+
+    def __init__(self, kv: KV) -> None:
+        self.store: Store[Firing] = Store(kv, Firing, "cooldown")
+        self._running: dict[str, tuple[Firing, float]] = {}  # digest -> (firing, ends)
+
+    async def _last(self, digest: str, cooldown: float, now: float) -> Firing | None:
+        cached = self._running.get(digest)
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        self._running.pop(digest, None)
+        found, _ = await self.store.get(digest)
+        if found is not None and now - found.at < cooldown:
+            self._remember(digest, found, found.at + cooldown, now)
+        return found
+
+    def _remember(self, digest: str, firing: Firing, ends: float, now: float) -> None:
+        """Cache a running cooldown; past CACHE_LIMIT entries, ended ones are dropped."""
+        self._running[digest] = (firing, ends)
+        if len(self._running) > CACHE_LIMIT:
+            for d in [d for d, (_, end) in self._running.items() if end <= now]:
+                del self._running[d]
+
+    async def check(self, p: Proposal) -> Drop | None:
+        cooldown = p.rule.cooldown_s
+        if cooldown <= 0:
+            return None
+        last = await self._last(_digest(p.rule.name, p.match.key), cooldown, p.now)
+        if last is None or p.now - last.at >= cooldown or last.event_id == p.event_id:
+            return None
+        left = cooldown - (p.now - last.at)
+        return Drop(Reason.COOLDOWN, f"{format_duration(left)} of {format_duration(cooldown)} left")
+
+    async def commit(self, p: Proposal) -> None:
+        if p.rule.cooldown_s <= 0:
+            return
+        firing = Firing(at=p.now, event_id=p.event_id)
+        digest = _digest(p.rule.name, p.match.key)
+        self._remember(digest, firing, p.now + p.rule.cooldown_s, p.now)
+        await self.store.put(firing, digest)

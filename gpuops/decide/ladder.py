@@ -1,0 +1,55 @@
+"""Stage: the remediation ladder. Each recurrence of a fault on a node within the ladder's
+window steps one rung up (reset GPU -> reboot -> reprovision -> a person); a rung whose
+run failed counts as an attempt, so the next recurrence climbs past it.
+"""
+
+from __future__ import annotations
+
+from gpuops.bus.store import KV, Store, kv_key
+from gpuops.decide.history import AttemptLog, append
+from gpuops.decide.stage import BaseStage, Drop, Proposal
+from gpuops.match.durations import format_duration
+from gpuops.match.expr import render
+from gpuops.models import ActionSpec, Reason
+
+
+class LadderStage(BaseStage):
+    """Replaces a ladder rule's actions with the rung this recurrence has reached."""
+
+    name = "ladder"
+
+    def __init__(self, kv: KV) -> None:
+        self.store: Store[AttemptLog] = Store(kv, AttemptLog, "ladder")
+
+    async def check(self, p: Proposal) -> Drop | None:
+        ladder = p.rule.ladder
+        if ladder is None:
+            return None
+        log, _ = await self.store.get(kv_key(p.node, ladder.name))
+        step = len((log or AttemptLog()).within(p.now, ladder.window_s, p.event_id))
+        if step >= len(ladder.rungs) or ladder.rungs[step].needs_human:
+            return Drop(
+                Reason.NEEDS_HUMAN,
+                f"ladder {ladder.name}: {step} attempts within "
+                f"{format_duration(ladder.window_s)}; a person must look at {p.node}",
+            )
+        rung = ladder.rungs[step]
+        assert rung.playbook is not None  # the loader allows only playbooks before needs_human
+        p.actions = [
+            ActionSpec(
+                playbook=rung.playbook,
+                vars=render(rung.vars, p.match.facts),
+                timeout_s=rung.timeout_s,
+            )
+        ]
+        p.rung = step
+        p.approval = p.approval or rung.approval
+        p.notes.append(f"ladder {ladder.name} rung {step + 1}/{len(ladder.rungs)}")
+        return None
+
+    async def commit(self, p: Proposal) -> None:
+        ladder = p.rule.ladder
+        if ladder is None or not p.acts or p.rung is None:
+            return
+        key = kv_key(p.node, ladder.name)
+        await append(self.store, key, p.now, p.event_id, ladder.window_s)

@@ -1,0 +1,184 @@
+"""The stage interface and the decider that runs the stages in order.
+
+A match becomes a Proposal; each stage may let it pass, change what it would do (the
+ladder picks a rung, the breaker asks for approval), or drop it with a named Reason.
+When a stage drops it, the stages before it `abort` (a lock taken is given back); when
+all pass, each `commit`s what it must remember (cooldowns, attempt counts).
+
+Crash consistency: the decider calls `write` (which stores the intents) after every
+check passed and before any commit. A crash before `write` leaves nothing but a
+short-lived pending lock; a crash after it lets the redelivered event decide again,
+and every commit is idempotent by event id, so the second decision is the first one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpuops.clock import Clock
+from gpuops.match.expr import render
+from gpuops.match.rules import Rule
+from gpuops.models import ActionSpec, Decision, Match, Reason
+
+Write = Callable[[Decision], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Why a stage stopped a match; `keep` commits the stages passed (dry-run, record-only)."""
+
+    reason: Reason
+    detail: str = ""
+    keep: bool = False
+
+
+@dataclass(slots=True)
+class Proposal:
+    """A match on its way through the stages, and what it would do if it got through."""
+
+    match: Match
+    rule: Rule
+    now: float
+    actions: list[ActionSpec]
+    notify: bool
+    dry_run: bool = False
+    dry_run_why: str = ""
+    approval: bool = False
+    approved_by: str | None = None
+    closes_breaker: bool = False
+    holds_lock: bool = False
+    rung: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def node(self) -> str:
+        """The node the proposal would act on."""
+        return self.match.node
+
+    @property
+    def event_id(self) -> str:
+        """The triggering event: what makes every commit idempotent."""
+        return self.match.event_id
+
+    @property
+    def acts(self) -> bool:
+        """Whether the proposal would run a playbook for real."""
+        return bool(self.actions) and not self.dry_run
+
+
+class Stage(Protocol):
+    """One safety stage."""
+
+    name: str
+
+    async def check(self, p: Proposal) -> Drop | None:
+        """None to let the proposal pass (possibly changed), or the Drop that stops it."""
+        ...
+
+    async def commit(self, p: Proposal) -> None:
+        """The proposal was decided: remember what must be remembered (idempotent)."""
+        ...
+
+    async def abort(self, p: Proposal) -> None:
+        """A later stage dropped the proposal: give back what `check` took."""
+        ...
+
+
+class BaseStage:
+    """Stages that keep nothing need neither commit nor abort."""
+
+    name = "stage"
+
+    async def commit(self, p: Proposal) -> None:
+        return None
+
+    async def abort(self, p: Proposal) -> None:
+        return None
+
+
+class Decider:
+    """Runs the stages in order; the first drop wins."""
+
+    def __init__(self, stages: Sequence[Stage], clock: Clock, dry_run: bool = False) -> None:
+        self.stages = tuple(stages)
+        self.clock = clock
+        self.dry_run = dry_run
+
+    def propose(self, match: Match, rule: Rule, approved_by: str | None = None) -> Proposal:
+        """The proposal a match starts as: the rule's actions, rendered from the fact."""
+        return Proposal(
+            match=match,
+            rule=rule,
+            now=self.clock.now(),
+            actions=rule_actions(rule, match),
+            notify=any(a.notify for a in rule.actions),
+            dry_run=self.dry_run or rule.dry_run,
+            dry_run_why="global dry-run" if self.dry_run else "rule dry-run",
+            approval=rule.approval,
+            approved_by=approved_by,
+        )
+
+    async def decide(
+        self,
+        match: Match,
+        rule: Rule,
+        write: Write | None = None,
+        approved_by: str | None = None,
+    ) -> Decision:
+        """The decision for one match; `write` stores it before anything is committed."""
+        p = self.propose(match, rule, approved_by)
+        passed: list[Stage] = []
+        for stage in self.stages:
+            drop = await stage.check(p)
+            if drop is None:
+                passed.append(stage)
+                continue
+            if drop.keep:
+                return await self._finish(
+                    p, passed, decision(p, False, drop.reason, drop.detail), write
+                )
+            for done in reversed(passed):
+                await done.abort(p)
+            return decision(p, False, drop.reason, drop.detail)
+        return await self._finish(
+            p, passed, decision(p, True, Reason.ACCEPTED, "; ".join(p.notes)), write
+        )
+
+    @staticmethod
+    async def _finish(
+        p: Proposal, passed: list[Stage], d: Decision, write: Write | None
+    ) -> Decision:
+        if write is not None:
+            await write(d)
+        for stage in passed:
+            await stage.commit(p)
+        return d
+
+
+def decision(p: Proposal, accepted: bool, reason: Reason, detail: str) -> Decision:
+    """The typed outcome of a proposal."""
+    return Decision(
+        match=p.match,
+        accepted=accepted,
+        reason=reason,
+        detail=detail,
+        actions=tuple(p.actions),
+        notify=p.notify,
+        rung=p.rung,
+        holds_lock=p.holds_lock and accepted,
+        closes_breaker=p.closes_breaker,
+        approved_by=p.approved_by,
+    )
+
+
+def rule_actions(rule: Rule, match: Match) -> list[ActionSpec]:
+    """The rule's playbook actions with `{{ field }}` filled from the match."""
+    return [
+        ActionSpec(
+            playbook=a.playbook, ref=a.ref, vars=render(a.vars, match.facts), timeout_s=a.timeout_s
+        )
+        for a in rule.actions
+        if a.playbook
+    ]

@@ -1,0 +1,325 @@
+"""`gpuops demo`: embedded NATS, a simulated fleet with a scenario, the engine, real ansible-runner.
+
+Simulated time runs `speed` times faster than the wall (an injected ScaledClock), so a
+rule that needs a minute of sustained heat acts within seconds, unchanged. One drift
+check runs during the scenario, as the scheduler would run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from gpuops.act.driftcheck import drift_check, publish_report
+from gpuops.app import App, load_world
+from gpuops.bus.conn import open_bus
+from gpuops.clock import ScaledClock
+from gpuops.models import AuditRecord, Reason
+from gpuops.record.metrics import by_label, total
+from gpuops.settings import NatsSettings, SafetySettings, Settings, checkout_root
+from gpuops.sim.driver import SimDriver
+from gpuops.sim.fleet import SimFleet
+from gpuops.sim.scenario import Fault, load_scenario
+
+# Which rule answers each fault, and how to tell the node recovered.
+RULE_FOR = {
+    "overheat": "gpu-overheat",
+    "power_limit": "power-limit-below-policy",
+    "xid": "xid-79-gpu-lost",
+    "zombie": "probe-failed",
+    "drift": "drift-safe-fix",
+    "silent": "agent-silent",
+    "ecc": "ecc-dbe-event",
+}
+DRIFT_CHECK_AT = 40.0
+
+
+def _recovered(fleet: SimFleet, f: Fault) -> bool:
+    s = fleet.state(f.node)
+    g = s["gpus"][f.gpu]
+    checks: dict[str, Callable[[], bool]] = {
+        "overheat": lambda: bool(s["drained"]) and _temp(fleet, f) < 86.0,
+        "power_limit": lambda: g["power_limit_w"] == 700.0,
+        "xid": lambda: s["boots"] >= 1 and "lost" not in g["faults"],
+        "zombie": lambda: g["resets"] >= 1 and "zombie" not in g["faults"],
+        "drift": lambda: g[f.params.get("setting", "persistence_mode")] is True,
+        "ecc": lambda: g["resets"] >= 1,
+    }
+    check = checks.get(f.fault)
+    return check() if check is not None else False
+
+
+def _temp(fleet: SimFleet, f: Fault) -> float:
+    sample = fleet.telemetry(f.node, time.time()) or {"data": {"gpus": []}}
+    gpu = next((g for g in sample["data"]["gpus"] if g["index"] == f.gpu), None)
+    return float(gpu["temp_c"]) if gpu else 999.0
+
+
+@dataclass
+class Track:
+    """One injected fault and what became of it."""
+
+    fault: Fault
+    injected_at: float
+    detected_at: float | None = None
+    playbook: str = ""
+    run: str = ""
+    recovered_at: float | None = None
+    held: bool = False  # the fleet breaker stopped its remediation (a storm)
+
+    @property
+    def rule(self) -> str:
+        return RULE_FOR[self.fault.fault]
+
+    @property
+    def settled(self) -> bool:
+        """Done: recovered, or (no playbook for it) detected and handed to a person."""
+        return (
+            self.recovered_at is not None
+            or self.held
+            or (self.fault.fault == "silent" and self.detected_at is not None)
+        )
+
+    def outcome(self) -> str:
+        if self.held and self.recovered_at is None:
+            return "held by the fleet breaker"
+        if self.recovered_at is not None and self.fault.fault == "overheat":
+            return "isolated and cooled (needs a person)"
+        if self.recovered_at is not None:
+            return "recovered"
+        if self.fault.fault == "silent" and self.detected_at is not None:
+            return "notified (needs a person)"
+        return "NOT recovered"
+
+
+class _Demo:
+    def __init__(self, fleet: SimFleet, console: Console, quiet: bool, t0: float) -> None:
+        self.fleet, self.console, self.quiet, self.t0 = fleet, console, quiet, t0
+        self.tracks: list[Track] = []
+
+    def injected(self, fault: Fault, at: float) -> None:
+        self.tracks.append(Track(fault, at))
+        self.say(at, "fault", f"{fault.fault} on {fault.node}/{fault.gpu} {fault.params or ''}")
+
+    def on_record(self, r: AuditRecord) -> None:
+        for t in self.tracks:
+            if t.fault.node != r.node or (r.rule and r.rule != t.rule):
+                continue
+            if r.type == "decision" and r.rule == t.rule and t.detected_at is None:
+                t.detected_at = r.at
+            reason = r.body.get("decision", {}).get("reason") if r.type == "decision" else None
+            if r.rule == t.rule and reason == Reason.BREAKER_OPEN.value:
+                t.held = True
+            if r.type == "run":
+                t.playbook, t.run = r.body.get("playbook", ""), r.body.get("status", "")
+        if r.type in ("decision", "run") or (r.type == "note" and r.summary.startswith("running")):
+            self.say(r.at, r.type, r.summary)
+
+    def poll(self, now: float) -> None:
+        for t in self.tracks:
+            if t.recovered_at is None and t.run == "successful" and _recovered(self.fleet, t.fault):
+                t.recovered_at = now
+                self.say(now, "recovered", f"{t.fault.node}/{t.fault.gpu} after {t.fault.fault}")
+
+    def say(self, at: float, what: str, text: str) -> None:
+        if not self.quiet:
+            self.console.print(
+                f"[dim]t+{at - self.t0:6.1f}s[/dim] {what:9} {text}", highlight=False
+            )
+
+
+async def run_demo(
+    *,
+    nodes: int,
+    speed: float,
+    json_summary: bool,
+    timeout_s: float,
+    state_dir: Path | None,
+    console: Console,
+    scenario: str = "demo",
+) -> bool:
+    """Run the scenario to the end; True when every fault was handled."""
+    wall0 = time.monotonic()
+    root = (
+        Path(tempfile.mkdtemp(prefix="gpuops-demo-")) if state_dir is None else state_dir / "demo"
+    )
+    if state_dir is not None:
+        shutil.rmtree(root, ignore_errors=True)
+    fleet = SimFleet.create(root / "sim", nodes, 8)
+    here = checkout_root()
+    # The demo takes 2 of 16 nodes out of service on purpose; the default breaker (5% of
+    # the fleet) would rightly stop the second. The storm scenario shows the breaker.
+    # Simulated time runs `speed` times faster than ansible-runner on a loaded laptop: give
+    # validation an hour of it, so a slow run is not taken for a probe that never answered.
+    share = 0.2 if scenario == "demo" else SafetySettings().breaker_share
+    safety = SafetySettings(breaker_share=share, validation_timeout_s=3600.0)
+    settings = Settings(
+        state_dir=root,
+        rules_dir=here / "rules",
+        playbooks_dir=here / "playbooks",
+        inventory=root / "sim" / "inventory",
+        tick_s=0.2,
+        safety=safety,
+    )
+    rules, inventory = load_world(settings)
+    plan = load_scenario(scenario, fleet.nodes)
+    clock = ScaledClock(speed)
+    demo = _Demo(fleet, console, json_summary, clock.now())
+    if not json_summary:
+        console.print(
+            f"[bold]gpuops demo[/bold]: {nodes} nodes x 8 H200, {len(rules.rules)} rules, "
+            f"scenario {plan.name!r}, time x{speed:g}; state in {root}"
+        )
+    async with open_bus(NatsSettings(), root, name="gpuops-demo") as bus:
+        app = App(settings=settings, bus=bus, clock=clock, rules=rules, inventory=inventory)
+        app.auditor.listeners.append(demo.on_record)
+        driver = SimDriver(fleet, bus, clock, plan, on_inject=demo.injected)
+        engine = asyncio.create_task(app.run())
+        feeder = asyncio.create_task(driver.run(app.stop))
+        checked = await _until_done(
+            demo,
+            clock,
+            wall0 + timeout_s,
+            len(plan.faults),
+            lambda: _drift_check(app, inventory, settings, clock, demo),
+        )
+        states = await _node_states(app, demo, wall0 + timeout_s)
+        app.stop.set()
+        await asyncio.gather(engine, feeder)
+    ok = len(demo.tracks) == len(plan.faults) and all(t.settled for t in demo.tracks)
+    summary = _summary(states, demo, app, driver, time.monotonic() - wall0, ok, checked)
+    if json_summary:
+        console.print_json(json.dumps(summary))
+    else:
+        _print_summary(console, summary)
+    if state_dir is None:
+        shutil.rmtree(root, ignore_errors=True)
+    return ok
+
+
+async def _drift_check(
+    app: App, inventory: Any, settings: Settings, clock: ScaledClock, demo: _Demo
+) -> dict[str, Any]:
+    report = await drift_check(inventory, settings.playbooks_dir, clock)
+    await publish_report(app.bus.js, report)
+    demo.say(
+        report.ended,
+        "drift",
+        f"check of {len(report.hosts)} hosts: drifted {report.drifted or 'none'}",
+    )
+    return report.summary()
+
+
+async def _node_states(app: App, demo: _Demo, deadline: float) -> dict[str, str]:
+    """Wait (within the deadline) for validated nodes to return to service; their states."""
+    nodes = sorted({t.fault.node for t in demo.tracks})
+    while True:
+        states = {n: (await app.engine.states.get(n)).state.value for n in nodes}
+        settling = [
+            n for n, st in states.items() if st in ("remediating", "validating", "quarantined")
+        ]
+        if not settling or time.monotonic() >= deadline:
+            return states
+        await asyncio.sleep(0.2)
+
+
+async def _until_done(
+    demo: _Demo, clock: ScaledClock, deadline: float, expected: int, check: Any
+) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        if not summary and clock.now() - demo.t0 >= DRIFT_CHECK_AT:
+            summary = await check()
+        demo.poll(clock.now())
+        if summary and len(demo.tracks) == expected and all(t.settled for t in demo.tracks):
+            break
+        await asyncio.sleep(0.2)
+    return summary
+
+
+def _summary(
+    states: dict[str, str],
+    demo: _Demo,
+    app: App,
+    driver: SimDriver,
+    wall: float,
+    ok: bool,
+    drift: dict[str, Any],
+) -> dict[str, Any]:
+    rows = [
+        {
+            "fault": t.fault.fault,
+            "node": t.fault.node,
+            "gpu": t.fault.gpu,
+            "rule": t.rule,
+            "detected_after_s": _delta(t.injected_at, t.detected_at),
+            "playbook": t.playbook,
+            "run": t.run or "none",
+            "recovered_after_s": _delta(t.injected_at, t.recovered_at),
+            "outcome": t.outcome(),
+        }
+        for t in demo.tracks
+    ]
+    m = app.engine.metrics
+    return {
+        "ok": ok,
+        "wall_s": round(wall, 1),
+        "telemetry_published": driver.stats.telemetry,
+        "health_published": driver.stats.health,
+        "events_processed": int(total(m.events)),
+        "decisions": {k: int(v) for k, v in by_label(m.decisions).items()},
+        "intents": int(total(m.intents)),
+        "runs": int(total(m.runs)),
+        "node_states": states,
+        "drift_check": drift,
+        "faults": rows,
+    }
+
+
+def _delta(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round(b - a, 1)
+
+
+def _print_summary(console: Console, s: dict[str, Any]) -> None:
+    table = Table(
+        "fault",
+        "node/gpu",
+        "rule",
+        "detected",
+        "playbook",
+        "run",
+        "outcome",
+        "node state",
+        title="Summary (simulated seconds after the fault)",
+    )
+    for r in s["faults"]:
+        det = "-" if r["detected_after_s"] is None else f"{r['detected_after_s']}s"
+        table.add_row(
+            r["fault"],
+            f"{r['node']}/{r['gpu']}",
+            r["rule"],
+            det,
+            r["playbook"] or "-",
+            r["run"],
+            r["outcome"],
+            s["node_states"].get(r["node"], "?"),
+        )
+    console.print(table)
+    verdict = (
+        "[green]every fault handled[/green]" if s["ok"] else "[red]not every fault handled[/red]"
+    )
+    console.print(
+        f"events processed {s['events_processed']} (telemetry {s['telemetry_published']}, "
+        f"health {s['health_published']}), decisions {s['decisions']}, runs {s['runs']}, "
+        f"wall {s['wall_s']}s: {verdict}"
+    )

@@ -1,0 +1,88 @@
+"""Bytes from the bus to typed events; every failure names a dead-letter reason."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from gpuops import subjects
+from gpuops.errors import EventError
+from gpuops.models import EVENT_ADAPTER, Event
+
+MAX_EVENT_BYTES = 1 << 20
+MAX_FUTURE_S = 300.0  # the default of settings.max_future_skew_s
+
+
+def decode(
+    payload: bytes,
+    subject: str | None = None,
+    now: float | None = None,
+    max_future_s: float = MAX_FUTURE_S,
+) -> Event:
+    """Validate one event; raise EventError(reason) for the dead-letter subject.
+
+    With `now` (the engine's clock), an event dated more than `max_future_s` after it
+    is refused as `future`: windows run on event time, and a date in the future would
+    hold its key's windows (a deadman, a cooldown) hostage until the clock caught up.
+    """
+    if len(payload) > MAX_EVENT_BYTES:
+        raise EventError("too_large", f"{len(payload)} bytes > {MAX_EVENT_BYTES}")
+    try:
+        event = EVENT_ADAPTER.validate_json(payload)
+    except ValidationError as exc:
+        raise EventError(_reason(exc), _summary(exc)) from exc
+    if subject is not None:
+        _check_subject(event, subject)
+    if now is not None and event.epoch - now > max_future_s:
+        raise EventError(
+            "future",
+            f"ts {event.ts.isoformat()} is {event.epoch - now:.0f} s after the engine's clock "
+            f"(limit {max_future_s:.0f} s): check the sender's clock (NTP)",
+        )
+    return event
+
+
+def _reason(exc: ValidationError) -> str:
+    kinds = {e["type"] for e in exc.errors()}
+    if "json_invalid" in kinds or "json_type" in kinds:
+        return "json"
+    if kinds & {"union_tag_invalid", "union_tag_not_found"}:
+        return "unknown_kind"
+    return "schema"
+
+
+def _summary(exc: ValidationError) -> str:
+    parts = [
+        f"{'.'.join(map(str, e['loc'])) or 'event'}: {e['msg']}"
+        for e in exc.errors(include_url=False)[:5]
+    ]
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def _check_subject(event: Event, subject: str) -> None:
+    """The subject's kind and node must be the payload's: per-node publish permissions hold."""
+    kind, node = subjects.parse_event(subject)
+    if kind != event.kind or node != subjects.token(event.node):
+        raise EventError(
+            "subject_mismatch",
+            f"subject {subject} does not match kind={event.kind} node={event.node}",
+        )
+
+
+def dead_letter(reason: str, error: str, payload: bytes, subject: str, at: float) -> bytes:
+    """The dead-letter record: reason, error and the raw payload, losing nothing."""
+    body: dict[str, Any] = {"reason": reason, "error": error, "subject": subject, "at": at}
+    try:
+        body["payload"] = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        body["payload_b64"] = base64.b64encode(payload).decode("ascii")
+    return json.dumps(body).encode()
+
+
+def event_subject(event: Event) -> str:
+    """Where a typed event is published."""
+    return subjects.event(event.kind, event.node)

@@ -1,0 +1,84 @@
+"""Rules the engine always has, beside the ones in `rules/`.
+
+Validation is a rule like any other: a probe that passes on a node under validation
+returns it to service through the safety stages; one that fails hands it to a person.
+A person's `drain` or `undrain` (ChatOps or CLI) arrives as a `chatops` event and is
+decided by a rule too, so it passes the node lock and the fleet breaker.
+"""
+
+from __future__ import annotations
+
+from gpuops.catalog import Catalog
+from gpuops.match.expr import condition_from, fact_expression
+from gpuops.match.rules import Rule, RuleAction, RuleSet
+from gpuops.models import fact_fields
+
+BUILTIN_FILE = "<built-in>"
+
+
+def _rule(name: str, on: str, when: str, description: str, **extra: object) -> Rule:
+    expr = fact_expression(when, fact_fields(on), frozenset({"outcome", "command", "error"}))
+    return Rule(
+        name=name,
+        on=on,
+        file=BUILTIN_FILE,
+        line=0,
+        description=description,
+        group_by=("node",),
+        when=when,
+        condition=condition_from(expr, f"<rule {name}>"),
+        expr=expr,
+        **extra,  # type: ignore[arg-type]
+    )
+
+
+def builtin_rules(catalog: Catalog) -> tuple[Rule, ...]:
+    """The built-in rules, using the catalogue's return and isolate playbooks."""
+    back, drain = catalog.returning(), catalog.isolating()
+    return (
+        _rule(
+            "validation-passed",
+            "probe",
+            'outcome == "pass"',
+            "the validation probe passed after a remediation",
+            states=("validating",),
+            severity="info",
+            actions=(RuleAction(playbook=back, vars={"reason": "validation probe passed"}),),
+        ),
+        _rule(
+            "validation-failed",
+            "probe",
+            'outcome != "pass"',
+            "validation probe {{ outcome }}: {{ error }}",
+            states=("validating",),
+            escalate=True,
+            severity="critical",
+            actions=(RuleAction(notify="chatops"),),
+        ),
+        _rule(
+            "chatops-drain",
+            "chatops",
+            'command == "drain"',
+            "a person asked to drain the node",
+            by_person=True,
+            actions=(
+                RuleAction(playbook=drain, vars={"reason": "{{ reason }} (by {{ user }})"}),
+                RuleAction(notify="chatops"),
+            ),
+        ),
+        _rule(
+            "chatops-undrain",
+            "chatops",
+            'command == "undrain"',
+            "a person asked to return the node to service",
+            by_person=True,
+            actions=(RuleAction(playbook=back, vars={"reason": "undrain by {{ user }}"}),),
+        ),
+    )
+
+
+def with_builtins(rules: RuleSet, catalog: Catalog) -> RuleSet:
+    """The loaded rules plus the built-in ones (a file rule of the same name wins)."""
+    names = {r.name for r in rules.rules}
+    extra = tuple(r for r in builtin_rules(catalog) if r.name not in names)
+    return RuleSet(rules=rules.rules + extra, sources=rules.sources, ladders=rules.ladders)

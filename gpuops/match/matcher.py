@@ -1,0 +1,212 @@
+"""The match stage: events in, Matches out. Rules are indexed by event kind.
+
+The hot path is `_eval`: per fact and rule, one compiled condition call and, for
+rules with a temporal form, one dict lookup in that rule's window.
+
+There is no matcher-wide notion of "the current event time": every key's windows
+run on that key's own events, and eviction compares each key's newest time with the
+engine's clock. One event (a future-dated one from an unknown host, say) can only
+ever move its own key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuops.clock import Clock
+from gpuops.match.codegen import KindEval, compile_kind
+from gpuops.match.rules import Rule, RuleSet
+from gpuops.match.windows import Absent, CountWithin, HeldFor, Increase, Instant, Window
+from gpuops.models import Event, Match, TelemetryEvent
+
+Fact = dict[str, Any]
+
+# How long state outlives its window, by the clock. After an outage the engine reads a
+# backlog of samples minutes old; their runs must go on, so eviction waits as long as
+# the telemetry stream keeps samples (its max age).
+SWEEP_GRACE_S = 600.0
+
+
+def _key_fn(group_by: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Hashable]:
+    if group_by == ("fleet",):
+        return lambda f: "fleet"
+    if group_by == ("node",):
+        return lambda f: f["node"]
+    if group_by == ("node", "gpu") or group_by == ("gpu", "node"):
+        return lambda f: (f["node"], f.get("gpu"))
+    return lambda f: tuple(f.get(k) for k in group_by)
+
+
+def key_text(key: Hashable) -> str:
+    """A group key as text for records: `node-001/3`, `node-001`, `fleet`."""
+    if isinstance(key, tuple):
+        return "/".join("-" if k is None else str(k) for k in key)
+    return str(key)
+
+
+def _window(rule: Rule, clock: Clock | None) -> Window:
+    if rule.for_s is not None:
+        return HeldFor(rule.for_s, rule.max_gap_s)
+    if rule.count is not None and rule.within_s is not None:
+        return CountWithin(rule.count, rule.within_s)
+    if rule.absent_s is not None:
+        return Absent(rule.absent_s, clock)
+    if rule.increase is not None:
+        return Increase(rule.increase.by, rule.increase.within_s)
+    return Instant()
+
+
+@dataclass(slots=True)
+class _Compiled:
+    rule: Rule
+    window: Window
+    key: Callable[[Mapping[str, Any]], Hashable]
+    value_field: str | None
+
+
+def facts_of(event: Event) -> list[Fact]:
+    """What rules see of an event: one fact per GPU for telemetry, else one."""
+    if isinstance(event, TelemetryEvent):
+        out = []
+        for gpu in event.data.gpus:
+            fact = dict(gpu.__dict__)
+            fact["node"] = event.node
+            fact["gpu"] = gpu.index
+            out.append(fact)
+        return out
+    fact = dict(event.data.__dict__)
+    fact["node"] = event.node
+    return [fact]
+
+
+class Matcher:
+    """Evaluates events against a rule set, keeping each rule's window state."""
+
+    def __init__(
+        self, rules: RuleSet, clock: Clock | None = None, sweep_grace_s: float = SWEEP_GRACE_S
+    ) -> None:
+        self._by_kind: dict[str, list[_Compiled]] = {}
+        self._eval_kind: dict[str, KindEval] = {}
+        self.clock = clock
+        self.sweep_grace_s = sweep_grace_s
+        self.rules = rules
+        self.replace(rules)
+
+    def replace(self, rules: RuleSet) -> None:
+        """Swap in a new rule set; rules whose definition did not change keep their state."""
+        old = {c.rule.name: c for cs in self._by_kind.values() for c in cs}
+        by_kind: dict[str, list[_Compiled]] = {}
+        for kind, kind_rules in rules.by_kind().items():
+            compiled = []
+            for rule in kind_rules:
+                prev = old.get(rule.name)
+                keep = prev is not None and _same_definition(prev.rule, rule)
+                window = prev.window if keep and prev is not None else _window(rule, self.clock)
+                field = rule.increase.field if rule.increase else None
+                compiled.append(_Compiled(rule, window, _key_fn(rule.group_by), field))
+            by_kind[kind] = compiled
+        self._eval_kind = {
+            kind: compile_kind([(c.rule, c.window, c.key, c.value_field) for c in cs], _match, kind)
+            for kind, cs in by_kind.items()
+        }
+        self._by_kind = by_kind
+        self.rules = rules
+
+    def kinds(self) -> frozenset[str]:
+        """Event kinds at least one rule listens to."""
+        return frozenset(self._by_kind)
+
+    def match(self, event: Event) -> list[Match]:
+        """Every rule firing on this event."""
+        evaluate = self._eval_kind.get(event.kind)
+        if evaluate is None:
+            return []
+        t, event_id = event.epoch, event.id
+        out: list[Match] = []
+        for fact in facts_of(event):
+            evaluate(fact, t, event_id, out)
+        return out
+
+    def match_facts(self, kind: str, facts: Iterable[Fact], t: float, event_id: str) -> list[Match]:
+        """Evaluate pre-built facts (bench and replay fast path)."""
+        evaluate = self._eval_kind.get(kind)
+        out: list[Match] = []
+        if evaluate is not None:
+            for fact in facts:
+                evaluate(fact, t, event_id, out)
+        return out
+
+    def tick(self, now: float) -> list[Match]:
+        """Matches that come from silence (`absent` rules), as of `now`."""
+        out = []
+        for compiled in self._by_kind.values():
+            for c in compiled:
+                if isinstance(c.window, Absent):
+                    for key in c.window.due(now):
+                        last = c.window.last[key]
+                        fact = _fact_from_key(c.rule, key)
+                        out.append(_match(c.rule, key, fact, now, f"absent:{key_text(key)}:{last}"))
+        return out
+
+    def seed(self, nodes: Iterable[str], now: float) -> None:
+        """Expect every known node: an `absent` rule fires for one that never reports."""
+        names = list(nodes)
+        for compiled in self._by_kind.values():
+            for c in compiled:
+                if isinstance(c.window, Absent) and c.rule.group_by == ("node",):
+                    for node in names:
+                        c.window.seed(node, now)
+
+    def sweep(self, now: float | None = None) -> int:
+        """Evict state of keys whose own newest event is older than their window as of `now`.
+
+        `now` is the engine's clock (the matcher's own clock when not given; with
+        neither, nothing is evicted). Keys get `sweep_grace_s` more, for backlogs.
+        """
+        if now is None:
+            if self.clock is None:
+                return 0
+            now = self.clock.now()
+        at = now - self.sweep_grace_s
+        return sum(c.window.sweep(at) for cs in self._by_kind.values() for c in cs)
+
+    def state_size(self) -> int:
+        """Keys held across all windows (bounded by live keys)."""
+        return sum(len(c.window) for cs in self._by_kind.values() for c in cs)
+
+
+def _same_definition(a: Rule, b: Rule) -> bool:
+    return (a.on, a.when, a.group_by, a.temporal, a.for_s, a.count, a.within_s, a.absent_s) == (
+        b.on,
+        b.when,
+        b.group_by,
+        b.temporal,
+        b.for_s,
+        b.count,
+        b.within_s,
+        b.absent_s,
+    ) and a.increase == b.increase
+
+
+def _fact_from_key(rule: Rule, key: Hashable) -> Fact:
+    parts = key if isinstance(key, tuple) else (key,)
+    return dict(zip(rule.group_by, parts, strict=False))
+
+
+def _match(rule: Rule, key: Hashable, fact: Mapping[str, Any], t: float, event_id: str) -> Match:
+    node = str(fact.get("node", ""))
+    gpu = fact.get("gpu")
+    return Match(
+        rule=rule.name,
+        kind=rule.on,
+        node=node,
+        gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
+        key=key_text(key),
+        event_id=event_id,
+        event_ts=t,
+        at=t,
+        severity=rule.severity,
+        facts=dict(fact),
+    )

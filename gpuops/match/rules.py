@@ -1,0 +1,118 @@
+"""Typed rules: what a rule file says, after the schema and the semantic checks."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuops.match.expr import Condition
+
+
+@dataclass(frozen=True, slots=True)
+class RuleAction:
+    """A playbook to run or a notification to send when the rule fires."""
+
+    playbook: str | None = None
+    ref: str | None = None
+    vars: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 600.0
+    notify: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rung:
+    """One step of a remediation ladder: a playbook, or handing the node to a person."""
+
+    playbook: str | None = None
+    vars: dict[str, Any] = field(default_factory=dict)
+    approval: bool = False
+    needs_human: bool = False
+    timeout_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Ladder:
+    """Rungs tried in order as a fault recurs on a node within `window_s`."""
+
+    name: str
+    window_s: float
+    rungs: tuple[Rung, ...]
+    file: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Increase:
+    """`increase: {field, by, within}`: a counter rose by at least `by` inside the window."""
+
+    field: str
+    by: float
+    within_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One rule, with its condition compiled and its durations in seconds."""
+
+    name: str
+    on: str
+    file: str
+    line: int
+    description: str = ""
+    group_by: tuple[str, ...] = ("node",)
+    when: str | None = None
+    condition: Condition | None = None
+    expr: ast.expr | None = None  # the vetted condition, for the matcher's generated code
+    for_s: float | None = None
+    max_gap_s: float = 30.0
+    count: int | None = None
+    within_s: float | None = None
+    absent_s: float | None = None
+    increase: Increase | None = None
+    severity: str = "warning"
+    cooldown_s: float = 0.0
+    dry_run: bool = False
+    enabled: bool = True
+    approval: bool = False
+    ladder: Ladder | None = None
+    ladder_name: str | None = None
+    actions: tuple[RuleAction, ...] = ()
+    # Built-in rules only (gpuops/match/builtin.py):
+    states: tuple[str, ...] = ()  # node states the rule applies in
+    escalate: bool = False  # firing hands the node to a person (needs_human)
+    by_person: bool = False  # a person asked (ChatOps): no silence, cooldown, ladder or cap
+
+    @property
+    def temporal(self) -> str:
+        """Which temporal form the rule uses: instant, for, count, absent or increase."""
+        if self.for_s is not None:
+            return "for"
+        if self.count is not None:
+            return "count"
+        if self.absent_s is not None:
+            return "absent"
+        if self.increase is not None:
+            return "increase"
+        return "instant"
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    """A loaded, valid set of rules indexed by event kind."""
+
+    rules: tuple[Rule, ...]
+    sources: tuple[str, ...] = ()
+    ladders: tuple[Ladder, ...] = ()
+
+    def by_kind(self) -> dict[str, list[Rule]]:
+        """Enabled rules grouped by the event kind they match."""
+        out: dict[str, list[Rule]] = {}
+        for rule in self.rules:
+            if rule.enabled:
+                out.setdefault(rule.on, []).append(rule)
+        return out
+
+    def get(self, name: str) -> Rule | None:
+        """The rule called `name`, if loaded."""
+        return next((r for r in self.rules if r.name == name), None)

@@ -1,0 +1,492 @@
+"""Typed values passed between stages: events (format v1), matches, decisions, intents, runs."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
+
+from gpuops import subjects
+from gpuops.clock import rfc3339
+
+NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
+# NVML's widest counters are unsigned 64-bit: no reading is larger. Anything beyond is
+# a forged or broken sample (10^400 would parse to inf), and rejecting it at the door
+# keeps every condition's arithmetic finite.
+MAX_MAGNITUDE = 2**64
+# Checked in pydantic's core, not in Python: telemetry is every GPU every few seconds.
+Num = Annotated[float, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
+Int = Annotated[int, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
+
+
+def subject_token(node: str) -> str:
+    """A node name as one NATS subject token (see gpuops.subjects)."""
+    return subjects.token(node)
+
+
+def subject_for(kind: str, node: str) -> str:
+    """Where an event is published (see gpuops.subjects)."""
+    return subjects.event(kind, node)
+
+
+def action_subject(node: str) -> str:
+    """Where intents for a node go (see gpuops.subjects)."""
+    return subjects.action(node)
+
+
+def new_event(kind: str, node: str, t: float, data: dict[str, Any], source: str) -> dict[str, Any]:
+    """A fresh event in format v1, as publishers (agent, simulator, checks, ChatOps) send it."""
+    return {
+        "id": str(uuid.uuid4()),
+        "kind": kind,
+        "node": node,
+        "ts": rfc3339(t),
+        "source": source,
+        "data": data,
+    }
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _bad_number(value: Any) -> str | None:
+    """Why a number in event data is not acceptable (NaN, infinite, absurdly large), if so."""
+    stack = [value]
+    while stack:  # iterative: `Any` fields may hold nested lists and mappings
+        item = stack.pop()
+        if isinstance(item, bool):
+            continue
+        if isinstance(item, float) and not math.isfinite(item):
+            return f"{item} is not a finite number"
+        if isinstance(item, int | float) and abs(item) > MAX_MAGNITUDE:
+            return "magnitude above 2**64"
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
+
+
+class _Finite(BaseModel):
+    """Numbers inside `Any` fields: pydantic's own checks do not look into those."""
+
+    @model_validator(mode="after")
+    def _finite(self) -> _Finite:
+        for name, value in self.__dict__.items():
+            why = _bad_number(value)
+            if why is not None:
+                raise ValueError(f"{name}: {why}")
+        return self
+
+
+class _Open(BaseModel):
+    # Event data may gain fields in later versions; an older engine ignores them.
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+
+# --- event data, one model per kind -------------------------------------------------
+
+
+class GpuSample(_Open):
+    """One GPU's readings in a telemetry event; a field NVML did not support is null."""
+
+    index: int = Field(ge=0, le=MAX_MAGNITUDE)
+    uuid: str | None = None
+    name: str | None = None
+    temp_c: Num | None = None
+    mem_temp_c: Num | None = None
+    temp_slowdown_c: Num | None = None
+    temp_shutdown_c: Num | None = None
+    temp_gpu_max_c: Num | None = None
+    temp_mem_max_c: Num | None = None
+    power_w: Num | None = None
+    power_limit_w: Num | None = None
+    power_default_limit_w: Num | None = None
+    power_min_limit_w: Num | None = None
+    power_max_limit_w: Num | None = None
+    energy_j: Num | None = None
+    sm_clock_mhz: Num | None = None
+    mem_clock_mhz: Num | None = None
+    app_clock_sm_mhz: Num | None = None
+    max_clock_sm_mhz: Num | None = None
+    util_gpu: Num | None = None
+    util_mem: Num | None = None
+    mem_used_bytes: Int | None = None
+    mem_total_bytes: Int | None = None
+    clocks_event_reasons: Int | None = None
+    ecc_sbe_volatile: Int | None = None
+    ecc_dbe_volatile: Int | None = None
+    ecc_sbe_aggregate: Int | None = None
+    ecc_dbe_aggregate: Int | None = None
+    remapped_rows_corrected: Int | None = None
+    remapped_rows_uncorrected: Int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    pcie_gen: Int | None = None
+    pcie_width: Int | None = None
+    pcie_max_gen: Int | None = None
+    pcie_max_width: Int | None = None
+    pcie_replay: Int | None = None
+    pstate: Int | None = None
+    persistence_mode: bool | None = None
+    ecc_mode: bool | None = None
+    mig_mode: bool | None = None
+    compute_mode: Int | None = None
+
+
+class TelemetryData(_Open):
+    """Every GPU of a node in one sample."""
+
+    gpus: list[GpuSample] = Field(min_length=1)
+
+
+class XidData(_Open):
+    """An XID error reported by the driver for one GPU."""
+
+    gpu: int = Field(ge=0, le=MAX_MAGNITUDE)
+    xid: int = Field(ge=0, le=MAX_MAGNITUDE)
+    message: str = ""
+
+
+class EccData(_Open):
+    """A single- or double-bit ECC event from NVML's event set."""
+
+    gpu: int = Field(ge=0, le=MAX_MAGNITUDE)
+    type: Literal["sbe", "dbe"]
+    count: int = Field(default=1, ge=0, le=MAX_MAGNITUDE)
+
+
+class GpuLostData(_Open):
+    """NVML answered "GPU is lost" for a device."""
+
+    gpu: int = Field(ge=0, le=MAX_MAGNITUDE)
+    error: str = ""
+
+
+class ProbeData(_Open):
+    """A known-answer GPU probe; `unavailable` means it could not run, which is not a pass."""
+
+    gpu: int | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
+    ok: bool
+    outcome: Literal["pass", "fail", "timeout", "unavailable"] = "pass"
+    error: str | None = None
+    duration_s: float | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
+
+    @field_validator("outcome")
+    @classmethod
+    def _outcome_matches_ok(cls, v: str, info: Any) -> str:
+        ok = info.data.get("ok")
+        if ok is not None and ok != (v == "pass"):
+            raise ValueError(f"ok={ok} contradicts outcome={v!r}")
+        return v
+
+
+class HeartbeatData(_Open):
+    """The agent is alive."""
+
+    seq: int = Field(default=0, ge=0, le=MAX_MAGNITUDE)
+    agent_version: str = ""
+    uptime_s: Num | None = None
+    spool_dropped: int = Field(default=0, ge=0, le=MAX_MAGNITUDE)
+
+
+class DriftData(_Open, _Finite):
+    """A setting of the baseline differs from what the node reports."""
+
+    setting: str = Field(min_length=1)
+    expected: Any = None
+    actual: Any = None
+    gpu: int | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
+
+
+class UnreachableData(_Open):
+    """A host could not be reached by a check or a run."""
+
+    error: str = ""
+    check: str = ""
+
+
+class ChatopsData(_Open):
+    """A command typed by a person in Slack or Mattermost."""
+
+    command: str = Field(min_length=1)
+    args: list[str] = Field(default_factory=list)
+    user: str = ""
+    channel: str = ""
+    platform: Literal["slack", "mattermost", "cli"] = "cli"
+    reason: str = ""  # the free text after a command's arguments (drain NODE REASON)
+
+
+# --- the envelope ---------------------------------------------------------------------
+
+
+class _Envelope(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    id: str = Field(min_length=1, max_length=200)
+    node: str = Field(pattern=NODE_PATTERN)
+    ts: AwareDatetime
+    source: str = Field(min_length=1, max_length=200)
+
+    @field_validator("ts")
+    @classmethod
+    def _utc(cls, v: datetime) -> datetime:
+        return v.astimezone(UTC)
+
+    @property
+    def epoch(self) -> float:
+        """The event's own time, in epoch seconds."""
+        return self.ts.timestamp()
+
+
+class TelemetryEvent(_Envelope):
+    kind: Literal["telemetry"]
+    data: TelemetryData
+
+
+class XidEvent(_Envelope):
+    kind: Literal["xid"]
+    data: XidData
+
+
+class EccEvent(_Envelope):
+    kind: Literal["ecc"]
+    data: EccData
+
+
+class GpuLostEvent(_Envelope):
+    kind: Literal["gpu_lost"]
+    data: GpuLostData
+
+
+class ProbeEvent(_Envelope):
+    kind: Literal["probe"]
+    data: ProbeData
+
+
+class HeartbeatEvent(_Envelope):
+    kind: Literal["heartbeat"]
+    data: HeartbeatData = HeartbeatData()
+
+
+class DriftEvent(_Envelope):
+    kind: Literal["drift"]
+    data: DriftData
+
+
+class UnreachableEvent(_Envelope):
+    kind: Literal["unreachable"]
+    data: UnreachableData = UnreachableData()
+
+
+class ChatopsEvent(_Envelope):
+    kind: Literal["chatops"]
+    data: ChatopsData
+
+
+Event = Annotated[
+    TelemetryEvent
+    | XidEvent
+    | EccEvent
+    | GpuLostEvent
+    | ProbeEvent
+    | HeartbeatEvent
+    | DriftEvent
+    | UnreachableEvent
+    | ChatopsEvent,
+    Field(discriminator="kind"),
+]
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+DATA_MODELS: dict[str, type[BaseModel]] = {
+    "telemetry": GpuSample,  # telemetry rules see one fact per GPU
+    "xid": XidData,
+    "ecc": EccData,
+    "gpu_lost": GpuLostData,
+    "probe": ProbeData,
+    "heartbeat": HeartbeatData,
+    "drift": DriftData,
+    "unreachable": UnreachableData,
+    "chatops": ChatopsData,
+}
+EVENT_KINDS: tuple[str, ...] = tuple(DATA_MODELS)
+
+
+def fact_fields(kind: str) -> frozenset[str]:
+    """Names a rule on `kind` may use: the data fields plus `node` (and `gpu` for telemetry)."""
+    names = set(DATA_MODELS[kind].model_fields) | {"node"}
+    if kind == "telemetry":
+        names.add("gpu")
+    return frozenset(names)
+
+
+def event_json_schema() -> dict[str, Any]:
+    """The JSON Schema of event format v1, generated from the models."""
+    schema = EVENT_ADAPTER.json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = "https://gpuops.dev/schemas/event-v1.json"
+    schema["title"] = "gpuops event v1"
+    return schema
+
+
+# --- what flows between stages ---------------------------------------------------------
+
+
+class Reason(StrEnum):
+    """Why a match did not become an action; the audit record and the metric label."""
+
+    ACCEPTED = "accepted"
+    UNKNOWN_NODE = "unknown_node"
+    STALE = "stale"
+    SILENCED = "silenced"
+    COOLDOWN = "cooldown"
+    SUPERSEDED = "superseded"
+    LOCKED = "locked"
+    NEEDS_HUMAN = "needs_human"
+    ATTEMPT_CAP = "attempt_cap"
+    BREAKER_OPEN = "breaker_open"
+    APPROVAL_PENDING = "approval_pending"
+    NO_ACTION = "no_action"
+    DRY_RUN = "dry_run"
+    NOT_APPLICABLE = "not_applicable"  # a built-in rule for another node state: not audited
+
+
+class Match(_Frozen):
+    """A rule fired for one group key."""
+
+    rule: str
+    kind: str
+    node: str
+    gpu: int | None = None
+    key: str
+    event_id: str
+    event_ts: float
+    at: float
+    severity: str = "warning"
+    facts: dict[str, Any] = Field(default_factory=dict)
+
+
+class ActionSpec(_Frozen):
+    """One playbook to run for a match, with its rendered vars."""
+
+    playbook: str
+    ref: str | None = None
+    vars: dict[str, Any] = Field(default_factory=dict)
+    timeout_s: float = 600.0
+
+
+class Decision(_Frozen):
+    """The outcome of the decide stages for one match."""
+
+    match: Match
+    accepted: bool
+    reason: Reason
+    detail: str = ""
+    actions: tuple[ActionSpec, ...] = ()
+    notify: bool = False
+    rung: int | None = None
+    holds_lock: bool = False  # the node's lock is held for this decision's run
+    closes_breaker: bool = False  # the half-open breaker closes when this runs
+    approved_by: str | None = None
+
+
+class Intent(_Frozen):
+    """A decided action, written to the actions work queue before the event is acked."""
+
+    key: str  # idempotency key: rule, group key and triggering event
+    rule: str
+    node: str
+    gpu: int | None = None
+    action: ActionSpec
+    event_id: str
+    event_ts: float
+    decided_at: float
+    decision: Decision | None = None  # the accepted decision, so the intent is its record too
+    signature: str = ""  # HMAC of the engine over everything above (gpuops/signing.py)
+
+    @property
+    def holds_lock(self) -> bool:
+        """Whether the node's lock was taken for this intent's decision (the run gives it back)."""
+        return self.decision is not None and self.decision.holds_lock
+
+
+class RunStatus(StrEnum):
+    """How a playbook run ended."""
+
+    SUCCESSFUL = "successful"
+    FAILED = "failed"
+    UNREACHABLE = "unreachable"
+    TIMEOUT = "timeout"
+    CANCELED = "canceled"
+    ERROR = "error"
+    SKIPPED = "skipped"
+    INTERRUPTED = "interrupted"  # the executor died mid-run; found when the intent came back
+    REFUSED = "refused"  # unsigned, not catalogued, or not exactly one inventory host
+
+
+class RunOutcome(_Frozen):
+    """What a playbook run did: status, per-host stats, and exactly which playbook ran."""
+
+    intent_key: str
+    rule: str
+    node: str
+    playbook: str
+    status: RunStatus
+    rc: int | None = None
+    stats: dict[str, dict[str, int]] = Field(default_factory=dict)
+    started: float
+    ended: float
+    revision: str | None = None
+    sha256: str | None = None
+    error: str | None = None
+    changed: list[str] = Field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float:
+        """Wall seconds the run took."""
+        return self.ended - self.started
+
+    @classmethod
+    def of(
+        cls,
+        intent: Intent,
+        status: RunStatus,
+        started: float,
+        ended: float,
+        error: str | None = None,
+    ) -> RunOutcome:
+        """An outcome that no ansible-runner call produced (refused, interrupted, shadow)."""
+        return cls(
+            intent_key=intent.key,
+            rule=intent.rule,
+            node=intent.node,
+            playbook=intent.action.playbook,
+            status=status,
+            started=started,
+            ended=ended,
+            error=error,
+        )
+
+
+class AuditRecord(_Frozen):
+    """One line of the audit trail."""
+
+    type: Literal["match", "decision", "intent", "run", "dead_letter", "note"]
+    at: float
+    node: str = ""
+    rule: str = ""
+    summary: str = ""
+    body: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,177 @@
+"""The node state machine, kept in KV so every replica and the CLI see the same fleet.
+
+    healthy -> suspect -> quarantined -> remediating -> validating -> healthy
+              any state -> needs_human (cap reached, ladder ended, validation failed)
+
+Transitions are pure functions of a record and what happened (`after_decision`,
+`after_run`, `after_silence`); `NodeStates` applies them with compare-and-set.
+`quarantined` says the node was taken out of service, so a successful remediation is
+followed by validation before it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from gpuops.bus.store import KV, Store
+from gpuops.catalog import Catalog, Effect
+from gpuops.models import Decision, Reason, RunStatus
+
+
+class NodeState(StrEnum):
+    """Where a node is in its remediation."""
+
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"
+    QUARANTINED = "quarantined"
+    REMEDIATING = "remediating"
+    VALIDATING = "validating"
+    NEEDS_HUMAN = "needs_human"
+
+
+S = NodeState
+ALLOWED: dict[NodeState, frozenset[NodeState]] = {
+    S.HEALTHY: frozenset({S.SUSPECT, S.QUARANTINED, S.REMEDIATING, S.NEEDS_HUMAN}),
+    S.SUSPECT: frozenset({S.HEALTHY, S.QUARANTINED, S.REMEDIATING, S.NEEDS_HUMAN}),
+    S.QUARANTINED: frozenset({S.REMEDIATING, S.NEEDS_HUMAN, S.HEALTHY}),
+    S.REMEDIATING: frozenset({S.VALIDATING, S.HEALTHY, S.SUSPECT, S.QUARANTINED, S.NEEDS_HUMAN}),
+    S.VALIDATING: frozenset({S.HEALTHY, S.NEEDS_HUMAN, S.REMEDIATING, S.QUARANTINED}),
+    # Only a person brings a node back from here (undrain runs return_to_service).
+    S.NEEDS_HUMAN: frozenset({S.REMEDIATING, S.HEALTHY}),
+}
+
+
+class NodeRecord(BaseModel):
+    """One node's state, why it is there, and since when."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node: str
+    state: NodeState = NodeState.HEALTHY
+    since: float = 0.0
+    why: str = ""
+    quarantined: bool = False
+    previous: NodeState | None = None
+    # The last decision applied: the same decision (made again after a crash, or seen
+    # first by the executor through its intent) never moves the node twice.
+    cause: str = ""
+
+
+def moved(
+    record: NodeRecord,
+    to: NodeState,
+    why: str,
+    at: float,
+    quarantined: bool | None = None,
+    cause: str = "",
+) -> NodeRecord | None:
+    """The record after moving to `to`, or None when the machine does not allow it (or
+    `cause` already moved it: a decision made again after a crash changes nothing)."""
+    if cause and cause == record.cause:
+        return None
+    if record.state is not to and to not in ALLOWED[record.state]:
+        return None
+    flag = record.quarantined if quarantined is None else quarantined
+    if record.state is to and record.quarantined == flag:
+        return None
+    return NodeRecord(
+        node=record.node,
+        state=to,
+        since=at,
+        why=why,
+        quarantined=flag,
+        previous=record.state,
+        cause=cause or record.cause,
+    )
+
+
+def after_decision(
+    record: NodeRecord, d: Decision, catalog: Catalog, at: float
+) -> NodeRecord | None:
+    """What a decision does to the node's state."""
+    m = d.match
+    plays = [a.playbook for a in d.actions]
+    cause = f"decision:{m.rule}:{m.key}:{m.event_id}"
+    if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
+        return moved(record, S.NEEDS_HUMAN, d.detail, at, cause=cause)
+    if d.accepted and catalog.takes_out(plays):
+        why = f"{m.rule}: {', '.join(plays)}"
+        return moved(record, S.QUARANTINED, why, at, quarantined=True, cause=cause)
+    returning = any((s := catalog.get(p)) is not None and s.effect is Effect.RETURN for p in plays)
+    if d.accepted and not returning:
+        return (
+            moved(record, S.SUSPECT, f"{m.rule}: {', '.join(plays)}", at)
+            if record.state is S.HEALTHY
+            else None
+        )
+    if d.reason is Reason.NO_ACTION and record.state is S.HEALTHY:
+        return moved(record, S.SUSPECT, m.rule, at)
+    return None
+
+
+def after_run_started(record: NodeRecord, playbook: str, at: float) -> NodeRecord | None:
+    """A playbook began on the node."""
+    return moved(record, S.REMEDIATING, f"{playbook} running", at)
+
+
+def after_run(
+    record: NodeRecord, playbook: str, status: RunStatus, catalog: Catalog, rule: str, at: float
+) -> NodeRecord | None:
+    """Validate a node that was taken out; return others to healthy; a failure steps back."""
+    spec = catalog.get(playbook)
+    if status is RunStatus.INTERRUPTED:
+        why = f"{playbook} was interrupted (engine or executor died mid-run): check the node"
+        return moved(record, S.NEEDS_HUMAN, why, at)
+    if status is not RunStatus.SUCCESSFUL:
+        back = S.QUARANTINED if record.quarantined else S.SUSPECT
+        return moved(record, back, f"{playbook} {status.value}", at)
+    if spec is not None and spec.effect is Effect.ISOLATE:
+        why = f"drained after {rule}: fix the cause, then undrain {record.node}"
+        return moved(record, S.NEEDS_HUMAN, why, at, quarantined=True)
+    if spec is not None and spec.effect is Effect.RETURN:
+        return moved(record, S.HEALTHY, "probe passed; returned to service", at, quarantined=False)
+    if record.quarantined and spec is not None and spec.validate_after:
+        return moved(record, S.VALIDATING, f"{playbook} succeeded; probing", at)
+    return moved(record, S.HEALTHY, f"{playbook} succeeded", at)
+
+
+def after_silence(record: NodeRecord, at: float, limit_s: float) -> NodeRecord | None:
+    """A node under validation whose probe never answered goes to a person."""
+    if record.state is not S.VALIDATING or at - record.since <= limit_s:
+        return None
+    why = f"no validation probe answer within {limit_s:.0f}s of {record.why.split(';')[0]}"
+    return moved(record, S.NEEDS_HUMAN, why, at)
+
+
+Transition = Callable[[NodeRecord], "NodeRecord | None"]
+
+
+class NodeStates:
+    """Reads node records and applies transitions with compare-and-set."""
+
+    def __init__(self, kv: KV) -> None:
+        self.store: Store[NodeRecord] = Store(kv, NodeRecord, "state")
+
+    async def get(self, node: str) -> NodeRecord:
+        """A node's record; healthy when never written."""
+        value, _ = await self.store.get(node)
+        return value or NodeRecord(node=node)
+
+    async def apply(self, node: str, change: Transition) -> NodeRecord | None:
+        """Apply a transition (retrying on a concurrent write); the new record, if it moved."""
+        result: list[NodeRecord] = []
+
+        def step(current: NodeRecord | None) -> NodeRecord | None:
+            new = change(current or NodeRecord(node=node))
+            result[:] = [new] if new is not None else []
+            return new
+
+        await self.store.update(step, node)
+        return result[0] if result else None
+
+    async def all(self) -> list[NodeRecord]:
+        """Every node that ever left healthy, with its current record."""
+        return [r for _, r in await self.store.all()]

@@ -1,0 +1,219 @@
+"""One frozen settings object, from a YAML file, then `GPUOPS_*` environment, then flags."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+
+from gpuops.errors import ConfigError
+
+
+def default_state_dir() -> Path:
+    """`$XDG_STATE_HOME/gpuops`, or `~/.local/state/gpuops`."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpuops"
+
+
+def checkout_root() -> Path:
+    """The directory holding rules/ and playbooks/ when run from a checkout, else cwd."""
+    here = Path(__file__).resolve().parent.parent
+    return here if (here / "rules").is_dir() and (here / "playbooks").is_dir() else Path.cwd()
+
+
+class NatsSettings(BaseModel):
+    """How to reach NATS; with no `url`, gpuops starts an embedded nats-server."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str | None = None
+    user: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
+    nkeys_seed: Path | None = None
+    creds: Path | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    replicas: int = Field(default=1, ge=1, le=5)
+    # Caps of the streams that would otherwise grow without bound: the oldest records go
+    # first when a cap is reached (the audit trail keeps its newest 8 GiB / 90 days).
+    audit_max_bytes: int = Field(default=8 << 30, ge=1 << 20)
+    audit_max_age_s: float = Field(default=90 * 86400.0, gt=0)
+    events_max_bytes: int = Field(default=4 << 30, ge=1 << 20)
+
+
+class SafetySettings(BaseModel):
+    """The decide stages' numbers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stale_after_s: float = Field(default=900.0, gt=0)
+    equivalence_window_s: float = Field(default=1800.0, ge=0)
+    lock_lease_s: float = Field(default=1800.0, gt=0)
+    attempt_cap: int = Field(default=5, ge=1)
+    attempt_window_s: float = Field(default=7 * 86400.0, gt=0)
+    breaker_share: float = Field(default=0.05, gt=0, le=1)
+    breaker_absolute: int = Field(default=20, ge=1)
+    breaker_window_s: float = Field(default=600.0, gt=0)
+    approval_timeout_s: float = Field(default=1800.0, gt=0)
+    # A node in `validating` whose probe never answers goes to a person after this long.
+    validation_timeout_s: float = Field(default=900.0, gt=0)
+
+
+class WebhookSettings(BaseModel):
+    """An incoming webhook for notifications (the URL is a secret)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["slack", "mattermost"] = "slack"
+    url: SecretStr
+    channel: str | None = None
+
+
+class Permission(BaseModel):
+    """Who may run a ChatOps command: users and channels (empty: anyone / anywhere)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    users: tuple[str, ...] = ()
+    channels: tuple[str, ...] = ()
+
+
+class ChatopsSettings(BaseModel):
+    """Slack and Mattermost: how requests are verified, who may do what, where to notify."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    slack_signing_secret: SecretStr | None = None
+    mattermost_tokens: tuple[SecretStr, ...] = ()
+    max_skew_s: float = Field(default=300.0, gt=0)
+    # Commands without an entry are open to anyone who passed verification, except the
+    # ones that change things, which default to nobody until listed here.
+    permissions: dict[str, Permission] = Field(default_factory=dict)
+    webhooks: tuple[WebhookSettings, ...] = ()
+    # A request's `response_url` is only ever posted to these hosts: anything else would
+    # let whoever can send a request make the engine POST wherever they like.
+    slack_response_hosts: tuple[str, ...] = ("hooks.slack.com",)
+    mattermost_response_hosts: tuple[str, ...] = Field(
+        default=(), description="the Mattermost server's host name(s)"
+    )
+    # Signatures seen within max_skew_s are remembered to refuse replays; past this many
+    # the endpoint refuses new requests rather than forget one that could be replayed.
+    replay_cache_size: int = Field(default=100_000, ge=1)
+    # Refused requests are counted in /metrics; the audit gets one summary per interval.
+    rejection_note_interval_s: float = Field(default=60.0, gt=0)
+
+
+class DriftSchedule(BaseModel):
+    """One scheduled drift check: when (cron, time zone) and over which hosts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = "nightly"
+    cron: str = "0 3 * * *"
+    timezone: str = "UTC"
+    group: str = "all"
+
+
+class DriftSettings(BaseModel):
+    """Drift checks: schedules, batches, forks, and how late a missed slot may still run."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schedules: tuple[DriftSchedule, ...] = ()
+    batch_size: int = Field(default=50, ge=1)
+    forks: int = Field(default=10, ge=1)
+    grace_s: float = Field(default=3600.0, ge=0)
+
+
+class Settings(BaseModel):
+    """Everything the engine needs to run; built once, never mutated."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state_dir: Path = Field(default_factory=default_state_dir)
+    rules_dir: Path = Field(default_factory=lambda: checkout_root() / "rules")
+    playbooks_dir: Path = Field(default_factory=lambda: checkout_root() / "playbooks")
+    inventory: Path = Field(default_factory=lambda: checkout_root() / "inventories" / "sim")
+    nats: NatsSettings = NatsSettings()
+    role: Literal["all", "engine", "executor"] = "all"
+    dry_run: bool = False
+    safety: SafetySettings = SafetySettings()
+    chatops: ChatopsSettings = ChatopsSettings()
+    drift: DriftSettings = DriftSettings()
+    http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
+    run_timeout_s: float = Field(default=900.0, gt=0)
+    # A run whose executor has not renewed its claim for this long is taken as interrupted
+    # (the executor died): the node goes to a person, or a retry-safe playbook runs again.
+    run_claim_stale_s: float = Field(default=90.0, ge=2)
+    max_parallel_runs: int = Field(default=4, ge=1, le=256)
+    intake_batch: int = Field(default=256, ge=1, le=10_000)
+    tick_s: float = Field(default=1.0, gt=0)
+    rules_poll_s: float = Field(default=2.0, gt=0, description="how often rule files are checked")
+    max_future_skew_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="events dated further ahead of the engine's clock are dead-lettered (future)",
+    )
+    signing_key: Path | None = Field(
+        default=None, description="intent signing key shared by engine and executors"
+    )
+
+
+_ENV_PREFIX = "GPUOPS_"
+
+
+def _from_env(environ: dict[str, str]) -> dict[str, Any]:
+    """`GPUOPS_DRY_RUN=1` -> dry_run; `GPUOPS_NATS__URL=...` -> nats.url."""
+    out: dict[str, Any] = {}
+    for name, value in environ.items():
+        if not name.startswith(_ENV_PREFIX) or name == "GPUOPS_CONFIG":
+            continue
+        path = name[len(_ENV_PREFIX) :].lower().split("__")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_settings(
+    config: Path | None = None,
+    flags: dict[str, Any] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Settings:
+    """Build the settings; file < environment < flags. Unknown keys are errors."""
+    env = dict(os.environ if environ is None else environ)
+    path = config or (Path(env["GPUOPS_CONFIG"]) if env.get("GPUOPS_CONFIG") else None)
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read settings file {path}: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"settings file {path} must be a mapping")
+        data = loaded
+    data = _merge(data, _from_env(env))
+    data = _merge(data, {k: v for k, v in (flags or {}).items() if v is not None})
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_url=False)
+        )
+        raise ConfigError(f"invalid settings: {problems}") from exc

@@ -1,0 +1,294 @@
+"""N nodes x G GPUs whose telemetry follows a real H200 recording, with faults on demand.
+
+Each node has a state directory (state.json, calls.jsonl, bin/ with its tool shims);
+the Ansible inventory of the fleet points each host's tool variables at its shims,
+with `ansible_connection: local`, so playbooks run for real against simulated nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import stat
+import sys
+import zlib
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuops.models import new_event
+from gpuops.sim import state as node_state
+from gpuops.sim.shims import TOOLS
+from gpuops.sim.state import H200
+
+
+@cache
+def h200_trace() -> tuple[dict[str, Any], ...]:
+    """The recorded H200 load-burst trace: idle, a bf16 matmul burst, idle (10 Hz)."""
+    text = resources.files("gpuops.sim").joinpath("data/h200_trace_load_burst.jsonl").read_text()
+    return tuple(json.loads(line) for line in text.splitlines() if line.strip())
+
+
+@cache
+def h200_snapshot() -> dict[str, Any]:
+    """The recorded full NVML snapshot of one H200."""
+    text = resources.files("gpuops.sim").joinpath("data/h200_snapshot.json").read_text()
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def stable_hash(*parts: object) -> int:
+    """The same number for the same parts in every process (unlike hash())."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def node_name(i: int) -> str:
+    """The name of the i-th simulated node (1-based)."""
+    return f"node-{i:03d}"
+
+
+@dataclass
+class SimFleet:
+    """A simulated fleet under `root`: nodes/ holds node state, inventory/ the hosts file."""
+
+    root: Path
+    nodes: list[str]
+    gpus: int
+    seed: int = 7
+    _cache: dict[str, tuple[tuple[int, int], dict[str, Any]]] = field(
+        default_factory=dict, repr=False
+    )
+
+    @classmethod
+    def create(
+        cls, root: Path, nodes: int, gpus: int = 8, workload_manager: str = "slurm", seed: int = 7
+    ) -> SimFleet:
+        """Make the node state dirs, their shims and the inventory."""
+        fleet = cls(root=root, nodes=[node_name(i + 1) for i in range(nodes)], gpus=gpus, seed=seed)
+        for name in fleet.nodes:
+            node_dir = fleet.node_dir(name)
+            node_state.write_new(node_dir, node_state.new_node(name, gpus, workload_manager))
+            _write_shims(node_dir)
+        fleet.write_inventory(root / "inventory")
+        return fleet
+
+    def node_dir(self, node: str) -> Path:
+        """The state directory of one node."""
+        return self.root / "nodes" / node
+
+    def write_inventory(self, target: Path) -> Path:
+        """An Ansible inventory (hosts.yml) for this fleet: local connection, shims as tools."""
+        hosts = {}
+        for name in self.nodes:
+            bin_dir = self.node_dir(name) / "bin"
+            hosts[name] = {
+                "sim_node_dir": str(self.node_dir(name)),
+                "gpuops_marker_dir": str(self.node_dir(name) / "done"),
+                **{f"{tool.replace('-', '_')}_bin": str(bin_dir / tool) for tool in TOOLS},
+            }
+        doc = {
+            "all": {
+                "vars": {
+                    "ansible_connection": "local",
+                    "ansible_python_interpreter": "{{ ansible_playbook_python }}",
+                    "workload_manager": "slurm",
+                    "gpu_power_policy_w": H200["power_default_limit_w"],
+                    "bmc_address": "127.0.0.1",
+                    "bmc_user": "sim",
+                    "bmc_password": "sim",
+                },
+                "children": {"sim": {"hosts": hosts}, "h200": {"hosts": dict.fromkeys(hosts)}},
+            }
+        }
+        target.mkdir(parents=True, exist_ok=True)
+        path = target / "hosts.yml"
+        path.write_text(
+            "# Written by the gpuops simulated fleet; do not edit.\n" + yaml.safe_dump(doc)
+        )
+        return path
+
+    # --- faults -------------------------------------------------------------------
+
+    def inject(
+        self, node: str, fault: str, gpu: int | None = None, at: float = 0.0, **params: Any
+    ) -> None:
+        """Put a fault on a node or GPU (the kinds in gpuops.sim.scenario.FAULTS, and lost)."""
+        with node_state.locked(self.node_dir(node)) as s:
+            g = s["gpus"][gpu or 0]
+            if fault == "silent":
+                s["agent_silent"] = True
+            elif fault == "power_limit":
+                g["power_limit_w"] = float(params.get("watts", 400))
+            elif fault == "drift":
+                g[params.get("setting", "persistence_mode")] = params.get("value", False)
+            elif fault == "xid":
+                xid = int(params.get("xid", 79))
+                g["faults"]["lost" if xid == 79 else "xid"] = {"since": at, "xid": xid}
+                _pending(
+                    s, "xid", {"gpu": g["index"], "xid": xid, "message": params.get("message", "")}
+                )
+            elif fault == "drained":  # taken out of service earlier (Slurm and Kubernetes)
+                s["drained"], s["cordoned"] = True, True
+                s["drain_reason"] = str(params.get("reason", "earlier remediation"))
+            elif fault == "busy":  # a job holds the GPU (for MIG and reset refusals)
+                g["processes"] = [int(params.get("pid", 4242))]
+            elif fault == "ecc":
+                g["faults"]["ecc"] = {"since": at, "sbe": int(params.get("sbe", 0))}
+                if params.get("type", "dbe") == "dbe":
+                    _pending(s, "ecc", {"gpu": g["index"], "type": "dbe", "count": 1})
+            else:
+                g["faults"][fault] = {"since": at, **params}
+
+    def state(self, node: str) -> dict[str, Any]:
+        """A node's state as it is now (re-read only when its file changed)."""
+        info = (self.node_dir(node) / "state.json").stat()
+        stamp = (info.st_ino, info.st_mtime_ns)  # os.replace gives every write a new inode
+        cached = self._cache.get(node)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        data = node_state.read(self.node_dir(node))
+        self._cache[node] = (stamp, data)
+        return data
+
+    def take_events(self, node: str) -> list[dict[str, Any]]:
+        """Health events the node's agent would have sent since last asked (XID, ECC)."""
+        if not self.state(node).get("pending_events"):
+            return []
+        with node_state.locked(self.node_dir(node)) as s:
+            pending: list[dict[str, Any]] = s.pop("pending_events", [])
+        return pending
+
+    def probe(self, node: str) -> dict[str, Any]:
+        """The known-answer probe as this node answers it: a zombie GPU fails it."""
+        sick = [g["index"] for g in self.state(node)["gpus"] if "zombie" in g["faults"]]
+        if sick:
+            return {
+                "gpu": sick[0],
+                "ok": False,
+                "outcome": "fail",
+                "error": "max abs error 2.7e+01 > 1e-06",
+                "duration_s": 0.31,
+            }
+        return {"gpu": None, "ok": True, "outcome": "pass", "duration_s": 0.28}
+
+    # --- what the agents would publish ---------------------------------------------
+
+    def telemetry(self, node: str, t: float) -> dict[str, Any] | None:
+        """One telemetry event for `node` at time `t`, or None when its agent is silent."""
+        s = self.state(node)
+        if s["agent_silent"]:
+            return None
+        rng = random.Random(stable_hash(self.seed, node, int(t)))
+        gpus = [
+            _gpu_sample(g, s, t, self._offset(node, g["index"]), rng)
+            for g in s["gpus"]
+            if not g["faults"].get("lost")
+        ]
+        return envelope("telemetry", node, t, {"gpus": gpus})
+
+    def heartbeat(self, node: str, t: float, seq: int) -> dict[str, Any] | None:
+        """The agent's heartbeat, unless it went silent."""
+        if self.state(node)["agent_silent"]:
+            return None
+        return envelope("heartbeat", node, t, {"seq": seq, "agent_version": "sim"})
+
+    def _offset(self, node: str, gpu: int) -> int:
+        return stable_hash(self.seed, node, gpu) % len(h200_trace())
+
+
+def _pending(state: dict[str, Any], kind: str, data: dict[str, Any]) -> None:
+    state.setdefault("pending_events", []).append({"kind": kind, "data": data})
+
+
+def envelope(
+    kind: str, node: str, t: float, data: dict[str, Any], source: str = "sim"
+) -> dict[str, Any]:
+    """An event in format v1 from the simulated fleet."""
+    return new_event(kind, node, t, data, source)
+
+
+def _gpu_sample(
+    g: dict[str, Any], s: dict[str, Any], t: float, offset: int, rng: random.Random
+) -> dict[str, Any]:
+    trace = h200_trace()
+    # One recorded sample per simulated second: a four-minute idle/burst/idle cycle.
+    rec = trace[(int(t) + offset) % len(trace)]
+    idle = trace[0]
+    if s["drained"] or s["power"] != "on":
+        rec = idle
+    limit = float(g["power_limit_w"])
+    power = min(rec["power_mw"] / 1000.0, limit - 2.0) + rng.uniform(-1.5, 1.5)
+    reasons = int(rec["clocks_event_reasons"])
+    temp = float(rec["temp_c"]) + (offset % 4) + rng.uniform(-0.4, 0.4)
+    mem_temp = float(rec["mem_temp_c"]) + (offset % 3) + rng.uniform(-0.4, 0.4)
+    loaded = rec["util"]["gpu"] > 50
+    if loaded and limit < rec["power_mw"] / 1000.0:
+        reasons |= 0x4  # capped below what the load wants
+    hot = g["faults"].get("overheat")
+    if hot is not None:
+        ramp = min(1.0, max(0.0, (t - hot["since"]) / 30.0))
+        heat = (58.0 if not s["drained"] else 6.0) * ramp
+        temp = min(93.0, 34.0 + heat + rng.uniform(-0.4, 0.4))
+        mem_temp = min(96.0, mem_temp + heat * 0.8)
+        if temp >= H200["temp_slowdown_c"] - 2:
+            reasons |= 0x20
+    sbe = g["faults"].get("ecc", {}).get("sbe", 0)
+    return {
+        "index": g["index"],
+        "uuid": g["uuid"],
+        "name": H200["name"],
+        "temp_c": round(temp, 1),
+        "mem_temp_c": round(mem_temp, 1),
+        "temp_slowdown_c": H200["temp_slowdown_c"],
+        "temp_shutdown_c": H200["temp_shutdown_c"],
+        "temp_gpu_max_c": H200["temp_gpu_max_c"],
+        "temp_mem_max_c": H200["temp_mem_max_c"],
+        "power_w": round(power, 1),
+        "power_limit_w": limit,
+        "power_default_limit_w": H200["power_default_limit_w"],
+        "power_min_limit_w": H200["power_min_limit_w"],
+        "power_max_limit_w": H200["power_max_limit_w"],
+        "energy_j": rec["energy_mj"] / 1000.0,
+        "sm_clock_mhz": rec["sm_mhz"],
+        "mem_clock_mhz": rec["mem_mhz"],
+        "app_clock_sm_mhz": g["app_clock_sm_mhz"],
+        "max_clock_sm_mhz": 1980,
+        "util_gpu": rec["util"]["gpu"],
+        "util_mem": rec["util"]["memory"],
+        "mem_used_bytes": rec["mem"]["used"],
+        "mem_total_bytes": rec["mem"]["total"],
+        "clocks_event_reasons": reasons,
+        "ecc_sbe_volatile": sbe,
+        "ecc_dbe_volatile": 0,
+        "ecc_sbe_aggregate": sbe,
+        "ecc_dbe_aggregate": 0,
+        "remapped_rows_corrected": 0,
+        "remapped_rows_uncorrected": 0,
+        "remap_pending": False,
+        "remap_failure": False,
+        "pcie_gen": 5,
+        "pcie_width": 16,
+        "pcie_max_gen": 5,
+        "pcie_max_width": 16,
+        "pcie_replay": 1,
+        "pstate": rec["pstate"],
+        "persistence_mode": g["persistence_mode"],
+        "ecc_mode": g["ecc_mode"],
+        "mig_mode": g["mig_mode"],
+        "compute_mode": g["compute_mode"],
+    }
+
+
+def _write_shims(node_dir: Path) -> None:
+    bin_dir = node_dir / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for tool in TOOLS:
+        script = bin_dir / tool
+        script.write_text(
+            f'#!/bin/sh\nexec "{sys.executable}" -m gpuops.sim.shims {tool} "{node_dir}" "$@"\n'
+        )
+        script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
