@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuops.act.driftcheck import drift_check, publish_report, render_report
+from gpuops.act.evidence import Evidence
 from gpuops.act.executor import Executor
 from gpuops.act.notify import Notifier, Webhook
 from gpuops.build import Buckets, Engine, build_engine
@@ -118,6 +119,12 @@ class App:
                 parallel=s.max_parallel_runs,
                 max_timeout_s=s.run_timeout_s,
                 claim_stale_s=s.run_claim_stale_s,
+                runs=s.executor,
+                evidence=Evidence(
+                    s.state_dir / "runs",
+                    s.executor.evidence_max_age_s,
+                    s.executor.evidence_max_bytes,
+                ),
             )
 
     def _intake(self, stream: str, what: str, telemetry: bool) -> Intake:

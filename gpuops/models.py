@@ -453,6 +453,10 @@ class RunOutcome(_Frozen):
     sha256: str | None = None
     error: str | None = None
     changed: list[str] = Field(default_factory=list)
+    run_id: str | None = None  # the ansible-runner call (its evidence: STATE/runs/<run_id>)
+    hosts_in_run: int = 1  # the run's batch: this host and the others it ran with
+    failed_task: str | None = None  # for a failed host: the task that failed, and why
+    failed_message: str | None = None
 
     @property
     def duration_s(self) -> float:

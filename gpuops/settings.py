@@ -130,6 +130,29 @@ class DriftSettings(BaseModel):
     grace_s: float = Field(default=3600.0, ge=0)
 
 
+class ExecutorSettings(BaseModel):
+    """How intents become playbook runs: batches, forks, and the evidence each run leaves.
+
+    Intents for the same playbook, ref and vars (all but the per-host data: rule, node,
+    gpu, event ids, reason) that are ready together run as one ansible-runner call over
+    their hosts. A run costs about a second of controller CPU to start, so a storm on 200
+    nodes in batches of 50 starts 4 runs instead of 200. `max_parallel_runs` (above)
+    bounds the runs in flight.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_size: int = Field(default=50, ge=1, le=1000, description="most hosts in one run")
+    forks: int = Field(default=10, ge=1, le=200, description="hosts a run works on at once")
+    # How long the first intent of a batch waits for others: a storm's intents are
+    # written over a few pipeline ticks, one remediation pays this once.
+    gather_window_s: float = Field(default=0.5, ge=0, le=30)
+    # Each run's artifacts (stdout, job events, rc, command) stay under STATE/runs/<run id>;
+    # the oldest go first past either limit.
+    evidence_max_age_s: float = Field(default=14 * 86400.0, gt=0)
+    evidence_max_bytes: int = Field(default=1 << 30, ge=1 << 20)
+
+
 class Settings(BaseModel):
     """Everything the engine needs to run; built once, never mutated."""
 
@@ -150,7 +173,8 @@ class Settings(BaseModel):
     # A run whose executor has not renewed its claim for this long is taken as interrupted
     # (the executor died): the node goes to a person, or a retry-safe playbook runs again.
     run_claim_stale_s: float = Field(default=90.0, ge=2)
-    max_parallel_runs: int = Field(default=4, ge=1, le=256)
+    max_parallel_runs: int = Field(default=4, ge=1, le=256, description="runs in flight")
+    executor: ExecutorSettings = ExecutorSettings()
     intake_batch: int = Field(default=256, ge=1, le=10_000)
     tick_s: float = Field(default=1.0, gt=0)
     rules_poll_s: float = Field(default=2.0, gt=0, description="how often rule files are checked")

@@ -2,11 +2,17 @@
 
 It runs only what the engine decided and signed: the signature must verify, the
 playbook must be in the catalogue (resolved inside `playbooks/`), and the node must be
-exactly one inventory host. Before running, it claims the intent's key in KV with a
-create (which fails if the key exists), so an intent redelivered after a crash, or
-published twice, never runs twice. A claim found `running` means an earlier executor
-died mid-run: the run is retried once where the catalogue says that is safe, otherwise
-the node goes to a person. The intent is acked only after the outcome is recorded.
+exactly one inventory host; an intent that fails any of these is refused alone.
+Intents fetched together (or within the gather window) for the same playbook, ref and
+shared vars run as one ansible-runner call over their hosts, with forks: a storm on 200
+nodes starts a handful of runs, not 200. Each intent of a batch is still checked,
+claimed, recorded and acked on its own, with its own outcome from its host's stats.
+
+Before running, each intent's key is claimed in KV with a create (which fails if the
+key exists), so an intent redelivered after a crash, or published twice, never runs
+twice. A claim found `running` means an earlier executor died mid-run: the run is
+retried once where the catalogue says that is safe, otherwise the node goes to a
+person. The intent is acked only after its outcome is recorded.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Protocol
@@ -21,12 +28,14 @@ from typing import Protocol
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuops import subjects
+from gpuops.act.evidence import Evidence, RunMeta, new_run_id
 from gpuops.act.playbooks import resolve
-from gpuops.act.runner import RunRequest, run_async
+from gpuops.act.runner import RESERVED, RunRequest, RunResult, batch_key, run_hosts_async
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog
@@ -37,6 +46,7 @@ from gpuops.models import Intent, RunOutcome, RunStatus
 from gpuops.record.metrics import Metrics
 from gpuops.record.nodestate import NodeState
 from gpuops.record.recorder import Recorder, decision_msg_id, decision_record
+from gpuops.settings import ExecutorSettings
 from gpuops.signing import verify
 
 log = logging.getLogger(__name__)
@@ -45,6 +55,7 @@ DURABLE = "gpuops-executor"
 # A running claim is renewed every quarter of `claim_stale_s`; one not renewed for that
 # long belongs to an executor that died (a live one may simply be slow: a duplicate copy
 # of its intent must not judge it). The intent comes back after the same time.
+ROTATE_EVERY_S = 60.0  # evidence rotation reads every kept run's record: not after each run
 
 
 class LockRelease(Protocol):
@@ -68,8 +79,21 @@ class Claim(BaseModel):
     renewed: float = 0.0
 
 
+@dataclass(eq=False, slots=True)
+class Pending:
+    """An admitted intent and its message, until it is acked."""
+
+    intent: Intent
+    msg: Msg
+    tries: int = 0  # set once this executor holds the claim
+    done: bool = False  # acked (or termed): nothing more to do with the message
+
+
+Batch = list[Pending]
+
+
 class Executor:
-    """Runs intents with at most `parallel` playbooks at once."""
+    """Runs intents in batches, with at most `parallel` ansible-runner calls at once."""
 
     def __init__(
         self,
@@ -88,6 +112,8 @@ class Executor:
         parallel: int = 4,
         max_timeout_s: float = 900.0,
         claim_stale_s: float = 90.0,
+        runs: ExecutorSettings | None = None,
+        evidence: Evidence | None = None,
     ) -> None:
         self.bus = bus
         self.recorder = recorder
@@ -104,13 +130,17 @@ class Executor:
         self.claim_stale_s = claim_stale_s
         self.slots = asyncio.Semaphore(parallel)
         self.parallel = parallel
+        self.runs = runs or ExecutorSettings()
+        self.evidence = evidence
+        self._rotated_at: float | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and run intents until `stop` is set; in-flight runs are awaited."""
+        size = self.runs.batch_size
         config = ConsumerConfig(
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.claim_stale_s,
-            max_ack_pending=self.parallel * 4,
+            max_ack_pending=max(self.parallel * 4, size * (self.parallel + 1)),
         )
         sub = await self.bus.js.pull_subscribe(
             "gpuops.actions.>", durable=DURABLE, stream=ACTIONS, config=config
@@ -118,52 +148,111 @@ class Executor:
         tasks: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set():
-                await self.slots.acquire()
-                try:
-                    msgs = await sub.fetch(1, timeout=0.5)
-                except (NatsTimeout, TimeoutError):
-                    self.slots.release()
-                    continue
-                except NatsError as exc:  # a reconnect in progress: the consumer is durable
-                    self.slots.release()
-                    log.warning("executor fetch failed (%s); retrying", exc)
-                    await asyncio.sleep(1.0)
-                    continue
-                task = asyncio.create_task(self._handle_slot(msgs[0]))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                async with self.slots:  # fetch only when a run could start
+                    pass
+                for batch in await self._admit_all(await self._gather(sub)):
+                    task = await self._dispatch(batch, stop)
+                    if task is not None:
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
         finally:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _handle_slot(self, msg: Msg) -> None:
+    async def _gather(self, sub: JetStreamContext.PullSubscription) -> list[Msg]:
+        """What is ready now, then what arrives within the gather window (up to a batch)."""
+        size, loop = self.runs.batch_size, asyncio.get_running_loop()
+        msgs = await _fetch(sub, size, 0.5)
+        deadline = loop.time() + self.runs.gather_window_s
+        while msgs and len(msgs) < size and (left := deadline - loop.time()) > 0.05:
+            more = await _fetch(sub, size - len(msgs), left)
+            if not more:
+                break
+            msgs += more
+        return msgs
+
+    async def _admit_all(self, msgs: list[Msg]) -> list[Batch]:
+        """Refuse what may not run (each alone); group the rest into batches."""
+        groups: dict[str, list[Batch]] = {}
+        for msg in msgs:
+            intent, why = self._admit(msg.data)
+            if intent is None or why:
+                try:
+                    await self._refuse(intent, why, msg.data)
+                    await msg.term()
+                except Exception:
+                    log.exception("refusing an intent failed; it will be redelivered")
+                    with contextlib.suppress(Exception):
+                        await msg.nak(delay=5)
+                continue
+            batches = groups.setdefault(batch_key(intent), [])
+            home = next((b for b in batches if self._fits(b, intent)), None)
+            if home is None:
+                batches.append([Pending(intent, msg)])
+            else:
+                home.append(Pending(intent, msg))
+        return [batch for batches in groups.values() for batch in batches]
+
+    def _fits(self, batch: Batch, intent: Intent) -> bool:
+        """Room left, and the intent's node not yet in it (a run names each host once)."""
+        return len(batch) < self.runs.batch_size and all(
+            p.intent.node != intent.node for p in batch
+        )
+
+    async def _dispatch(self, batch: Batch, stop: asyncio.Event) -> asyncio.Task[None] | None:
+        """Start the batch's run once a slot is free; on stop, hand it back unclaimed."""
+        keepalive = asyncio.create_task(self._keep_alive(batch))
+        await self.slots.acquire()
+        if stop.is_set():
+            self.slots.release()
+            keepalive.cancel()
+            for p in batch:
+                with contextlib.suppress(Exception):
+                    await p.msg.nak()
+            return None
+        return asyncio.create_task(self._run_slot(batch, keepalive))
+
+    async def _run_slot(self, batch: Batch, keepalive: asyncio.Task[None]) -> None:
         try:
-            await self.handle(msg)
+            await self._run_batch(batch)
         except Exception:
-            log.exception("intent handling failed; it will be redelivered")
-            with contextlib.suppress(Exception):
-                await msg.nak(delay=5)
+            log.exception("batch handling failed; its intents will be redelivered")
+            for p in batch:
+                if not p.done:
+                    with contextlib.suppress(Exception):
+                        await p.msg.nak(delay=5)
         finally:
+            keepalive.cancel()
             self.slots.release()
 
-    async def handle(self, msg: Msg) -> None:
-        """Check, claim, run, record, then ack one intent."""
-        intent, why = self._admit(msg.data)
-        if intent is None or why:
-            await self._refuse(intent, why, msg.data)
-            await msg.term()
+    async def _run_batch(self, batch: Batch) -> None:
+        """Claim each intent, run the claimed ones together, record and ack each."""
+        claimed = await asyncio.gather(*(self._prepare(p) for p in batch))
+        ready = [p for p in claimed if p is not None]
+        if not ready:
             return
+        outcomes = await self._execute(ready)
+        await asyncio.gather(*(self._conclude(p, o) for p, o in zip(ready, outcomes, strict=True)))
+
+    async def _prepare(self, p: Pending) -> Pending | None:
+        """The decision's record, the claim, the node's state: None when it must not run."""
+        intent = p.intent
         if intent.decision is not None:  # the decision's record, in case the engine died first
             record = decision_record(intent.decision, [intent.key], intent.decided_at)
             await self.recorder.auditor.write(record, decision_msg_id(intent.decision))
         tries = await self._claim(intent)
         if tries is None:
-            await msg.ack()
-            return
+            await p.msg.ack()
+            p.done = True
+            return None
         await self.recorder.run_started(intent)
-        outcome = await self._execute(intent, msg)
-        await self._finish(intent, outcome, tries)
-        await msg.ack()
+        p.tries = tries
+        return p
+
+    async def _conclude(self, p: Pending, outcome: RunOutcome) -> None:
+        await self._finish(p.intent, outcome, p.tries)
+        await p.msg.ack()
+        p.done = True
 
     def _admit(self, data: bytes) -> tuple[Intent | None, str]:
         """The intent and '' when it may run, else why not."""
@@ -177,6 +266,8 @@ class Executor:
             return intent, f"playbook {intent.action.playbook!r} is not in the catalogue"
         if intent.node not in self.inventory:
             return intent, f"{intent.node!r} is not one host of the inventory"
+        if clash := RESERVED & set(intent.action.vars):
+            return intent, f"action vars may not redefine {sorted(clash)}"
         return intent, ""
 
     async def _refuse(self, intent: Intent | None, why: str, raw: bytes) -> None:
@@ -245,37 +336,91 @@ class Executor:
         if record.state is NodeState.VALIDATING and outcome.status is RunStatus.SUCCESSFUL:
             await self.bus.nc.publish(subjects.probe_request(intent.node), b"validate")
 
-    async def _execute(self, intent: Intent, msg: Msg) -> RunOutcome:
+    async def _execute(self, ready: Batch) -> list[RunOutcome]:
+        """One run over the batch's hosts; an outcome per intent, in order."""
+        intents = [p.intent for p in ready]
+        first = intents[0].action
         try:
-            version = resolve(
-                self.playbooks_dir, intent.action.playbook, intent.action.ref, self.cache_dir
-            )
+            version = resolve(self.playbooks_dir, first.playbook, first.ref, self.cache_dir)
         except ActionError as exc:
             now = self.clock.now()
-            return RunOutcome.of(intent, RunStatus.ERROR, now, now, str(exc))
-        await self.recorder.auditor.note(
-            self.clock.now(),
-            intent.node,
-            f"running {intent.action.playbook} on {intent.node}",
-            {"intent": intent.key, "revision": version.revision, "sha256": version.sha256},
+            return [RunOutcome.of(i, RunStatus.ERROR, now, now, str(exc)) for i in intents]
+        run_id = new_run_id(self.clock.now())
+        request = RunRequest.for_intents(
+            intents,
+            version,
+            self.inventory.path,
+            min(first.timeout_s, self.max_timeout_s),
+            forks=self.runs.forks,
+            run_id=run_id,
+            evidence=self.evidence,
         )
-        timeout = min(intent.action.timeout_s, self.max_timeout_s)
-        request = RunRequest.for_intent(intent, version, self.inventory.path, timeout)
-        keepalive = asyncio.create_task(self._keep_alive(msg, intent))
-        try:
-            return await run_async(request, self.clock)
-        finally:
-            keepalive.cancel()
+        with_others = f" (one run with {len(intents) - 1} other hosts)" if len(intents) > 1 else ""
+        body = {"run_id": run_id, "revision": version.revision, "sha256": version.sha256}
+        await asyncio.gather(
+            *(
+                self.recorder.auditor.note(
+                    self.clock.now(),
+                    i.node,
+                    f"running {first.playbook} on {i.node}{with_others}",
+                    {"intent": i.key, **body},
+                )
+                for i in intents
+            )
+        )
+        result = await run_hosts_async(request, self.clock)
+        if self.evidence is not None:
+            await asyncio.to_thread(self._keep, self.evidence, result)
+        return [result.outcome(t) for t in request.targets]
 
-    async def _keep_alive(self, msg: Msg, intent: Intent) -> None:
-        """Tell JetStream and the claim that the run goes on (not redelivered, not judged dead)."""
+    def _keep(self, evidence: Evidence, result: RunResult) -> None:
+        """Seal the run's evidence; now and then drop what is past the limits."""
+        req = result.req
+        meta = RunMeta(
+            run_id=req.run_id or "",
+            playbook=req.playbook_name,
+            revision=req.playbook.revision,
+            sha256=req.playbook.sha256,
+            started=result.started,
+            ended=result.ended,
+            status=result.status,
+            rc=result.rc,
+            intents={t.node: t.key for t in req.targets},
+        )
+        try:
+            evidence.seal(meta)
+            now = self.clock.now()
+            if self._rotated_at is None or now - self._rotated_at >= ROTATE_EVERY_S:
+                self._rotated_at = now
+                evidence.rotate(now)
+        except (OSError, ActionError) as exc:  # evidence is kept best-effort: the run counts
+            log.warning("run %s: evidence not kept: %s", req.run_id, exc)
+
+    async def _keep_alive(self, batch: Batch) -> None:
+        """Tell JetStream and the claims that the intents are in hand (not redelivered, alive)."""
         while True:
             await asyncio.sleep(self.claim_stale_s / 4)
             now = self.clock.now()
-            with contextlib.suppress(Exception):
-                await msg.in_progress()
+            await asyncio.gather(
+                *(self._renew(p, now) for p in batch if not p.done), return_exceptions=True
+            )
 
-                await self.claims.update(partial(_renewed, now=now), intent.key)
+    async def _renew(self, p: Pending, now: float) -> None:
+        await p.msg.in_progress()
+        if p.tries:
+            await self.claims.update(partial(_renewed, now=now), p.intent.key)
+
+
+async def _fetch(sub: JetStreamContext.PullSubscription, n: int, wait_s: float) -> list[Msg]:
+    """Up to `n` messages, [] when none came in time or the connection is being restored."""
+    try:
+        return list(await sub.fetch(n, timeout=wait_s))
+    except (NatsTimeout, TimeoutError):
+        return []
+    except NatsError as exc:  # a reconnect in progress: the consumer is durable
+        log.warning("executor fetch failed (%s); retrying", exc)
+        await asyncio.sleep(1.0)
+        return []
 
 
 def _renewed(claim: Claim | None, now: float) -> Claim | None:

@@ -1,32 +1,54 @@
-"""The ansible-runner bridge: one playbook run in a worker thread, events streamed back.
+"""The ansible-runner bridge: one playbook run over one or more hosts, in a worker thread.
 
-Event data reaches the playbook only as extra vars under `gpuops`, written to a file
-with every string tagged `!unsafe` so nothing an agent sent is ever templated.
+What the engine knows of an intent (rule, node, gpu, event id, intent key, reason, the
+rule's vars) reaches the playbook only as data, the `gpuops` namespace with every string
+tagged `!unsafe`, so nothing an agent sent is ever templated. For the engine's runs it
+is a host_vars file per host in a second inventory source inside the run's private data
+dir (the site inventory is untouched): one run over a batch gives each host its own
+data. `extravars` (drift checks, tests) go to every host of the run alike.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import re
+import shlex
 import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gpuops.act.evidence import Evidence
 from gpuops.act.playbooks import PlaybookVersion
 from gpuops.clock import Clock
-from gpuops.models import Intent, RunOutcome, RunStatus
+from gpuops.errors import ActionError
+from gpuops.models import NODE_PATTERN, Intent, RunOutcome, RunStatus
 
 log = logging.getLogger(__name__)
 
-RESERVED = frozenset({"rule", "node", "gpu", "event_id", "intent_key"})
+RESERVED = frozenset({"rule", "node", "gpu", "gpus", "event_id", "intent_key"})
+# Rendered per match ("GPU 3 at 91 C"): each host's own, so not part of a batch's identity.
+PER_HOST_VARS = frozenset({"reason"})
+# ansible-playbook's exit bits when only some hosts failed (2) or were unreachable (4):
+# the other hosts of the run finished. Anything else (8: a play stopped every host;
+# 1, 4+: errors) means a host without a failure of its own may not have finished.
+_HOST_ONLY_RC = 2 | 4
+_HOST_NAME = re.compile(NODE_PATTERN)
+_STATUS = {
+    "successful": RunStatus.SUCCESSFUL,
+    "failed": RunStatus.FAILED,
+    "timeout": RunStatus.TIMEOUT,
+    "canceled": RunStatus.CANCELED,
+}
 
 
 class _Unsafe(str):
@@ -43,15 +65,15 @@ _VarsDumper.add_representer(_Unsafe, lambda d, s: d.represent_scalar("!unsafe", 
 def _mark_unsafe(value: Any) -> Any:
     if isinstance(value, str):
         return _Unsafe(value)
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [_mark_unsafe(v) for v in value]
     if isinstance(value, dict):
         return {str(k): _mark_unsafe(v) for k, v in value.items()}
     return value
 
 
-def extra_vars(intent: Intent) -> dict[str, Any]:
-    """The `gpuops` namespace the playbook sees."""
+def host_data(intent: Intent) -> dict[str, Any]:
+    """The `gpuops` namespace the intent's host sees: the rule's vars and the intent's data."""
     clash = RESERVED & set(intent.action.vars)
     if clash:
         raise ValueError(f"action vars may not redefine {sorted(clash)}")
@@ -63,12 +85,43 @@ def extra_vars(intent: Intent) -> dict[str, Any]:
         event_id=intent.event_id,
         intent_key=intent.key,
     )
-    return {"gpuops": ns}
+    # Consolidated intents carry every GPU they cover (`Intent.gpus`); older ones only `gpu`.
+    gpus = getattr(intent, "gpus", None)
+    if gpus is not None:
+        ns["gpus"] = list(gpus)
+    return ns
+
+
+def extra_vars(intent: Intent) -> dict[str, Any]:
+    """The `gpuops` namespace of one intent, as extra vars (for a run by hand)."""
+    return {"gpuops": host_data(intent)}
+
+
+def batch_key(intent: Intent) -> str:
+    """Intents with the same key may run as one run: playbook, ref, timeout, shared vars."""
+    spec = intent.action
+    shared = {k: v for k, v in spec.vars.items() if k not in PER_HOST_VARS}
+    return json.dumps([spec.playbook, spec.ref, spec.timeout_s, shared], sort_keys=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One host of a run and the intent it serves."""
+
+    key: str
+    rule: str
+    node: str
+    data: dict[str, Any]
+
+    @classmethod
+    def of(cls, intent: Intent) -> Target:
+        """The intent's host and its `gpuops` data."""
+        return cls(key=intent.key, rule=intent.rule, node=intent.node, data=host_data(intent))
 
 
 @dataclass(slots=True)
 class RunRequest:
-    """Everything one ansible-runner call needs; `key`, `rule` and `node` label the outcome."""
+    """Everything one ansible-runner call needs; `key`, `rule` and `node` label the run."""
 
     key: str
     rule: str
@@ -83,23 +136,47 @@ class RunRequest:
     forks: int = 5
     on_event: Callable[[dict[str, Any]], None] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    targets: tuple[Target, ...] = ()  # per-host data, one host_vars file each
+    run_id: str | None = None  # with `evidence`: the artifacts stay in evidence.root/run_id
+    evidence: Evidence | None = None
+
+    @classmethod
+    def for_intents(
+        cls,
+        intents: Sequence[Intent],
+        playbook: PlaybookVersion,
+        inventory: Path,
+        timeout_s: float,
+        *,
+        forks: int = 5,
+        run_id: str | None = None,
+        evidence: Evidence | None = None,
+    ) -> RunRequest:
+        """One run over the intents' hosts (each once), limited to exactly those hosts."""
+        nodes = [i.node for i in intents]
+        if not nodes or len(set(nodes)) != len(nodes):
+            raise ValueError(f"a run needs each host once, not {nodes}")
+        return cls(
+            key=run_id or intents[0].key,
+            rule=",".join(sorted({i.rule for i in intents})),
+            node=",".join(nodes),
+            playbook=playbook,
+            playbook_name=intents[0].action.playbook,
+            inventory=inventory,
+            timeout_s=timeout_s,
+            limit=",".join(nodes),
+            forks=max(1, min(forks, len(nodes))),
+            targets=tuple(Target.of(i) for i in intents),
+            run_id=run_id,
+            evidence=evidence,
+        )
 
     @classmethod
     def for_intent(
         cls, intent: Intent, playbook: PlaybookVersion, inventory: Path, timeout_s: float
     ) -> RunRequest:
         """An intent's run: limited to its node, its data under `gpuops`."""
-        return cls(
-            key=intent.key,
-            rule=intent.rule,
-            node=intent.node,
-            playbook=playbook,
-            playbook_name=intent.action.playbook,
-            inventory=inventory,
-            timeout_s=timeout_s,
-            extravars=extra_vars(intent),
-            limit=intent.node,
-        )
+        return cls.for_intents([intent], playbook, inventory, timeout_s)
 
 
 def _stats(raw: dict[str, dict[str, int]] | None) -> dict[str, dict[str, int]]:
@@ -111,106 +188,237 @@ def _stats(raw: dict[str, dict[str, int]] | None) -> dict[str, dict[str, int]]:
     return per_host
 
 
-def _status(runner_status: str, stats: dict[str, dict[str, int]]) -> RunStatus:
-    if any(h.get("dark", 0) for h in stats.values()):
-        return RunStatus.UNREACHABLE
-    return {
-        "successful": RunStatus.SUCCESSFUL,
-        "failed": RunStatus.FAILED,
-        "timeout": RunStatus.TIMEOUT,
-        "canceled": RunStatus.CANCELED,
-    }.get(runner_status, RunStatus.ERROR)
+def _message(res: Any) -> str:
+    """Why a task failed: its message, and the command's stderr when that is all it says."""
+    if not isinstance(res, dict):
+        return str(res)[:800]
+    msg = str(res.get("msg") or "").strip()
+    detail = str(res.get("stderr") or res.get("stdout") or "").strip()
+    if detail and detail not in msg:
+        msg = f"{msg}: {detail[-500:]}" if msg else detail[-500:]
+    return msg[:800] or "failed"
 
 
-def run_playbook(req: RunRequest, clock: Clock) -> RunOutcome:
-    """Run one playbook to the end (blocking); the temporary data dir is always removed."""
-    import ansible_runner
+@dataclass
+class RunResult:
+    """What one ansible-runner call did, per host; read once the call has returned."""
 
-    started = clock.now()
-    changed: list[str] = []
-    data_dir = Path(tempfile.mkdtemp(prefix="gpuops-run-"))
+    req: RunRequest
+    started: float
+    ended: float = 0.0
+    status: str = "error"  # ansible-runner's status
+    rc: int | None = None
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    changed: dict[str, list[str]] = field(default_factory=dict)
+    failed: dict[str, tuple[str, str]] = field(default_factory=dict)  # host -> task, message
+    unreachable: dict[str, str] = field(default_factory=dict)
+    tail: str | None = None  # the end of stdout, which says what went wrong
+    error: str | None = None  # the run could not be started or broke
 
-    def handler(event: dict[str, Any]) -> bool:
-        if event.get("event") == "runner_on_ok" and event.get("event_data", {}).get("res", {}).get(
-            "changed"
-        ):
-            data = event["event_data"]
-            changed.append(f"{data.get('host')}: {data.get('task')}")
-        if req.on_event is not None:
-            req.on_event(event)
+    def on_event(self, event: dict[str, Any]) -> bool:
+        """ansible-runner's event handler: note per-host changes and failures; keep the event."""
+        kind, data = event.get("event"), event.get("event_data", {})
+        host, res = str(data.get("host", "")), data.get("res")
+        if kind == "runner_on_ok" and isinstance(res, dict) and res.get("changed"):
+            self.changed.setdefault(host, []).append(f"{host}: {data.get('task')}")
+        elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+            self.failed[host] = (str(data.get("task", "")), _message(res))
+        elif kind == "runner_on_unreachable":
+            self.unreachable[host] = _message(res)
+        if self.req.on_event is not None:
+            self.req.on_event(event)
         return True
 
-    try:
+    def host_status(self, host: str) -> RunStatus:
+        """How the run ended for one host, from that host's own stats."""
+        counts = self.stats.get(host)
+        if self.error is not None:
+            return RunStatus.ERROR
+        if counts is not None and counts.get("dark", 0):
+            return RunStatus.UNREACHABLE
+        if counts is not None and counts.get("failures", 0):
+            return RunStatus.FAILED
+        if counts is not None and self.status == "successful":
+            return RunStatus.SUCCESSFUL
+        others_only = self.rc is not None and self.rc > 0 and not self.rc & ~_HOST_ONLY_RC
+        if counts is not None and self.status == "failed" and others_only:
+            return RunStatus.SUCCESSFUL
+        status = _STATUS.get(self.status, RunStatus.ERROR)
+        return RunStatus.ERROR if status is RunStatus.SUCCESSFUL else status
+
+    def _why(self, host: str, status: RunStatus) -> str | None:
+        if status is RunStatus.SUCCESSFUL:
+            return None
+        if status is RunStatus.FAILED and host in self.failed:
+            task, msg = self.failed[host]
+            return f"task {task!r} failed: {msg}"
+        if status is RunStatus.UNREACHABLE and host in self.unreachable:
+            return f"unreachable: {self.unreachable[host]}"
+        return self.error or self.tail
+
+    def outcome(self, target: Target) -> RunOutcome:
+        """The outcome of the intent a host of this run served."""
+        status = self.host_status(target.node)
+        task, msg = self.failed.get(target.node, (None, None))
+        stats = self.stats.get(target.node)
+        return RunOutcome(
+            intent_key=target.key,
+            rule=target.rule,
+            node=target.node,
+            playbook=self.req.playbook_name,
+            status=status,
+            rc=self.rc,
+            stats={target.node: stats} if stats is not None else {},
+            started=self.started,
+            ended=self.ended,
+            revision=self.req.playbook.revision,
+            sha256=self.req.playbook.sha256,
+            changed=self.changed.get(target.node, []),
+            error=self._why(target.node, status),
+            run_id=self.req.run_id,
+            hosts_in_run=max(1, len(self.req.targets)),
+            failed_task=task if status is RunStatus.FAILED else None,
+            failed_message=msg if status is RunStatus.FAILED else None,
+        )
+
+    def whole(self) -> RunOutcome:
+        """One outcome for the whole run (drift checks and runs without targets)."""
+        if self.error is not None:
+            status = RunStatus.ERROR
+        elif any(h.get("dark", 0) for h in self.stats.values()):
+            status = RunStatus.UNREACHABLE
+        else:
+            status = _STATUS.get(self.status, RunStatus.ERROR)
+        first = next(iter(sorted(self.failed.items())), None)
+        return RunOutcome(
+            intent_key=self.req.key,
+            rule=self.req.rule,
+            node=self.req.node,
+            playbook=self.req.playbook_name,
+            status=status,
+            rc=self.rc,
+            stats=self.stats,
+            started=self.started,
+            ended=self.ended,
+            revision=self.req.playbook.revision,
+            sha256=self.req.playbook.sha256,
+            changed=[c for host in sorted(self.changed) for c in self.changed[host]],
+            error=None if status is RunStatus.SUCCESSFUL else self.error or self.tail,
+            run_id=self.req.run_id,
+            hosts_in_run=max(1, len(self.req.targets)),
+            failed_task=first[1][0] if first else None,
+            failed_message=first[1][1] if first else None,
+        )
+
+
+def _host_vars_source(data_dir: Path, targets: tuple[Target, ...]) -> Path:
+    """An inventory source holding only host_vars: each target's `gpuops` namespace."""
+    source = data_dir / "gpuops-hosts"
+    (source / "host_vars").mkdir(parents=True)
+    # Declares no host: the site inventory alone says which hosts exist and their groups.
+    (source / "hosts.yml").write_text("all: {}\n")
+    for target in targets:
+        if not _HOST_NAME.match(target.node):
+            raise ActionError(f"host name {target.node!r} cannot be a host_vars file name")
+        doc = yaml.dump({"gpuops": _mark_unsafe(target.data)}, Dumper=_VarsDumper)
+        (source / "host_vars" / f"{target.node}.yml").write_text(doc)
+    return source
+
+
+def _cmdline(req: RunRequest, data_dir: Path) -> str:
+    args = ["-i", str(req.inventory.resolve())]
+    if req.targets:  # a later source: its host_vars win over the site inventory's
+        args += ["-i", str(_host_vars_source(data_dir, req.targets))]
+    if req.extravars:
         vars_file = data_dir / "gpuops-vars.yml"
         vars_file.write_text(yaml.dump(_mark_unsafe(req.extravars), Dumper=_VarsDumper))
-        cmdline = f"-e @{vars_file}" + (" --check --diff" if req.check_mode else "")
+        args += ["-e", f"@{vars_file}"]
+    if req.check_mode:
+        args += ["--check", "--diff"]
+    return shlex.join(args)
+
+
+def _envvars(data_dir: Path) -> dict[str, str]:
+    return {
+        # ansible-playbook from this environment, even when PATH lacks the venv.
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "ANSIBLE_HOST_KEY_CHECKING": "False",
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "ANSIBLE_NOCOLOR": "True",
+        "ANSIBLE_LOCAL_TEMP": str(data_dir / "tmp"),
+        # One process per module instead of a temp dir, a copy, a chmod and a cleanup.
+        "ANSIBLE_PIPELINING": "True",
+        "ANSIBLE_GATHERING": "explicit",
+    }
+
+
+def _tail(artifact_dir: Path) -> str | None:
+    try:
+        text = (artifact_dir / "stdout").read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return text[-800:] if text else None
+
+
+def _invoke(req: RunRequest, clock: Clock) -> RunResult:
+    """Run ansible-runner to the end (blocking); the temporary private data dir is removed."""
+    import ansible_runner
+
+    result = RunResult(req=req, started=clock.now())
+    data_dir = Path(tempfile.mkdtemp(prefix="gpuops-run-"))
+    kept: dict[str, Any] = {}
+    if req.evidence is not None and req.run_id is not None:
+        kept = {"artifact_dir": str(req.evidence.prepare()), "ident": req.run_id}
+    try:
         runner = ansible_runner.run(
             private_data_dir=str(data_dir),
             playbook=str(req.playbook.path),
-            inventory=str(req.inventory.resolve()),
             limit=req.limit or req.node,
-            cmdline=cmdline,
+            cmdline=_cmdline(req, data_dir),
             forks=req.forks,
             timeout=max(1, int(req.timeout_s)),
-            event_handler=handler,
+            event_handler=result.on_event,
             cancel_callback=req.cancel.is_set,
             quiet=True,
-            envvars={
-                # ansible-playbook from this environment, even when PATH lacks the venv.
-                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-                "ANSIBLE_HOST_KEY_CHECKING": "False",
-                "ANSIBLE_RETRY_FILES_ENABLED": "False",
-                "ANSIBLE_NOCOLOR": "True",
-                "ANSIBLE_LOCAL_TEMP": str(data_dir / "tmp"),
-            },
+            envvars=_envvars(data_dir),
+            **kept,
         )
-        stats = _stats(runner.stats)
-        status = _status(runner.status, stats)
-        return RunOutcome(
-            intent_key=req.key,
-            rule=req.rule,
-            node=req.node,
-            playbook=req.playbook_name,
-            status=status,
-            rc=runner.rc,
-            stats=stats,
-            started=started,
-            ended=clock.now(),
-            revision=req.playbook.revision,
-            sha256=req.playbook.sha256,
-            changed=changed,
-            error=None if status is RunStatus.SUCCESSFUL else _last_error(data_dir),
-        )
+        result.status, result.rc = runner.status, runner.rc
+        result.stats = _stats(runner.stats)
+        result.tail = _tail(Path(runner.config.artifact_dir))
     except Exception as exc:
         log.exception("playbook %s for %s failed to run", req.playbook_name, req.node)
-        return RunOutcome(
-            intent_key=req.key,
-            rule=req.rule,
-            node=req.node,
-            playbook=req.playbook_name,
-            status=RunStatus.ERROR,
-            started=started,
-            ended=clock.now(),
-            revision=req.playbook.revision,
-            sha256=req.playbook.sha256,
-            error=f"{type(exc).__name__}: {exc}",
-        )
+        result.error = f"{type(exc).__name__}: {exc}"
     finally:
+        result.ended = clock.now()
         shutil.rmtree(data_dir, ignore_errors=True)
+    return result
 
 
-def _last_error(data_dir: Path) -> str | None:
-    """The tail of the run's output, which says what failed."""
-    for stdout in sorted(data_dir.glob("artifacts/*/stdout")):
-        text = stdout.read_text(errors="replace").strip()
-        return text[-800:] if text else None
-    return None
+def run_playbook(req: RunRequest, clock: Clock) -> RunOutcome:
+    """Run one playbook to the end (blocking); one outcome for the whole run."""
+    return _invoke(req, clock).whole()
+
+
+def run_hosts(req: RunRequest, clock: Clock) -> list[RunOutcome]:
+    """Run one playbook over its targets (blocking); one outcome per target, in order."""
+    result = _invoke(req, clock)
+    return [result.outcome(t) for t in req.targets]
 
 
 async def run_async(req: RunRequest, clock: Clock) -> RunOutcome:
-    """Run in a worker thread; cancelling the task asks ansible-runner to stop."""
+    """`run_playbook` in a worker thread; cancelling the task asks ansible-runner to stop."""
     try:
         return await asyncio.to_thread(run_playbook, req, clock)
+    except asyncio.CancelledError:
+        req.cancel.set()
+        raise
+
+
+async def run_hosts_async(req: RunRequest, clock: Clock) -> RunResult:
+    """`_invoke` in a worker thread; cancelling the task asks ansible-runner to stop."""
+    try:
+        return await asyncio.to_thread(_invoke, req, clock)
     except asyncio.CancelledError:
         req.cancel.set()
         raise

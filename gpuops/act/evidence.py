@@ -1,0 +1,139 @@
+"""Run evidence: each playbook run's ansible-runner artifacts, kept under STATE/runs/<run id>.
+
+ansible-runner writes stdout, job_events/, rc, status and command there itself; the
+executor adds `run.json` (playbook version, hosts, the intent each host served, times,
+size). Past the age limit, and then oldest first past the size limit, runs are removed.
+A run still going has no `run.json` yet and is never removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuops.errors import ActionError
+
+log = logging.getLogger(__name__)
+
+META = "run.json"
+STDOUT = "stdout"
+# Sortable by start time, unique without coordination, and safe as a directory name.
+RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}-[0-9a-f]{8}$")
+
+
+def new_run_id(now: float) -> str:
+    """`20260101T120000-1a2b3c4d`: the run's start (UTC) and a random suffix."""
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + "-" + uuid.uuid4().hex[:8]
+
+
+class RunMeta(BaseModel):
+    """What a kept run was: written when it ends, read by rotation and `history --run`."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    run_id: str
+    playbook: str
+    revision: str | None = None
+    sha256: str | None = None
+    started: float
+    ended: float
+    status: str
+    rc: int | None = None
+    intents: dict[str, str] = {}  # host -> intent key
+    bytes: int = 0
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += (Path(root) / name).lstat().st_size
+            except OSError:
+                continue
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """The runs directory and its limits."""
+
+    root: Path
+    max_age_s: float = 14 * 86400.0
+    max_bytes: int = 1 << 30
+
+    def prepare(self) -> Path:
+        """The runs directory, private to this user (job events may hold host variables)."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return self.root
+
+    def dir_for(self, run_id: str) -> Path:
+        """Where a run's artifacts are; ActionError for anything that is not a run id."""
+        if not RUN_ID.match(run_id):
+            raise ActionError(f"{run_id!r} is not a run id (like 20260101T120000-1a2b3c4d)")
+        return self.root / run_id
+
+    def seal(self, meta: RunMeta) -> RunMeta:
+        """Write the run's `run.json` with its size: from now on rotation may remove it."""
+        where = self.dir_for(meta.run_id)
+        where.mkdir(parents=True, exist_ok=True)
+        sealed = meta.model_copy(update={"bytes": _size(where)})
+        (where / META).write_text(sealed.model_dump_json(indent=1))
+        return sealed
+
+    def stdout(self, run_id: str) -> str:
+        """The run's output as ansible-playbook printed it."""
+        path = self.dir_for(run_id) / STDOUT
+        try:
+            return path.read_text(errors="replace")
+        except OSError as exc:
+            raise ActionError(
+                f"no output kept for run {run_id} under {self.root}: it was rotated away, "
+                "or it ran on an executor with another state dir (look there)"
+            ) from exc
+
+    def kept(self) -> list[RunMeta]:
+        """The finished runs kept, oldest first."""
+        runs = []
+        for meta_file in self.root.glob(f"*/{META}"):
+            try:
+                runs.append(RunMeta.model_validate_json(meta_file.read_bytes()))
+            except (OSError, ValidationError):
+                log.warning("unreadable run record %s; left alone", meta_file)
+        return sorted(runs, key=lambda m: (m.started, m.run_id))
+
+    def rotate(self, now: float) -> list[str]:
+        """Remove runs past the age limit, then the oldest while past the size limit."""
+        runs = self.kept()
+        total = sum(m.bytes for m in runs)
+        removed = self._leftovers(now, {m.run_id for m in runs})
+        for meta in runs:
+            if now - meta.started <= self.max_age_s and total <= self.max_bytes:
+                break
+            shutil.rmtree(self.root / meta.run_id, ignore_errors=True)
+            total -= meta.bytes
+            removed.append(meta.run_id)
+        return removed
+
+    def _leftovers(self, now: float, sealed: set[str]) -> list[str]:
+        """Runs an executor never sealed (it died mid-run), once past the age limit."""
+        removed = []
+        for path in self.root.iterdir() if self.root.is_dir() else ():
+            if path.name in sealed or not RUN_ID.match(path.name):
+                continue
+            try:
+                old = now - path.stat().st_mtime > self.max_age_s
+            except OSError:
+                continue
+            if old:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
+        return removed
