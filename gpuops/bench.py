@@ -1,4 +1,5 @@
 """`gpuops bench rules`: how many GPU samples per second the matcher evaluates.
+`gpuops bench storm`: what a storm of one remediation costs, batched and one run per node.
 
 Samples follow the real H200 recording (idle, burst at the power cap, idle) with a
 per-GPU phase, so conditions see realistic values and windows keep realistic state.
@@ -9,18 +10,31 @@ since rules are indexed by kind.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import resource
 import statistics
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from gpuops.act.evidence import Evidence, new_run_id
+from gpuops.act.playbooks import PlaybookVersion, resolve
+from gpuops.act.runner import RunRequest, run_hosts_async
+from gpuops.clock import SystemClock
 from gpuops.match.loader import build_rule, load_rules
 from gpuops.match.matcher import Matcher
 from gpuops.match.rules import Rule, RuleSet
 from gpuops.match.yamlsrc import LineDict
+from gpuops.models import ActionSpec, Intent, RunOutcome, RunStatus
 from gpuops.settings import checkout_root
-from gpuops.sim.fleet import h200_trace
+from gpuops.sim.fleet import SimFleet, h200_trace
+
+STORM_PLAYBOOK = "drain.yml"
 
 _VARIANTS: list[dict[str, Any]] = [
     {"when": "temp_c >= temp_slowdown_c - {k}", "for": "60s"},
@@ -142,3 +156,144 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> Iterator[str]:
     )
     yield f"window state keys={matcher.state_size()}"
     yield f"samples_per_s={rate:.0f} rss_mb={rss_mb:.0f}"
+
+
+# --- `gpuops bench storm` --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StormFigures:
+    """Wall and CPU time of some hosts' runs (CPU of this process and its children)."""
+
+    hosts: int
+    runs: int
+    ok: int
+    wall_s: float
+    cpu_s: float
+    cores: int
+
+    @property
+    def cpu_per_host(self) -> float:
+        """CPU-seconds one host cost."""
+        return self.cpu_s / max(1, self.hosts)
+
+    @property
+    def floor_s(self) -> float:
+        """The shortest wall time this CPU allows on these cores."""
+        return self.cpu_s / self.cores
+
+    def line(self, what: str) -> str:
+        """The figures as one report line."""
+        return (
+            f"{what}: {self.hosts} hosts in {self.runs} runs, {self.ok} successful; "
+            f"wall {self.wall_s:.1f}s, cpu {self.cpu_s:.1f}s, {self.cpu_per_host:.2f} cpu-s/host, "
+            f"cpu floor {self.floor_s:.1f}s on {self.cores} cores, "
+            f"wall/floor {self.wall_s / max(self.floor_s, 1e-9):.2f}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StormSpec:
+    """How a storm is run: the executor's settings."""
+
+    batch_size: int
+    forks: int
+    parallel: int
+    cores: int
+    evidence: Evidence
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of its children that have ended (ansible-playbook,
+    its forks and the modules they ran are waited for, so their time is in it)."""
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _storm_intent(node: str) -> Intent:
+    now = time.time()
+    return Intent(
+        key=f"bench-{node}-{uuid.uuid4().hex[:8]}",
+        rule="bench-storm",
+        node=node,
+        action=ActionSpec(playbook=STORM_PLAYBOOK, vars={"reason": f"bench storm on {node}"}),
+        event_id=f"bench-{node}",
+        event_ts=now,
+        decided_at=now,
+    )
+
+
+async def _run_storm(
+    fleet: SimFleet, hosts: list[str], version: PlaybookVersion, spec: StormSpec
+) -> StormFigures:
+    """Drain `hosts` as the executor would: batches of `batch_size`, `parallel` at a time."""
+    clock = SystemClock()
+    slots = asyncio.Semaphore(spec.parallel)
+    intents = [_storm_intent(h) for h in hosts]
+    batches = [intents[i : i + spec.batch_size] for i in range(0, len(intents), spec.batch_size)]
+
+    async def one(batch: list[Intent]) -> list[RunOutcome]:
+        async with slots:
+            request = RunRequest.for_intents(
+                batch,
+                version,
+                fleet.root / "inventory",
+                600.0,
+                forks=spec.forks,
+                run_id=new_run_id(clock.now()),
+                evidence=spec.evidence,
+            )
+            result = await run_hosts_async(request, clock)
+            return [result.outcome(t) for t in request.targets]
+
+    wall0, cpu0 = time.perf_counter(), _cpu_s()
+    outcomes = [o for batch in await asyncio.gather(*map(one, batches)) for o in batch]
+    return StormFigures(
+        hosts=len(hosts),
+        runs=len(batches),
+        ok=sum(o.status is RunStatus.SUCCESSFUL for o in outcomes),
+        wall_s=time.perf_counter() - wall0,
+        cpu_s=_cpu_s() - cpu0,
+        cores=spec.cores,
+    )
+
+
+def bench_storm(
+    nodes: int, batch_size: int, forks: int, parallel: int, compare_nodes: int
+) -> Iterator[str]:
+    """Drain `nodes` simulated nodes in batches, and some one run per node; yield report lines."""
+    cores = len(os.sched_getaffinity(0))
+    with tempfile.TemporaryDirectory(prefix="gpuops-bench-storm-") as tmp:
+        fleet = SimFleet.create(Path(tmp) / "sim", nodes=1 + nodes + compare_nodes, gpus=1)
+        books = checkout_root() / "playbooks"
+        version = resolve(books, STORM_PLAYBOOK, None, Path(tmp) / "refs")
+        evidence = Evidence(Path(tmp) / "runs")
+        batched = StormSpec(batch_size, forks, parallel, cores, evidence)
+        single = StormSpec(1, 1, parallel, cores, evidence)
+        first, storm, rest = fleet.nodes[:1], fleet.nodes[1 : 1 + nodes], fleet.nodes[1 + nodes :]
+        yield f"{STORM_PLAYBOOK} on simulated nodes, {cores} cores, load {os.getloadavg()[0]:.1f}"
+        one = asyncio.run(_run_storm(fleet, first, version, single))
+        yield f"one node: wall {one.wall_s:.2f}s, cpu {one.cpu_s:.2f}s"
+        how = f"batches of {batch_size}, forks {forks}, {parallel} runs in flight"
+        big = asyncio.run(_run_storm(fleet, storm, version, batched))
+        yield big.line(f"storm ({how})")
+        if not rest:
+            yield _verdict(big, None)
+            return
+        old = asyncio.run(_run_storm(fleet, rest, version, single))
+        yield old.line(f"one run per node ({parallel} in flight)")
+        yield f"load after: {os.getloadavg()[0]:.1f}"
+        yield _verdict(big, old)
+
+
+def _verdict(big: StormFigures, old: StormFigures | None) -> str:
+    """The machine-readable last line; the goals: >= 2x fewer cpu-s/host, wall <= 1.3x floor."""
+    ratio = old.cpu_per_host / big.cpu_per_host if old and big.cpu_per_host else 0.0
+    return (
+        f"storm_cpu_s_per_host={big.cpu_per_host:.3f} "
+        f"single_cpu_s_per_host={old.cpu_per_host if old else 0.0:.3f} "
+        f"cpu_ratio={ratio:.2f} storm_wall_over_floor={big.wall_s / max(big.floor_s, 1e-9):.2f}"
+    )

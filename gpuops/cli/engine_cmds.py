@@ -174,6 +174,42 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> None:
         click.echo(line)
 
 
+@bench.command("storm")
+@click.option("--nodes", type=int, default=200, show_default=True, help="simulated nodes drained")
+@click.option("--batch-size", type=int, help="hosts per run (default: executor.batch_size)")
+@click.option("--forks", type=int, help="forks per run (default: executor.forks)")
+@click.option("--parallel", type=int, help="runs in flight (default: max_parallel_runs)")
+@click.option(
+    "--compare-nodes",
+    type=int,
+    default=20,
+    show_default=True,
+    help="more nodes drained one run per node, for comparison (0: none)",
+)
+def bench_storm(
+    nodes: int,
+    batch_size: int | None,
+    forks: int | None,
+    parallel: int | None,
+    compare_nodes: int,
+) -> None:
+    """The same drain on N simulated nodes: wall and CPU time, batched and one run per node."""
+    from gpuops.bench import bench_storm as run_bench
+    from gpuops.settings import Settings
+
+    defaults = Settings()
+    if min(nodes, batch_size or 1, forks or 1, parallel or 1) < 1 or compare_nodes < 0:
+        raise click.BadParameter("counts must be at least 1 (--compare-nodes at least 0)")
+    for line in run_bench(
+        nodes=nodes,
+        batch_size=batch_size or defaults.executor.batch_size,
+        forks=forks or defaults.executor.forks,
+        parallel=parallel or defaults.max_parallel_runs,
+        compare_nodes=compare_nodes,
+    ):
+        click.echo(line)
+
+
 @bench.command("soak", context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench_soak(args: tuple[str, ...]) -> None:

@@ -8,6 +8,7 @@ and a chat do exactly the same thing.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -100,14 +101,28 @@ CHAT_COMMANDS = [
 @click.option("--nats", help="NATS URL (default: the running engine's or the state dir's store)")
 @click.option("--limit", type=int, default=200, show_default=True, help="the newest N records")
 @click.option("--drift", is_flag=True, help="only drift-check summaries")
+@click.option("--run", "run_id", help="print this run's output (kept under STATE/runs/RUN_ID)")
 @click.pass_context
 def history(
-    ctx: click.Context, node: str | None, as_json: bool, nats: str | None, limit: int, drift: bool
+    ctx: click.Context,
+    node: str | None,
+    as_json: bool,
+    nats: str | None,
+    limit: int,
+    drift: bool,
+    run_id: str | None,
 ) -> None:
-    """Print the audit trail: decisions, runs (with playbook revision), notes (for NODE, or all)."""
+    """Print the audit trail: decisions, runs (with playbook revision), notes (for NODE, or all).
+
+    With --run ID, print the output of one playbook run instead (its ID is in the run's
+    record); the output is kept by the executor that ran it, under its state dir.
+    """
     from gpuops.clock import rfc3339
     from gpuops.record.audit import as_json_line
 
+    if run_id is not None:
+        click.echo(run_output(settings_from(ctx, nats=nats), run_id), nl=False)
+        return
     records = run_async(audit_records(settings_from(ctx, nats=nats), node))
     if drift:
         records = [r for r in records if "drift_check" in r.body]
@@ -124,8 +139,50 @@ def history(
             version = (
                 f"{rev[:12]}{'+dirty' if str(rev).endswith('+dirty') else ''} sha256:{sha[:12]}"
             )
-        table.add_row(*cells(rfc3339(r.at)[:19], r.type, r.node, r.rule, r.summary, version))
+        table.add_row(*cells(rfc3339(r.at)[:19], r.type, r.node, r.rule, _what(r), version))
     out.print(table)
+    _print_failed_tasks(records)
+
+
+def _print_failed_tasks(records: list[AuditRecord]) -> None:
+    """Each failed run's task and message in full, one per line (a table cell would wrap them)."""
+    from gpuops.clock import rfc3339
+
+    failed = [r for r in records if r.type == "run" and r.body.get("failed_task")]
+    if failed:
+        out.print("failed tasks:", markup=False)
+    for r in failed:
+        b = r.body
+        out.print(
+            f"  {rfc3339(r.at)[:19]} {r.node} {b.get('playbook')} run {b.get('run_id') or '-'}: "
+            f"task {b['failed_task']!r}: {b.get('failed_message') or '-'}",
+            markup=False,
+            highlight=False,
+        )
+
+
+def _what(record: AuditRecord) -> str:
+    """The summary; for a run also its id and, when a task failed, which and why."""
+    if record.type != "run":
+        return record.summary
+    lines = [record.summary]
+    if record.body.get("run_id"):
+        lines.append(f"run {record.body['run_id']} ({record.body.get('hosts_in_run', 1)} hosts)")
+    if record.body.get("failed_task"):
+        lines.append(f"failed task: {record.body['failed_task']} (message below)")
+    return "\n".join(lines)
+
+
+def run_output(settings: Settings, run_id: str) -> str:
+    """A kept run's stdout; an ActionError (exit 2) says why there is none."""
+    from gpuops.act.evidence import Evidence
+    from gpuops.errors import EngineError
+
+    try:
+        return Evidence(settings.state_dir / "runs").stdout(run_id)
+    except EngineError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False)
+        sys.exit(2)
 
 
 async def audit_records(settings: Settings, node: str | None) -> list[AuditRecord]:

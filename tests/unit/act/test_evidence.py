@@ -1,0 +1,82 @@
+"""Kept run evidence: run ids, rotation by age and by total size, runs in progress left alone."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuops.act.evidence import RUN_ID, Evidence, RunMeta, new_run_id
+from gpuops.errors import ActionError
+
+DAY = 86400.0
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+
+def _run(evidence: Evidence, started: float, size: int) -> str:
+    run_id = new_run_id(started)
+    where = evidence.prepare() / run_id
+    (where / "job_events").mkdir(parents=True)
+    (where / "stdout").write_bytes(b"x" * size)
+    (where / "job_events" / "1-a.json").write_text("{}")
+    evidence.seal(
+        RunMeta(
+            run_id=run_id,
+            playbook="drain.yml",
+            started=started,
+            ended=started + 1,
+            status="successful",
+        )
+    )
+    return run_id
+
+
+def test_run_ids_sort_by_start_and_are_safe_directory_names() -> None:
+    first, second = new_run_id(T0), new_run_id(T0 + 1)
+    assert first.startswith("20260101T000000-") and RUN_ID.match(first)
+    assert first < second
+
+
+@pytest.mark.parametrize("bad", ["../etc", "20260101T000000-1a2b3c4d/../x", "", "x"])
+def test_anything_but_a_run_id_is_refused(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(ActionError, match="is not a run id"):
+        Evidence(tmp_path).stdout(bad)
+
+
+def test_sealing_records_the_size(tmp_path: Path) -> None:
+    evidence = Evidence(tmp_path / "runs")
+    run_id = _run(evidence, T0, 1000)
+    (meta,) = evidence.kept()
+    assert meta.run_id == run_id and meta.bytes == 1002  # stdout and the event file
+
+
+def test_runs_past_the_age_limit_are_removed(tmp_path: Path) -> None:
+    evidence = Evidence(tmp_path / "runs", max_age_s=14 * DAY, max_bytes=1 << 30)
+    old = _run(evidence, T0, 10)
+    new = _run(evidence, T0 + 10 * DAY, 10)
+    assert evidence.rotate(T0 + 15 * DAY) == [old]
+    assert [m.run_id for m in evidence.kept()] == [new]
+    assert not (evidence.root / old).exists()
+
+
+def test_the_oldest_runs_go_while_past_the_size_limit(tmp_path: Path) -> None:
+    evidence = Evidence(tmp_path / "runs", max_age_s=14 * DAY, max_bytes=2500)
+    runs = [_run(evidence, T0 + i * 60, 998) for i in range(4)]  # 1000 bytes each
+    assert evidence.rotate(T0 + 3600) == runs[:2]
+    assert [m.run_id for m in evidence.kept()] == runs[2:]
+
+
+def test_a_run_in_progress_is_kept_until_past_the_age_limit(tmp_path: Path) -> None:
+    evidence = Evidence(tmp_path / "runs", max_age_s=DAY, max_bytes=1 << 20)
+    running = evidence.prepare() / new_run_id(T0)
+    running.mkdir()
+    (running / "stdout").write_bytes(b"x" * (2 << 20))  # over the size limit by itself
+    os.utime(running, (T0, T0))
+    assert evidence.rotate(T0 + 60) == [] and running.exists()
+    assert evidence.rotate(T0 + 2 * DAY) == [running.name] and not running.exists()
+
+
+def test_output_of_a_rotated_run_says_where_to_look(tmp_path: Path) -> None:
+    with pytest.raises(ActionError, match="rotated away, or it ran on an executor"):
+        Evidence(tmp_path).stdout(new_run_id(T0))
