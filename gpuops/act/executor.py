@@ -20,22 +20,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Protocol
 
 from nats.aio.msg import Msg
-from nats.errors import Error as NatsError
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuops import subjects
+from gpuops.act.batching import Batch, Pending, gather, group
 from gpuops.act.evidence import Evidence, RunMeta, new_run_id
+from gpuops.act.hostdata import RESERVED
 from gpuops.act.playbooks import resolve
-from gpuops.act.runner import RESERVED, RunRequest, RunResult, batch_key, run_hosts_async
+from gpuops.act.runner import RunRequest, RunResult, run_hosts_async
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog
@@ -77,19 +75,6 @@ class Claim(BaseModel):
     status: str | None = None
     tries: int = 1
     renewed: float = 0.0
-
-
-@dataclass(eq=False, slots=True)
-class Pending:
-    """An admitted intent and its message, until it is acked."""
-
-    intent: Intent
-    msg: Msg
-    tries: int = 0  # set once this executor holds the claim
-    done: bool = False  # acked (or termed): nothing more to do with the message
-
-
-Batch = list[Pending]
 
 
 class Executor:
@@ -150,7 +135,9 @@ class Executor:
             while not stop.is_set():
                 async with self.slots:  # fetch only when a run could start
                     pass
-                for batch in await self._admit_all(await self._gather(sub)):
+                for batch in await self._admit_all(
+                    await gather(sub, self.runs.batch_size, self.runs.gather_window_s)
+                ):
                     task = await self._dispatch(batch, stop)
                     if task is not None:
                         tasks.add(task)
@@ -159,45 +146,22 @@ class Executor:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _gather(self, sub: JetStreamContext.PullSubscription) -> list[Msg]:
-        """What is ready now, then what arrives within the gather window (up to a batch)."""
-        size, loop = self.runs.batch_size, asyncio.get_running_loop()
-        msgs = await _fetch(sub, size, 0.5)
-        deadline = loop.time() + self.runs.gather_window_s
-        while msgs and len(msgs) < size and (left := deadline - loop.time()) > 0.05:
-            more = await _fetch(sub, size - len(msgs), left)
-            if not more:
-                break
-            msgs += more
-        return msgs
-
     async def _admit_all(self, msgs: list[Msg]) -> list[Batch]:
         """Refuse what may not run (each alone); group the rest into batches."""
-        groups: dict[str, list[Batch]] = {}
+        admitted = []
         for msg in msgs:
             intent, why = self._admit(msg.data)
-            if intent is None or why:
-                try:
-                    await self._refuse(intent, why, msg.data)
-                    await msg.term()
-                except Exception:
-                    log.exception("refusing an intent failed; it will be redelivered")
-                    with contextlib.suppress(Exception):
-                        await msg.nak(delay=5)
+            if intent is not None and not why:
+                admitted.append(Pending(intent, msg))
                 continue
-            batches = groups.setdefault(batch_key(intent), [])
-            home = next((b for b in batches if self._fits(b, intent)), None)
-            if home is None:
-                batches.append([Pending(intent, msg)])
-            else:
-                home.append(Pending(intent, msg))
-        return [batch for batches in groups.values() for batch in batches]
-
-    def _fits(self, batch: Batch, intent: Intent) -> bool:
-        """Room left, and the intent's node not yet in it (a run names each host once)."""
-        return len(batch) < self.runs.batch_size and all(
-            p.intent.node != intent.node for p in batch
-        )
+            try:
+                await self._refuse(intent, why, msg.data)
+                await msg.term()
+            except Exception:
+                log.exception("refusing an intent failed; it will be redelivered")
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=5)
+        return group(admitted, self.runs.batch_size)
 
     async def _dispatch(self, batch: Batch, stop: asyncio.Event) -> asyncio.Task[None] | None:
         """Start the batch's run once a slot is free; on stop, hand it back unclaimed."""
@@ -218,9 +182,7 @@ class Executor:
         except Exception:
             log.exception("batch handling failed; its intents will be redelivered")
             for p in batch:
-                if not p.done:
-                    with contextlib.suppress(Exception):
-                        await p.msg.nak(delay=5)
+                await p.give_back()
         finally:
             keepalive.cancel()
             self.slots.release()
@@ -236,6 +198,14 @@ class Executor:
 
     async def _prepare(self, p: Pending) -> Pending | None:
         """The decision's record, the claim, the node's state: None when it must not run."""
+        try:
+            return await self._claimed(p)
+        except Exception:  # this intent alone comes back; the batch runs without it
+            log.exception("intent %s could not be claimed; it will be redelivered", p.intent.key)
+            await p.give_back()
+            return None
+
+    async def _claimed(self, p: Pending) -> Pending | None:
         intent = p.intent
         if intent.decision is not None:  # the decision's record, in case the engine died first
             record = decision_record(intent.decision, [intent.key], intent.decided_at)
@@ -250,9 +220,14 @@ class Executor:
         return p
 
     async def _conclude(self, p: Pending, outcome: RunOutcome) -> None:
-        await self._finish(p.intent, outcome, p.tries)
-        await p.msg.ack()
-        p.done = True
+        """Record the outcome, then ack; a failure gives back this intent alone."""
+        try:
+            await self._finish(p.intent, outcome, p.tries)
+            await p.msg.ack()
+            p.done = True
+        except Exception:
+            log.exception("outcome of %s not recorded; it will be redelivered", p.intent.key)
+            await p.give_back()
 
     def _admit(self, data: bytes) -> tuple[Intent | None, str]:
         """The intent and '' when it may run, else why not."""
@@ -409,18 +384,6 @@ class Executor:
         await p.msg.in_progress()
         if p.tries:
             await self.claims.update(partial(_renewed, now=now), p.intent.key)
-
-
-async def _fetch(sub: JetStreamContext.PullSubscription, n: int, wait_s: float) -> list[Msg]:
-    """Up to `n` messages, [] when none came in time or the connection is being restored."""
-    try:
-        return list(await sub.fetch(n, timeout=wait_s))
-    except (NatsTimeout, TimeoutError):
-        return []
-    except NatsError as exc:  # a reconnect in progress: the consumer is durable
-        log.warning("executor fetch failed (%s); retrying", exc)
-        await asyncio.sleep(1.0)
-        return []
 
 
 def _renewed(claim: Claim | None, now: float) -> Claim | None:

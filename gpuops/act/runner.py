@@ -1,20 +1,15 @@
 """The ansible-runner bridge: one playbook run over one or more hosts, in a worker thread.
 
-What the engine knows of an intent (rule, node, gpu, event id, intent key, reason, the
-rule's vars) reaches the playbook only as data, the `gpuops` namespace with every string
-tagged `!unsafe`, so nothing an agent sent is ever templated. For the engine's runs it
-is a host_vars file per host in a second inventory source inside the run's private data
-dir (the site inventory is untouched): one run over a batch gives each host its own
-data. `extravars` (drift checks, tests) go to every host of the run alike.
+Each target host gets its own `gpuops` data (gpuops.act.hostdata) and its own outcome
+from its host's stats; `extravars` (drift checks, tests) go to every host alike. With
+evidence, the run's artifacts stay under STATE/runs/<run id> (gpuops.act.evidence).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import re
 import shlex
 import shutil
 import sys
@@ -25,98 +20,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpuops.act.evidence import Evidence
+from gpuops.act.hostdata import Target, host_vars_source, unsafe_yaml
 from gpuops.act.playbooks import PlaybookVersion
 from gpuops.clock import Clock
-from gpuops.errors import ActionError
-from gpuops.models import NODE_PATTERN, Intent, RunOutcome, RunStatus
+from gpuops.models import Intent, RunOutcome, RunStatus
 
 log = logging.getLogger(__name__)
 
-RESERVED = frozenset({"rule", "node", "gpu", "gpus", "event_id", "intent_key"})
-# Rendered per match ("GPU 3 at 91 C"): each host's own, so not part of a batch's identity.
-PER_HOST_VARS = frozenset({"reason"})
 # ansible-playbook's exit bits when only some hosts failed (2) or were unreachable (4):
 # the other hosts of the run finished. Anything else (8: a play stopped every host;
 # 1, 4+: errors) means a host without a failure of its own may not have finished.
 _HOST_ONLY_RC = 2 | 4
-_HOST_NAME = re.compile(NODE_PATTERN)
 _STATUS = {
     "successful": RunStatus.SUCCESSFUL,
     "failed": RunStatus.FAILED,
     "timeout": RunStatus.TIMEOUT,
     "canceled": RunStatus.CANCELED,
 }
-
-
-class _Unsafe(str):
-    """A string Ansible must not template."""
-
-
-class _VarsDumper(yaml.SafeDumper):
-    pass
-
-
-_VarsDumper.add_representer(_Unsafe, lambda d, s: d.represent_scalar("!unsafe", str(s), style='"'))
-
-
-def _mark_unsafe(value: Any) -> Any:
-    if isinstance(value, str):
-        return _Unsafe(value)
-    if isinstance(value, list | tuple):
-        return [_mark_unsafe(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _mark_unsafe(v) for k, v in value.items()}
-    return value
-
-
-def host_data(intent: Intent) -> dict[str, Any]:
-    """The `gpuops` namespace the intent's host sees: the rule's vars and the intent's data."""
-    clash = RESERVED & set(intent.action.vars)
-    if clash:
-        raise ValueError(f"action vars may not redefine {sorted(clash)}")
-    ns = dict(intent.action.vars)
-    ns.update(
-        rule=intent.rule,
-        node=intent.node,
-        gpu=intent.gpu,
-        event_id=intent.event_id,
-        intent_key=intent.key,
-    )
-    # Consolidated intents carry every GPU they cover (`Intent.gpus`); older ones only `gpu`.
-    gpus = getattr(intent, "gpus", None)
-    if gpus is not None:
-        ns["gpus"] = list(gpus)
-    return ns
-
-
-def extra_vars(intent: Intent) -> dict[str, Any]:
-    """The `gpuops` namespace of one intent, as extra vars (for a run by hand)."""
-    return {"gpuops": host_data(intent)}
-
-
-def batch_key(intent: Intent) -> str:
-    """Intents with the same key may run as one run: playbook, ref, timeout, shared vars."""
-    spec = intent.action
-    shared = {k: v for k, v in spec.vars.items() if k not in PER_HOST_VARS}
-    return json.dumps([spec.playbook, spec.ref, spec.timeout_s, shared], sort_keys=True)
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One host of a run and the intent it serves."""
-
-    key: str
-    rule: str
-    node: str
-    data: dict[str, Any]
-
-    @classmethod
-    def of(cls, intent: Intent) -> Target:
-        """The intent's host and its `gpuops` data."""
-        return cls(key=intent.key, rule=intent.rule, node=intent.node, data=host_data(intent))
 
 
 @dataclass(slots=True)
@@ -311,27 +232,13 @@ class RunResult:
         )
 
 
-def _host_vars_source(data_dir: Path, targets: tuple[Target, ...]) -> Path:
-    """An inventory source holding only host_vars: each target's `gpuops` namespace."""
-    source = data_dir / "gpuops-hosts"
-    (source / "host_vars").mkdir(parents=True)
-    # Declares no host: the site inventory alone says which hosts exist and their groups.
-    (source / "hosts.yml").write_text("all: {}\n")
-    for target in targets:
-        if not _HOST_NAME.match(target.node):
-            raise ActionError(f"host name {target.node!r} cannot be a host_vars file name")
-        doc = yaml.dump({"gpuops": _mark_unsafe(target.data)}, Dumper=_VarsDumper)
-        (source / "host_vars" / f"{target.node}.yml").write_text(doc)
-    return source
-
-
 def _cmdline(req: RunRequest, data_dir: Path) -> str:
     args = ["-i", str(req.inventory.resolve())]
     if req.targets:  # a later source: its host_vars win over the site inventory's
-        args += ["-i", str(_host_vars_source(data_dir, req.targets))]
+        args += ["-i", str(host_vars_source(data_dir, req.targets))]
     if req.extravars:
         vars_file = data_dir / "gpuops-vars.yml"
-        vars_file.write_text(yaml.dump(_mark_unsafe(req.extravars), Dumper=_VarsDumper))
+        vars_file.write_text(unsafe_yaml(req.extravars))
         args += ["-e", f"@{vars_file}"]
     if req.check_mode:
         args += ["--check", "--diff"]

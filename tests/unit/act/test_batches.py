@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuops.act.hostdata import Target, batch_key, host_data
 from gpuops.act.playbooks import PlaybookVersion
-from gpuops.act.runner import RunRequest, RunResult, Target, batch_key, host_data
+from gpuops.act.runner import RunRequest, RunResult
 from gpuops.models import ActionSpec, Intent, RunStatus
 
 
