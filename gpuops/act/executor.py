@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -130,6 +131,7 @@ class Executor:
         sub = await self.bus.js.pull_subscribe(
             "gpuops.actions.>", durable=DURABLE, stream=ACTIONS, config=config
         )
+        await _check_consumer(sub, config)
         tasks: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set():
@@ -384,6 +386,22 @@ class Executor:
         await p.msg.in_progress()
         if p.tries:
             await self.claims.update(partial(_renewed, now=now), p.intent.key)
+
+
+async def _check_consumer(sub: JetStreamContext.PullSubscription, want: ConsumerConfig) -> None:
+    """An existing durable consumer keeps its config: say so when it caps the batches."""
+    with contextlib.suppress(Exception):
+        have = (await sub.consumer_info()).config.max_ack_pending or 0
+        if 0 < have < (want.max_ack_pending or 0):
+            log.warning(
+                "consumer %s allows %d unacked intents (batches need %d): delete it "
+                "(nats consumer rm %s %s) while no executor runs, to recreate it",
+                DURABLE,
+                have,
+                want.max_ack_pending,
+                ACTIONS,
+                DURABLE,
+            )
 
 
 def _renewed(claim: Claim | None, now: float) -> Claim | None:
