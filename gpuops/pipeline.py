@@ -110,6 +110,7 @@ class Pipeline:
                     rule=m.rule,
                     node=m.node,
                     gpu=m.gpu,
+                    gpus=m.gpus,
                     action=action,
                     event_id=m.event_id,
                     event_ts=m.event_ts,

@@ -121,7 +121,11 @@ def _event(step: dict[str, Any], offset: float) -> dict[str, Any]:
 
 
 def _matches(action: WouldRun, want: dict[str, Any]) -> bool:
-    return all(getattr(action, k) == v for k, v in want.items() if k != "count")
+    def same(key: str, value: Any) -> bool:
+        got = getattr(action, key)
+        return tuple(got) == tuple(value) if isinstance(value, list) else bool(got == value)
+
+    return all(same(k, v) for k, v in want.items() if k != "count")
 
 
 async def run_case(file: str, case: dict[str, Any], rules: RuleSet) -> CaseResult:

@@ -148,7 +148,7 @@ def replay(file: Path, rules_dir: Path | None, inventory: Path | None, as_json: 
         table = Table("ts", "rule", "node", "gpu", "would run")
         for a in actions:
             would = a.action + (" (dry-run rule)" if a.dry_run else "")
-            gpu = "" if a.gpu is None else a.gpu
+            gpu = ",".join(map(str, a.gpus)) if a.gpus else ""
             table.add_row(*cells(rfc3339(a.ts), a.rule, a.node, gpu, would))
         out.print(table)
     err.print(

@@ -89,6 +89,7 @@ class Matcher:
     ) -> None:
         self._by_kind: dict[str, list[_Compiled]] = {}
         self._eval_kind: dict[str, KindEval] = {}
+        self._per_node: frozenset[str] = frozenset()
         self.clock = clock
         self.sweep_grace_s = sweep_grace_s
         self.rules = rules
@@ -112,6 +113,7 @@ class Matcher:
             for kind, cs in by_kind.items()
         }
         self._by_kind = by_kind
+        self._per_node = frozenset(r.name for r in rules.rules if r.consolidate)
         self.rules = rules
 
     def kinds(self) -> frozenset[str]:
@@ -127,7 +129,7 @@ class Matcher:
         out: list[Match] = []
         for fact in facts_of(event):
             evaluate(fact, t, event_id, out)
-        return out
+        return consolidated(out, self._per_node) if len(out) > 1 and self._per_node else out
 
     def match_facts(self, kind: str, facts: Iterable[Fact], t: float, event_id: str) -> list[Match]:
         """Evaluate pre-built facts (bench and replay fast path)."""
@@ -136,7 +138,7 @@ class Matcher:
         if evaluate is not None:
             for fact in facts:
                 evaluate(fact, t, event_id, out)
-        return out
+        return consolidated(out, self._per_node) if len(out) > 1 and self._per_node else out
 
     def tick(self, now: float) -> list[Match]:
         """Matches that come from silence (`absent` rules), as of `now`."""
@@ -177,6 +179,30 @@ class Matcher:
         return sum(len(c.window) for cs in self._by_kind.values() for c in cs)
 
 
+def consolidated(matches: list[Match], per_node: frozenset[str]) -> list[Match]:
+    """One match per rule and node for rules that act once per node (`consolidate: node`).
+
+    The merged match lists the GPUs in index order and carries the lowest GPU's facts
+    (action vars are rendered from them), so eight GPUs with the same fault make one
+    intent, one attempt and one cooldown, not eight.
+    """
+    merged: dict[tuple[str, str], Match] = {}
+    out: list[Match] = []
+    for m in matches:
+        if m.rule not in per_node:
+            out.append(m)
+            continue
+        first = merged.get((m.rule, m.node))
+        if first is None:
+            merged[(m.rule, m.node)] = m
+            out.append(m)
+            continue
+        gpus = tuple(sorted({*first.gpus, *m.gpus}))
+        both = first.model_copy(update={"gpu": None, "gpus": gpus})
+        out[out.index(first)] = merged[(m.rule, m.node)] = both
+    return out
+
+
 def _same_definition(a: Rule, b: Rule) -> bool:
     return (a.on, a.when, a.group_by, a.temporal, a.for_s, a.count, a.within_s, a.absent_s) == (
         b.on,
@@ -198,12 +224,14 @@ def _fact_from_key(rule: Rule, key: Hashable) -> Fact:
 def _match(rule: Rule, key: Hashable, fact: Mapping[str, Any], t: float, event_id: str) -> Match:
     node = str(fact.get("node", ""))
     gpu = fact.get("gpu")
+    one = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None
     return Match(
         rule=rule.name,
         kind=rule.on,
         node=node,
-        gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
-        key=key_text(key),
+        gpu=one,
+        gpus=() if one is None else (one,),
+        key=node if rule.consolidate else key_text(key),
         event_id=event_id,
         event_ts=t,
         at=t,
