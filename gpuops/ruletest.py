@@ -101,10 +101,11 @@ def _expand(step: dict[str, Any]) -> list[tuple[float, dict[str, Any] | None]]:
         until = parse_duration(step["repeat"]["until"])
         n = int((until - at) / every)
         times = [at + i * every for i in range(n + 1)]
-    return [(t, _event(step, t)) for t in times]
+    return [(t, case_event(step, t)) for t in times]
 
 
-def _event(step: dict[str, Any], offset: float) -> dict[str, Any]:
+def case_event(step: dict[str, Any], offset: float) -> dict[str, Any]:
+    """The event a rule-test step describes, `offset` seconds after T0."""
     kind = step["kind"]
     data = dict(step.get("data", {}))
     if kind == "telemetry":

@@ -64,6 +64,18 @@ class SafetySettings(BaseModel):
     validation_timeout_s: float = Field(default=900.0, gt=0)
 
 
+class NotificationSettings(BaseModel):
+    """Episodes and grouping: what people are told, and how often (Alertmanager's ideas)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    repeat_interval_s: float = Field(default=4 * 3600.0, gt=0)
+    resolve_after_s: float = Field(default=300.0, gt=0)
+    group_wait_s: float = Field(default=10.0, ge=0)
+    group_interval_s: float = Field(default=60.0, ge=0)
+    storm_nodes: int = Field(default=10, ge=1)
+
+
 class WebhookSettings(BaseModel):
     """An incoming webhook for notifications (the URL is a secret)."""
 
@@ -143,6 +155,7 @@ class Settings(BaseModel):
     role: Literal["all", "engine", "executor"] = "all"
     dry_run: bool = False
     safety: SafetySettings = SafetySettings()
+    notifications: NotificationSettings = NotificationSettings()
     chatops: ChatopsSettings = ChatopsSettings()
     drift: DriftSettings = DriftSettings()
     http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
