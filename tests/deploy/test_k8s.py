@@ -181,7 +181,7 @@ def test_executor_has_keys_and_playbooks(rendered: dict[str, list[Obj]]) -> None
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["ANSIBLE_PRIVATE_KEY_FILE"].startswith("/etc/gpuops/ssh/")
     sources = {v["name"]: v for v in spec["volumes"]}
-    assert sources["site-playbooks"]["configMap"]["name"] == "gpuops-playbooks"
+    assert sources["site-playbooks"]["configMap"]["name"].startswith("gpuops-playbooks-")
     assert sources["signing-key"]["secret"]["secretName"] == "gpuops-signing-key"
 
 
@@ -208,3 +208,81 @@ def test_helm_values_read_the_rendered_secrets(rendered: dict[str, list[Obj]]) -
         data = secrets[ref["name"]]["stringData"]
         assert ref["key"] in data
         assert data["GPUOPS_NATS__USER"] == user["user"]
+
+
+SITE_KUSTOMIZATION = """\
+resources: [gpuops/k8s/overlays/in-cluster-nats]
+configMapGenerator:
+  - {name: gpuops-rules, behavior: merge, files: [rules/xid.yml]}
+  - {name: gpuops-playbooks, behavior: merge, files: [playbooks/catalog.yml, playbooks/drain.yml]}
+  - {name: gpuops-playbook-tasks, behavior: merge, files: [playbooks/tasks/drain.yml]}
+"""
+
+
+def site_repository(tmp_path: Path) -> Path:
+    """A site repository as docs/deploy.md lays it out, with its overlay at the top."""
+    site = tmp_path / "site"
+    for name in ("rules/xid.yml", "playbooks/catalog.yml", "playbooks/drain.yml"):
+        (site / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, site / name)
+    (site / "playbooks" / "tasks").mkdir()
+    shutil.copy(ROOT / "playbooks/tasks/drain.yml", site / "playbooks/tasks/drain.yml")
+    shutil.copytree(K8S, site / "gpuops" / "k8s")
+    (site / "kustomization.yaml").write_text(SITE_KUSTOMIZATION)
+    return site
+
+
+def mount_like_kubelet(cm: Obj, folder: Path) -> None:
+    """A ConfigMap volume as the kubelet writes it: files behind `..data` symlinks."""
+    stamp = folder / "..2026_01_01_00_00_00.1"
+    stamp.mkdir(parents=True)
+    (folder / "..data").symlink_to(stamp.name)
+    for key, text in (cm.get("data") or {}).items():
+        (stamp / key).write_text(text)
+        (folder / key).symlink_to(f"..data/{key}")
+
+
+def run_site_init(objs: list[Obj], tmp_path: Path) -> Path:
+    """The executor's `site` init container's script, on its ConfigMaps; its workdir."""
+    spec = pod_specs(objs)["gpuops-executor"]
+    (init,) = spec["initContainers"]
+    maps = named(objs, "ConfigMap")
+    mounts = {v["name"]: v["configMap"]["name"] for v in spec["volumes"] if "configMap" in v}
+    for mount in init["volumeMounts"]:
+        if mount["name"] in mounts:
+            folder = tmp_path / mount["mountPath"].lstrip("/")
+            mount_like_kubelet(maps[mounts[mount["name"]]], folder)
+    work = tmp_path / init["workingDir"].lstrip("/")
+    work.mkdir(parents=True)
+    script = init["args"][0].replace("/site/", f"{tmp_path}/site/")
+    done = subprocess.run([*init["command"], script], cwd=work, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return work
+
+
+def test_site_overlay_brings_its_rules_and_playbooks(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [KUBECTL or "", "kustomize", str(site_repository(tmp_path))],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    objs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    work = run_site_init(objs, tmp_path / "pod")
+    copied = sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file())
+    assert copied == [
+        "playbooks/catalog.yml",
+        "playbooks/drain.yml",
+        "playbooks/tasks/drain.yml",
+        "rules/xid.yml",
+    ]
+    assert (work / "rules/xid.yml").read_text() == (ROOT / "rules/xid.yml").read_text()
+
+
+def test_without_site_content_the_shipped_copies_are_used(
+    rendered: dict[str, list[Obj]], tmp_path: Path
+) -> None:
+    """Empty ConfigMaps leave no empty rules/ or playbooks/ to hide the shipped ones."""
+    work = run_site_init(rendered["in-cluster-nats"], tmp_path)
+    assert list(work.iterdir()) == []
