@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -16,6 +18,18 @@ from prometheus_client import CollectorRegistry
 from gpuops.http import HttpServer
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "docker" / "healthcheck.py"
+GPUOPS = "/opt/gpuops/bin/gpuops"
+
+
+def load_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("healthcheck", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+healthcheck = load_script()
 
 
 class Health:
@@ -36,50 +50,70 @@ async def served() -> AsyncIterator[tuple[Health, int]]:
     await server.stop()
 
 
-async def check(tmp_path: Path, argv: list[str], **env: str) -> int:
-    """Run the script as the container would, PID 1's command line being argv."""
-    cmdline = tmp_path / "cmdline"
-    cmdline.write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("GPUOPS_")}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(SCRIPT), str(cmdline), env={**clean, **env}
-    )
-    return await proc.wait()
+@pytest.fixture(autouse=True)
+def no_gpuops_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("GPUOPS_")]:
+        monkeypatch.delenv(name)
 
 
-async def test_http_flag_healthy_then_degraded(served: tuple[Health, int], tmp_path: Path) -> None:
+def cmdline(tmp_path: Path, *argv: str) -> str:
+    """A file like /proc/1/cmdline for a container started with argv."""
+    path = tmp_path / "cmdline"
+    path.write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    return str(path)
+
+
+async def check(path: str) -> int:
+    """The script's answer; in a thread, so the server in this loop can reply."""
+    code: int = await asyncio.to_thread(healthcheck.main, path)
+    return code
+
+
+async def test_script_healthy_then_degraded(served: tuple[Health, int], tmp_path: Path) -> None:
+    """Run as the image runs it: a separate Python, PID 1's command line read from a file."""
     health, port = served
-    argv = ["/opt/gpuops/bin/gpuops", "run", "--role", "engine", "--http", f"0.0.0.0:{port}"]
-    assert await check(tmp_path, argv) == 0
-    health.ok = False
-    assert await check(tmp_path, argv) == 1
+    path = cmdline(tmp_path, GPUOPS, "run", "--role", "engine", "--http", f"0.0.0.0:{port}")
+    for ok, code in ((True, 0), (False, 1)):
+        health.ok = ok
+        proc = await asyncio.create_subprocess_exec(sys.executable, str(SCRIPT), path)
+        assert await proc.wait() == code
 
 
 async def test_address_from_settings_file_and_environment(
-    served: tuple[Health, int], tmp_path: Path
+    served: tuple[Health, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, port = served
-    argv = ["/opt/gpuops/bin/gpuops", "run"]
+    health, port = served
+    health.ok = False
+    path = cmdline(tmp_path, GPUOPS, "run")
     settings = tmp_path / "gpuops.yml"
     settings.write_text(f"http: 127.0.0.1:{port}\n")
-    assert await check(tmp_path, argv, GPUOPS_CONFIG=str(settings)) == 0
-    assert await check(tmp_path, argv, GPUOPS_HTTP=f"127.0.0.1:{port}") == 0
+    monkeypatch.setenv("GPUOPS_CONFIG", str(settings))
+    assert await check(path) == 1
+    monkeypatch.delenv("GPUOPS_CONFIG")
+    monkeypatch.setenv("GPUOPS_HTTP", f"127.0.0.1:{port}")
+    assert await check(path) == 1
+    health.ok = True
+    assert await check(path) == 0
+
+
+def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUOPS_HTTP", "127.0.0.1:1")
+    argv = [GPUOPS, "run", "--http=[::]:8080"]
+    assert healthcheck.health_url(argv, dict(os.environ)) == "http://127.0.0.1:8080/healthz"
 
 
 async def test_nothing_listening_is_unhealthy(tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    argv = ["/opt/gpuops/bin/gpuops", "run", f"--http=127.0.0.1:{port}"]
-    assert await check(tmp_path, argv) == 1
+    assert await check(cmdline(tmp_path, GPUOPS, "run", f"--http=127.0.0.1:{port}")) == 1
 
 
 async def test_agent_without_http_is_healthy(tmp_path: Path) -> None:
-    assert await check(tmp_path, ["/opt/gpuops/bin/gpuops", "agent", "--node", "n1"]) == 0
+    assert await check(cmdline(tmp_path, GPUOPS, "agent", "--node", "n1")) == 0
 
 
 async def test_bad_settings_are_unhealthy(tmp_path: Path) -> None:
     settings = tmp_path / "gpuops.yml"
     settings.write_text("no_such_setting: 1\n")
-    argv = ["/opt/gpuops/bin/gpuops", "--config", str(settings), "run"]
-    assert await check(tmp_path, argv) == 1
+    assert await check(cmdline(tmp_path, GPUOPS, "--config", str(settings), "run")) == 1
