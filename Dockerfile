@@ -46,7 +46,6 @@ ENV PATH=/opt/gpuops/bin:$PATH \
     PYTHONUNBUFFERED=1
 WORKDIR /srv/gpuops
 USER 10001:10001
-VOLUME ["/var/lib/gpuops"]
 EXPOSE 8080
 
 # Only a process started with an HTTP address (GPUOPS_HTTP, or --http) has /healthz;
