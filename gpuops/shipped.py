@@ -56,12 +56,13 @@ def shipped(part: str) -> Path:
 class Located:
     """A path and whether it is the site's own or the copy shipped with gpuops."""
 
+    part: str
     path: Path
     origin: Literal["site", "shipped"]
 
     def describe(self) -> str:
         """`site rules/ (PATH)` or `shipped rules/ of gpuops 0.1.0 (PATH)`, for messages."""
-        name = self.path.name + "/" if self.path.is_dir() else self.path.name
+        name = self.part + "/" if self.path.is_dir() else self.part
         if self.origin == "site":
             return f"site {name} ({self.path})"
         return f"shipped {name} of gpuops {version()} ({self.path})"
@@ -76,8 +77,8 @@ def locate(part: str, site: Path | None = None) -> Located:
     """`part` in the site directory when it has one, else the shipped copy."""
     here = (site or site_dir()) / part
     if here.exists():
-        return Located(here.resolve(), "site")
-    return Located(shipped(part), "shipped")
+        return Located(part, here.resolve(), "site")
+    return Located(part, shipped(part), "shipped")
 
 
 def site_settings(site: Path | None = None) -> Path | None:
