@@ -20,13 +20,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gpuops import shipped
 from gpuops.act.driftcheck import drift_check, publish_report
 from gpuops.app import App, load_world
 from gpuops.bus.conn import open_bus
 from gpuops.clock import ScaledClock
 from gpuops.models import AuditRecord, Reason
 from gpuops.record.metrics import by_label, total
-from gpuops.settings import NatsSettings, SafetySettings, Settings, checkout_root
+from gpuops.settings import NatsSettings, SafetySettings, Settings
 from gpuops.sim.driver import SimDriver
 from gpuops.sim.fleet import SimFleet
 from gpuops.sim.scenario import Fault, load_scenario
@@ -174,7 +175,8 @@ async def run_demo(
     if state_dir is not None:
         shutil.rmtree(root, ignore_errors=True)
     fleet = SimFleet.create(root / "sim", nodes, 8)
-    here = checkout_root()
+    # The scenarios expect the shipped rules and playbooks, not a site's edited ones.
+    here = shipped.root()
     # The demo takes 2 of 16 nodes out of service on purpose; the default breaker (5% of
     # the fleet) would rightly stop the second. The storm scenario shows the breaker.
     # Simulated time runs `speed` times faster than ansible-runner on a loaded laptop: give
