@@ -62,13 +62,10 @@ def host_data(intent: Intent) -> dict[str, Any]:
         rule=intent.rule,
         node=intent.node,
         gpu=intent.gpu,
+        gpus=list(intent.gpus),
         event_id=intent.event_id,
         intent_key=intent.key,
     )
-    # Consolidated intents carry every GPU they cover (`Intent.gpus`); older ones only `gpu`.
-    gpus = getattr(intent, "gpus", None)
-    if gpus is not None:
-        ns["gpus"] = list(gpus)
     return ns
 
 

@@ -111,6 +111,7 @@ PERMISSIONS: dict[Role, Permissions] = {
             "$JS.API.STREAM.LIST",
             *_read_stream(AUDIT),
             *_read_stream("GPUOPS_EVENTS"),
+            *_read_stream("GPUOPS_TELEMETRY"),  # gpuops export
             *_read_stream("GPUOPS_DLQ"),
             *_kv(KV_BUCKETS, ("gpuops_control", "gpuops_nodes")),
             *_FLOW,

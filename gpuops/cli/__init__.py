@@ -3,7 +3,8 @@
 The commands live in modules by audience, each a list of click commands added here:
 engine_cmds (run the engine, check and try rules), operator_cmds (status, history,
 approvals, silences, the breaker, drains, drift checks, publishing events),
-sim_cmds (the simulated fleet and the demo) and agent_cmds (the node agent).
+sim_cmds (the simulated fleet and the demo), agent_cmds (the node agent) and site_cmds
+(init a site, export events, --version).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from gpuops.cli import agent_cmds, engine_cmds, operator_cmds, sim_cmds
+from gpuops.cli import agent_cmds, engine_cmds, operator_cmds, sim_cmds, site_cmds
 
 
 @click.group()
@@ -23,6 +24,7 @@ from gpuops.cli import agent_cmds, engine_cmds, operator_cmds, sim_cmds
     "--state-dir", type=click.Path(path_type=Path), help="state dir (or GPUOPS_STATE_DIR)"
 )
 @click.option("-v", "--verbose", count=True, help="more logging on stderr")
+@site_cmds.version_option
 @click.pass_context
 def main(ctx: click.Context, config: Path | None, state_dir: Path | None, verbose: int) -> None:
     """gpuops: event-driven remediation for GPU clusters."""
@@ -33,6 +35,6 @@ def main(ctx: click.Context, config: Path | None, state_dir: Path | None, verbos
     ctx.obj = {"config": config, "state_dir": state_dir}
 
 
-for _module in (engine_cmds, operator_cmds, sim_cmds, agent_cmds):
+for _module in (engine_cmds, operator_cmds, sim_cmds, agent_cmds, site_cmds):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -18,6 +18,7 @@ def _intent(node: str, playbook: str = "drain.yml", **vars_: object) -> Intent:
         rule="overheat",
         node=node,
         gpu=3,
+        gpus=(3, 5),
         action=ActionSpec(playbook=playbook, vars=dict(vars_)),
         event_id=f"e-{node}",
         event_ts=1.0,
@@ -57,6 +58,7 @@ def test_each_host_sees_its_own_intent_and_the_rules_vars() -> None:
         "rule": "overheat",
         "node": "node-007",
         "gpu": 3,
+        "gpus": [3, 5],
         "event_id": "e-node-007",
         "intent_key": "k-node-007",
     }
