@@ -79,8 +79,12 @@ def squeue(node_dir: Path, argv: list[str]) -> int:
             "state": "RUNNING",
             "end": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(job["ends_at"])),
         }
-        print(re.sub(r"%[ijTe]", lambda m, r=row: str(r[_SQUEUE_FIELDS[m.group()]]), fmt))
+        print(_squeue_row(fmt, row))
     return 0
+
+
+def _squeue_row(fmt: str, row: dict[str, Any]) -> str:
+    return re.sub(r"%[ijTe]", lambda m: str(row[_SQUEUE_FIELDS[m.group()]]), fmt)
 
 
 def kubectl(node_dir: Path, argv: list[str]) -> int:
