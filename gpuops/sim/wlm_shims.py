@@ -154,8 +154,9 @@ def _drain(node_dir: Path, argv: list[str]) -> int:
     """Cordon, then evict and wait until the node's pods are gone or --timeout runs out."""
     timeout = _timeout_s(argv)
     with locked(node_dir) as s:
-        if argv[1:2] != [s["node"]]:
-            print(f'Error from server (NotFound): nodes "{argv[1:2]}" not found', file=sys.stderr)
+        name = argv[1] if len(argv) > 1 else ""
+        if name != s["node"]:
+            print(f'Error from server (NotFound): nodes "{name}" not found', file=sys.stderr)
             return 1
         print(f"node/{s['node']} {'already cordoned' if s['cordoned'] else 'cordoned'}")
         s["cordoned"] = True

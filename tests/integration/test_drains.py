@@ -91,6 +91,7 @@ def test_a_node_running_a_job_reboots_only_after_the_job_ended(tmp_path: Path) -
     assert state["boots"] == 1 and state["drained"] is True
 
 
+@pytest.mark.slow
 def test_pods_a_disruption_budget_protects_fail_the_drain_naming_them(tmp_path: Path) -> None:
     fleet = _fleet(tmp_path, "kubernetes", drain_timeout_s=2)
     fleet.inject(NODE, "pod", name="web-0", namespace="shop", grace="1s", pdb=True)
@@ -110,6 +111,7 @@ def test_pods_a_disruption_budget_protects_fail_the_drain_naming_them(tmp_path: 
     assert [(w["name"], w["how"]) for w in state["work_log"]] == [("default/batch-7", "evicted")]
 
 
+@pytest.mark.slow
 def test_a_drain_that_outlasts_its_timeout_names_the_jobs_still_running(tmp_path: Path) -> None:
     fleet = _fleet(tmp_path, drain_timeout_s=1)
     fleet.inject(NODE, "job", id=77, name="week-long", duration="7d")
@@ -147,6 +149,7 @@ def test_power_limit_refuses_a_list_naming_a_gpu_the_node_lacks(tmp_path: Path) 
     assert fleet.state(NODE)["gpus"][0]["power_limit_w"] == 400.0, "no GPU was changed"
 
 
+@pytest.mark.slow
 def test_gpu_reset_resets_every_listed_gpu_after_the_drain(tmp_path: Path) -> None:
     fleet = _fleet(tmp_path)
     for gpu in (1, 3):
