@@ -93,19 +93,34 @@ async def drive_fleet(
 @click.option("--node", required=True)
 @click.option("--fault", required=True, type=click.Choice(FAULT_CHOICES))
 @click.option("--gpu", type=int, default=0, show_default=True)
-@click.option("--param", "params", multiple=True, help="KEY=VALUE, e.g. watts=400 or value=false")
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    help="KEY=VALUE, e.g. watts=400, value=false; job: duration=90s name=train; "
+    "pod: name=web-0 grace=10s pdb=true",
+)
 def sim_fault(root: Path, node: str, fault: str, gpu: int, params: tuple[str, ...]) -> None:
-    """Put a fault on a simulated node (tests, molecule scenarios, hands-on demos)."""
+    """Put a fault, or running work (a Slurm job, a Kubernetes pod), on a simulated node."""
     import time
 
     import yaml
 
+    from gpuops.errors import ConfigError
     from gpuops.sim.fleet import SimFleet
+    from gpuops.sim.scenario import WORK_PARAMS, check_work
     from gpuops.sim.state import read
 
     nodes = sorted(p.name for p in (root / "nodes").iterdir())
+    if node not in nodes:
+        raise click.BadParameter(f"{node!r} is not in the fleet at {root}", param_hint="--node")
     fleet = SimFleet(root=root, nodes=nodes, gpus=len(read(root / "nodes" / node)["gpus"]))
     values = {k: yaml.safe_load(v) for k, _, v in (p.partition("=") for p in params)}
+    if fault in WORK_PARAMS:
+        try:
+            check_work(fault, values)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="--param") from exc
     fleet.inject(node, fault, gpu, at=time.time(), **values)
     click.echo(f"{fault} on {node}/{gpu} {values or ''}")
 

@@ -1,7 +1,8 @@
 """The node state machine, kept in KV so every replica and the CLI see the same fleet.
 
     healthy -> suspect -> quarantined -> remediating -> validating -> healthy
-              any state -> needs_human (cap reached, ladder ended, validation failed)
+              any state -> needs_human (cap reached, ladder ended, validation failed,
+                                         a fix that took the node out failed)
 
 Transitions are pure functions of a record and what happened (`after_decision`,
 `after_run`, `after_silence`); `NodeStates` applies them with compare-and-set.
@@ -118,12 +119,24 @@ def after_run_started(record: NodeRecord, playbook: str, at: float) -> NodeRecor
 
 
 def after_run(
-    record: NodeRecord, playbook: str, status: RunStatus, catalog: Catalog, rule: str, at: float
+    record: NodeRecord,
+    playbook: str,
+    status: RunStatus,
+    catalog: Catalog,
+    rule: str,
+    at: float,
+    error: str | None = None,
 ) -> NodeRecord | None:
-    """Validate a node that was taken out; return others to healthy; a failure steps back."""
+    """Validate a node that was taken out; return others to healthy; a failure steps back,
+    or, for a fix that took the node out, goes to a person with what failed."""
     spec = catalog.get(playbook)
     if status is RunStatus.INTERRUPTED:
         why = f"{playbook} was interrupted (engine or executor died mid-run): check the node"
+        return moved(record, S.NEEDS_HUMAN, why, at)
+    if status is not RunStatus.SUCCESSFUL and record.quarantined and spec and spec.validate_after:
+        # Drained and not fixed (its work would not leave, the GPU did not come back): no
+        # probe follows and nothing else returns it to service, so a person must look.
+        why = f"{playbook} {status.value}" + (f": {error}" if error else "")
         return moved(record, S.NEEDS_HUMAN, why, at)
     if status is not RunStatus.SUCCESSFUL:
         back = S.QUARANTINED if record.quarantined else S.SUSPECT

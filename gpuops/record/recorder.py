@@ -165,7 +165,9 @@ class Recorder:
         now, play = self.clock.now(), intent.action.playbook
 
         def step(r: ns.NodeRecord) -> ns.NodeRecord | None:
-            return ns.after_run(r, play, outcome.status, self.catalog, intent.rule, now)
+            return ns.after_run(
+                r, play, outcome.status, self.catalog, intent.rule, now, outcome.error
+            )
 
         moved = await self.states.apply(intent.node, step)
         await self.episodes.run_ended(intent, outcome)

@@ -11,6 +11,7 @@ import json
 import random
 import stat
 import sys
+import time
 import zlib
 from dataclasses import dataclass, field
 from functools import cache
@@ -20,8 +21,10 @@ from typing import Any
 
 import yaml
 
+from gpuops.match.durations import parse_duration
 from gpuops.models import new_event
 from gpuops.sim import state as node_state
+from gpuops.sim import work
 from gpuops.sim.shims import TOOLS
 from gpuops.sim.state import H200
 
@@ -80,14 +83,16 @@ class SimFleet:
         """The state directory of one node."""
         return self.root / "nodes" / node
 
-    def write_inventory(self, target: Path) -> Path:
-        """An Ansible inventory (hosts.yml) for this fleet: local connection, shims as tools."""
+    def write_inventory(self, target: Path, group_vars: dict[str, Any] | None = None) -> Path:
+        """An Ansible inventory (hosts.yml) for this fleet: local connection, shims as tools;
+        `group_vars` add to or override the fleet-wide variables (e.g. drain_timeout_s)."""
         hosts = {}
         for name in self.nodes:
             bin_dir = self.node_dir(name) / "bin"
             hosts[name] = {
                 "sim_node_dir": str(self.node_dir(name)),
                 "gpuops_marker_dir": str(self.node_dir(name) / "done"),
+                "workload_manager": node_state.read(self.node_dir(name))["workload_manager"],
                 **{f"{tool.replace('-', '_')}_bin": str(bin_dir / tool) for tool in TOOLS},
             }
         doc = {
@@ -100,6 +105,10 @@ class SimFleet:
                     "bmc_address": "127.0.0.1",
                     "bmc_user": "sim",
                     "bmc_password": "sim",
+                    # Simulated work ends in seconds: look often, give up after two minutes.
+                    "drain_poll_s": 1,
+                    "drain_timeout_s": 120,
+                    **(group_vars or {}),
                 },
                 "children": {"sim": {"hosts": hosts}, "h200": {"hosts": dict.fromkeys(hosts)}},
             }
@@ -136,6 +145,8 @@ class SimFleet:
                 s["drain_reason"] = str(params.get("reason", "earlier remediation"))
             elif fault == "busy":  # a job holds the GPU (for MIG and reset refusals)
                 g["processes"] = [int(params.get("pid", 4242))]
+            elif fault in ("job", "pod"):
+                _add_work(s, fault, params)
             elif fault == "ecc":
                 g["faults"]["ecc"] = {"since": at, "sbe": int(params.get("sbe", 0))}
                 if params.get("type", "dbe") == "dbe":
@@ -198,6 +209,22 @@ class SimFleet:
 
     def _offset(self, node: str, gpu: int) -> int:
         return stable_hash(self.seed, node, gpu) % len(h200_trace())
+
+
+def _add_work(state: dict[str, Any], kind: str, params: dict[str, Any]) -> None:
+    """A Slurm job (`duration`) or a Kubernetes pod (`grace`, `pdb`, optional `duration`).
+
+    Work lives on the wall clock (the tools and the playbooks' waits do), so it starts
+    now, whatever simulated time the fault was given.
+    """
+    now, params = time.time(), dict(params)
+    for key in ("duration", "grace"):
+        if key in params:
+            params[f"{key}_s"] = parse_duration(params.pop(key))
+    if kind == "job":
+        work.add_job(state, now, params.pop("duration_s", 3600.0), **params)
+    else:
+        work.add_pod(state, now, **params)
 
 
 def _pending(state: dict[str, Any], kind: str, data: dict[str, Any]) -> None:

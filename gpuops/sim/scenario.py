@@ -12,7 +12,23 @@ import yaml
 from gpuops.errors import ConfigError
 from gpuops.match.durations import parse_duration
 
-FAULTS = ("overheat", "power_limit", "xid", "zombie", "drift", "silent", "ecc", "busy")
+FAULTS = (
+    "overheat",
+    "power_limit",
+    "xid",
+    "zombie",
+    "drift",
+    "silent",
+    "ecc",
+    "busy",
+    "job",
+    "pod",
+)
+# Running work rather than a fault: a Slurm job or a Kubernetes pod, with what each takes.
+WORK_PARAMS = {
+    "job": {"id", "name", "duration", "gpus"},
+    "pod": {"name", "namespace", "grace", "pdb", "duration", "gpus"},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +80,27 @@ def _faults(raw: dict[str, Any], nodes: list[str]) -> list[Fault]:
         raise ConfigError(f"unknown fault {kind!r}; known: {', '.join(FAULTS)}")
     at = parse_duration(raw.get("at", 0))
     params = {k: v for k, v in raw.items() if k not in ("at", "fault", "node", "gpu", "share")}
+    if kind in WORK_PARAMS:
+        check_work(kind, params)
     gpu = int(raw.get("gpu", 0))
     if "share" in raw:  # a storm: the first share of the fleet, a little apart
         count = max(1, round(len(nodes) * float(raw["share"])))
         return [Fault(at + i * 0.2, kind, n, gpu, params) for i, n in enumerate(nodes[:count])]
     return [Fault(at, kind, _node(raw.get("node", 1), nodes), gpu, params)]
+
+
+def check_work(kind: str, params: dict[str, Any]) -> None:
+    """Refuse a job or pod entry with unknown keys or durations that are not durations."""
+    unknown = sorted(set(params) - WORK_PARAMS[kind])
+    if unknown:
+        known = ", ".join(sorted(WORK_PARAMS[kind]))
+        raise ConfigError(f"{kind}: unknown key(s) {', '.join(unknown)}; known: {known}")
+    for key in ("duration", "grace"):
+        if key in params:
+            try:
+                parse_duration(params[key])
+            except ValueError as exc:
+                raise ConfigError(f"{kind}: {key}: {exc}") from exc
 
 
 def _node(ref: Any, nodes: list[str]) -> str:

@@ -1,4 +1,5 @@
-"""The tools a playbook calls on a simulated node: nvidia-smi, scontrol, kubectl, ipmitool, reboot.
+"""The tools a playbook calls on a simulated node: nvidia-smi, ipmitool, reboot, and the
+workload managers' scontrol, squeue and kubectl (gpuops/sim/wlm_shims.py).
 
 Each reads and changes the node's state file and appends its argv to `calls.jsonl`,
 so a playbook really changes what the node reports next, and tests can see exactly
@@ -15,7 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuops.sim import work
 from gpuops.sim.state import H200, locked, read
+from gpuops.sim.wlm_shims import kubectl, scontrol, squeue
 
 Tool = Callable[[Path, list[str]], int]
 
@@ -65,8 +68,9 @@ def nvidia_smi(node_dir: Path, argv: list[str]) -> int:
             print(", ".join(str(_QUERY[f.strip()](state, g)) for f in query.split(",")))
         return 0
     if any(a.startswith("--query-compute-apps=") for a in argv):
-        for g in _gpus(read(node_dir), argv):
-            for pid in g.get("processes", []):
+        state = read(node_dir)
+        for g in _gpus(state, argv):
+            for pid in work.pids(state, g["index"], time.time()):
                 print(pid)
         return 0
     if argv[:1] == ["mig"]:
@@ -76,7 +80,7 @@ def nvidia_smi(node_dir: Path, argv: list[str]) -> int:
         if "-pl" in argv or "--power-limit" in argv:
             return _power_limit(gpus, _opt(argv, "-pl") or _opt(argv, "--power-limit") or "")
         if "-r" in argv or "--gpu-reset" in argv:
-            return _reset(gpus)
+            return _reset(gpus, work.pids(state, gpus[0]["index"], time.time()) if gpus else [])
         if "-pm" in argv:
             for g in gpus:
                 g["persistence_mode"] = _opt(argv, "-pm") in ("1", "ENABLED")
@@ -156,11 +160,20 @@ def _power_limit(gpus: list[dict[str, Any]], value: str) -> int:
     return 0
 
 
-def _reset(gpus: list[dict[str, Any]]) -> int:
+def _reset(gpus: list[dict[str, Any]], pids: list[int]) -> int:
     if len(gpus) != 1:
         print("Reset requires -i with exactly one GPU.", file=sys.stderr)
         return 2
     g = gpus[0]
+    if pids:
+        print(
+            f"GPU {g['index']} is currently in use by another process.\n\n"
+            "1 device is currently being used by one or more other processes. Please first "
+            "kill all processes using this device and all compute applications running in "
+            "the system.",
+            file=sys.stderr,
+        )
+        return 255
     if g["faults"].get("lost"):
         print(f"Unable to reset GPU {g['index']}: GPU is lost. Reboot the system.", file=sys.stderr)
         return 15
@@ -172,59 +185,8 @@ def _reset(gpus: list[dict[str, Any]]) -> int:
     return 0
 
 
-def scontrol(node_dir: Path, argv: list[str]) -> int:
-    """`scontrol update nodename=N state=drain|resume reason=...` and `scontrol show node N`."""
-    if argv[:2] == ["show", "node"]:
-        s = read(node_dir)
-        flag = "+DRAIN" if s["drained"] else ""
-        print(f"NodeName={s['node']} State=IDLE{flag} Reason={s['drain_reason'] or '(null)'}")
-        return 0
-    if argv and argv[0] == "update":
-        opts = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
-        opts = {k.lower(): v for k, v in opts.items()}
-        with locked(node_dir) as s:
-            if opts.get("nodename") != s["node"]:
-                print(f"slurm_update error: Invalid node name specified {opts.get('nodename')}")
-                return 1
-            target = opts.get("state", "").lower()
-            if target == "drain":
-                if not opts.get("reason"):
-                    print(
-                        "You must specify a reason when DOWNING or DRAINING a node. Request denied"
-                    )
-                    return 1
-                s["drained"], s["drain_reason"] = True, opts["reason"]
-            elif target in ("resume", "idle"):
-                s["drained"], s["drain_reason"] = False, ""
-            return 0
-    print(f"scontrol: invalid command {argv}", file=sys.stderr)
-    return 1
-
-
-def kubectl(node_dir: Path, argv: list[str]) -> int:
-    """`kubectl cordon|uncordon|drain NODE` and `kubectl get node NODE`."""
-    with locked(node_dir) as s:
-        verb = argv[0] if argv else ""
-        if verb in ("cordon", "drain"):
-            if s["cordoned"]:  # what kubectl says when the node was cordoned already
-                print(f"node/{s['node']} already cordoned")
-            s["cordoned"] = True
-            s["drained"] = s["drained"] or verb == "drain"
-            print(f"node/{s['node']} {'cordoned' if verb == 'cordon' else 'drained'}")
-            return 0
-        if verb == "uncordon":
-            was = s["cordoned"]
-            s["cordoned"], s["drained"] = False, False
-            print(f"node/{s['node']} {'uncordoned' if was else 'already uncordoned'}")
-            return 0
-        if verb == "get":
-            print("true" if s["cordoned"] else "false")
-            return 0
-    print(f"kubectl: unknown command {argv}", file=sys.stderr)
-    return 1
-
-
 def _boot(s: dict[str, Any]) -> None:
+    work.kill_all(s, time.time())  # what still ran on the node dies with it
     s["boots"] += 1
     s["power"] = "on"
     for g in s["gpus"]:
@@ -280,6 +242,7 @@ def ipmitool(node_dir: Path, argv: list[str]) -> int:
 TOOLS: dict[str, Tool] = {
     "nvidia-smi": nvidia_smi,
     "scontrol": scontrol,
+    "squeue": squeue,
     "kubectl": kubectl,
     "ipmitool": ipmitool,
     "reboot": reboot,
