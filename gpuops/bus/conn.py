@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import ssl
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import nats
 from nats.aio.client import Client
+from nats.errors import AuthorizationError, NoServersError
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -121,6 +122,8 @@ class Bus:
     js: JetStreamContext
     kv: dict[str, KeyValue]
     url: str
+    # The NATS user this connection authenticated as ("" when the server asked for none).
+    user: str = ""
     # The supervised embedded server when this process started it (for health reports).
     server: EmbeddedNats | None = None
 
@@ -175,32 +178,104 @@ async def connect(
 ) -> Bus:
     """Connect, then set up JetStream as `setup` says (create streams and buckets by default).
 
-    The first connect fails fast (a BusError); once connected, the client reconnects
-    forever on its own.
+    The first connect is bounded by `cfg.connect_timeout_s` (a BusError after it); once
+    connected, the client reconnects forever on its own.
     """
     cfg = cfg or NatsSettings()
-    opts = connect_options(cfg, credentials)
-    try:
-        nc = await nats.connect(
-            url,
-            name=name,
-            error_cb=_first_errors(url),
-            connect_timeout=5,
-            **opts,
-            allow_reconnect=False,
-        )
-    except (OSError, NatsError, TimeoutError) as exc:
-        raise BusError(f"cannot connect to NATS at {url}: {exc}") from exc
-    # Reconnecting is switched on once connected: nats-py would retry a failing first
-    # connect forever (max_reconnect_attempts=-1), hiding a wrong URL or password.
-    nc.options["allow_reconnect"] = True
+    nc = await first_connect(url, cfg, name, credentials)
     js = nc.jetstream(timeout=10)
     try:
         kv = await _set_up(js, cfg, setup)
     except (JsError, NatsError, TimeoutError) as exc:
         await nc.close()
         raise BusError(f"cannot set up JetStream at {url} ({setup}): {exc}") from exc
-    return Bus(nc=nc, js=js, kv=kv, url=url)
+    user = credentials.user if credentials is not None else (cfg.user or "")
+    return Bus(nc=nc, js=js, kv=kv, url=url, user=user)
+
+
+class _ConnectErrors:
+    """nats-py's error callback: kept quiet (the last one remembered) until the first
+    connect succeeds, then logged as they change or once a minute."""
+
+    def __init__(self, url: str) -> None:
+        self.connected = False
+        self.last: Exception | None = None
+        self._report = _first_errors(url)
+
+    async def record(self, exc: Exception) -> None:
+        """The callback (nats-py takes only coroutine functions, not callable objects)."""
+        if self.connected:
+            await self._report(exc)
+        else:
+            self.last = exc
+
+
+async def first_connect(
+    url: str, cfg: NatsSettings, name: str, credentials: Credentials | None = None
+) -> Client:
+    """A connected client, or a BusError saying why not, within `cfg.connect_timeout_s`.
+
+    nats-py would retry a failing first connect forever (max_reconnect_attempts=-1),
+    hiding a wrong URL; here each try is short and the tries stop at the deadline. A
+    refused password is final at once, a refused connection after REFUSED_FOR_S (long
+    enough for a supervised server's restart). Reconnecting forever is switched on
+    once connected.
+    """
+    errors = _ConnectErrors(url)
+    began = time.monotonic()
+    opts = connect_options(cfg, credentials)
+    opts.update(allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0.2)
+    while True:
+        left = began + cfg.connect_timeout_s - time.monotonic()
+        nc = Client()
+        try:
+            # Each try (two connects) ends within what is left. nats-py annotates the
+            # timeout as int but hands it to asyncio.wait_for, which takes any seconds.
+            wait: Any = min(2.0, max(left / 2, 0.2))
+            await nc.connect(url, name=name, error_cb=errors.record, connect_timeout=wait, **opts)
+        except (OSError, ValueError, NatsError, TimeoutError) as exc:
+            await _drop(nc)
+            cause = errors.last if isinstance(exc, NoServersError) and errors.last else exc
+            if _give_up(cause, time.monotonic() - began, cfg.connect_timeout_s):
+                raise BusError(
+                    f"cannot reach NATS at {url}: {_why(cause)} "
+                    f"(after {time.monotonic() - began:.0f} s)"
+                ) from exc
+            await asyncio.sleep(0.5)
+            continue
+        errors.connected = True
+        nc.options.update(allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=1)
+        return nc
+
+
+REFUSED_FOR_S = 2.0
+
+
+def _give_up(cause: BaseException, spent: float, limit: float) -> bool:
+    if isinstance(cause, AuthorizationError) or "authorization" in str(cause).lower():
+        return True
+    if isinstance(cause, ConnectionRefusedError):
+        limit = min(limit, REFUSED_FOR_S)
+    return spent + 0.5 >= limit
+
+
+async def _drop(nc: Client) -> None:
+    """Close a client whose first connect failed (it may hold a half-open socket)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.close(), 2)
+
+
+def _why(exc: BaseException) -> str:
+    """A failed connect in a few words."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return "no answer (timed out)"
+    if isinstance(exc, AuthorizationError):
+        return "authorization violation (wrong user or password)"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc).strip() or type(exc).__name__
 
 
 async def _set_up(js: JetStreamContext, cfg: NatsSettings, setup: Setup) -> dict[str, KeyValue]:
@@ -267,10 +342,14 @@ async def open_bus(
     """The configured NATS, or a running engine's embedded one, or a new embedded one.
 
     On the embedded server the role's generated credentials are used (and its
-    permissions apply); a configured URL uses the configured credentials.
+    permissions apply); a configured URL uses the configured credentials. The CLI never
+    starts a server of its own (`join_bus`): one with no engine behind it would answer
+    questions about a fleet that nobody watches.
     """
     bus: Bus | None
-    if cfg.url:
+    if role == "cli":
+        bus = await join_bus(cfg, state_dir, name)
+    elif cfg.url:
         bus = await connect(cfg.url, cfg, name, setup="none" if role == "agent" else "create")
     else:
         bus = await _join_embedded(cfg, state_dir, name, role)
@@ -284,14 +363,61 @@ async def open_bus(
         await bus.close()
 
 
+async def join_bus(cfg: NatsSettings, state_dir: Path, name: str = "gpuops-cli") -> Bus:
+    """A command's connection: the configured URL, else the one the running engine wrote.
+
+    A BusError says which URL, why it did not answer, and what to do.
+    """
+    url, credentials, origin = cli_endpoint(cfg, state_dir)
+    try:
+        return await connect(url, cfg, name, setup="open", credentials=credentials)
+    except BusError as exc:
+        if origin is None:
+            raise
+        raise BusError(
+            f"{exc}; the URL is from {origin}: is `gpuops run --state-dir {state_dir}` "
+            "still running? (or pass --nats URL)"
+        ) from exc
+
+
+def cli_endpoint(cfg: NatsSettings, state_dir: Path) -> tuple[str, Credentials | None, Path | None]:
+    """The URL a command connects to, its credentials, and the file the URL came from.
+
+    The state dir's operator credentials are only ever sent to the URL its own engine
+    wrote: a configured URL without configured credentials may be someone else's server.
+    """
+    own = bool(cfg.user or cfg.token or cfg.creds or cfg.nkeys_seed)
+    marker = url_file(state_dir)
+    try:
+        written = marker.read_text().strip() if marker.exists() else ""
+    except OSError as exc:
+        if cfg.url:
+            return cfg.url, None, None
+        raise BusError(
+            f"cannot read {marker} ({exc.strerror}): pass --nats URL and your NATS user "
+            "(GPUOPS_NATS__USER, GPUOPS_NATS__PASSWORD)"
+        ) from exc
+    if cfg.url:
+        mine = cfg.url == written and not own
+        return cfg.url, read_credentials(state_dir, "cli") if mine else None, None
+    if not written:
+        raise BusError(
+            f"no engine running on state dir {state_dir} (it has no nats.url) and no NATS "
+            f"URL configured: start `gpuops run --state-dir {state_dir}`, or pass --nats URL"
+        )
+    return written, None if own else read_credentials(state_dir, "cli"), marker
+
+
 async def _join_embedded(cfg: NatsSettings, state_dir: Path, name: str, role: Role) -> Bus | None:
     """A connection to another process's embedded server on this state dir, if it answers."""
     url = url_file(state_dir).read_text().strip() if url_file(state_dir).exists() else None
     if not url:
         return None
+    # A URL left by an engine that died answers nothing: find out quickly, then start one.
+    quick = cfg.model_copy(update={"connect_timeout_s": min(cfg.connect_timeout_s, 2.0)})
     try:
         credentials = read_credentials(state_dir, role)
-        return await connect(url, cfg, name, setup=_EMBEDDED_SETUP[role], credentials=credentials)
+        return await connect(url, quick, name, setup=_EMBEDDED_SETUP[role], credentials=credentials)
     except BusError as exc:
         log.info("no running embedded nats-server at %s (%s); starting one", url, exc)
         url_file(state_dir).unlink(missing_ok=True)
@@ -303,7 +429,7 @@ async def _own_embedded(
     cfg: NatsSettings, state_dir: Path, name: str, role: Role
 ) -> AsyncIterator[Bus]:
     """Start a supervised embedded server, set it up as the engine, connect as `role`."""
-    server = new_server(state_dir)
+    server = new_server(state_dir, cfg.embedded_port)
     async with server:
         announce(state_dir, server)
         log.info("embedded nats-server at %s (store %s)", server.url, server.store_dir)

@@ -246,15 +246,28 @@ async def test_stream_limits_come_from_settings_and_update_existing_streams(
         await bus.close()
 
 
-async def test_a_stale_url_file_does_not_stop_a_cli_from_starting_its_own_server(
+async def test_a_stale_url_file_does_not_stop_an_engine_from_starting_its_own_server(
     tmp_path: Path,
 ) -> None:
     state = tmp_path / "state"
     state.mkdir()
     url_file(state).write_text("nats://127.0.0.1:1")
     async with asyncio.timeout(30):
-        async with open_bus(NatsSettings(), state, role="cli") as bus:
+        async with open_bus(NatsSettings(), state) as bus:
             assert bus.server is not None and bus.url == bus.server.url
+
+
+async def test_the_cli_never_starts_a_server_and_says_where_it_looked(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with pytest.raises(BusError, match=r"no engine running on state dir .*start `gpuops run"):
+        async with open_bus(NatsSettings(), state, role="cli"):
+            pass
+    state.mkdir()
+    url_file(state).write_text("nats://127.0.0.1:1")
+    with pytest.raises(BusError, match=r"cannot reach NATS at nats://127.0.0.1:1: .*nats.url"):
+        async with open_bus(NatsSettings(), state, role="cli"):
+            pass
+    assert not (state / "nats").exists(), "no embedded server was started"
 
 
 async def test_an_agent_without_a_url_finds_the_embedded_server_with_its_own_user(
