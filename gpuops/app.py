@@ -30,7 +30,8 @@ from gpuops.bus.publish import JetStreamPublisher
 from gpuops.bus.store import Store
 from gpuops.catalog import Catalog, load_catalog
 from gpuops.clock import Clock
-from gpuops.commands import DRY_RUN_KEY, CommandReply, Commands, Switch
+from gpuops.cmdwire import CommandReply
+from gpuops.commands import DRY_RUN_KEY, Commands, Switch
 from gpuops.decide.breaker import BreakerState
 from gpuops.errors import EngineError
 from gpuops.heartbeat import EVERY_S as HEARTBEAT_EVERY_S

@@ -14,9 +14,8 @@ import shlex
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
-from nats.errors import NoRespondersError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuops import subjects
@@ -24,10 +23,11 @@ from gpuops.bus.conn import Bus
 from gpuops.bus.publish import JetStreamPublisher
 from gpuops.bus.store import NatsKV, Store
 from gpuops.clock import Clock, rfc3339
+from gpuops.cmdwire import CommandError, CommandReply, CommandRequest, CommandUsageError, Refused
 from gpuops.decide.approval import ApprovalStatus, ApprovalStore
 from gpuops.decide.breaker import BreakerState, BreakerStore
 from gpuops.decide.silence import SilenceStore, parse_target, silence_span
-from gpuops.errors import BusError, ConfigError, EngineError
+from gpuops.errors import ConfigError, EngineError
 from gpuops.heartbeat import EngineState, Heartbeats, engine_state
 from gpuops.inventory import Inventory
 from gpuops.match.durations import format_duration
@@ -40,30 +40,6 @@ DRY_RUN_KEY = "dry_run"
 
 
 FORCE = "--force"
-ReplyKind = Literal["done", "usage", "refused", "failed"]
-
-
-class CommandRequest(BaseModel):
-    """What an operator's command request carries: the arguments (the user and the
-    command are in the subject)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    args: list[str]
-
-
-class CommandReply(BaseModel):
-    """The engine's answer: done, or why not (usage, refused, failed) in one text."""
-
-    model_config = ConfigDict(frozen=True)
-
-    ok: bool
-    kind: ReplyKind
-    text: str
-
-    def dump(self) -> bytes:
-        """The reply as sent."""
-        return self.model_dump_json().encode()
 
 
 class Switch(BaseModel):
@@ -82,18 +58,6 @@ class Caller:
     user: str
     channel: str = ""
     platform: str = "cli"
-
-
-class CommandError(EngineError):
-    """A command that cannot be carried out; the message goes back to the person."""
-
-
-class CommandUsageError(CommandError):
-    """A command that is not well formed (missing or bad arguments): the usage says how."""
-
-
-class Refused(CommandError):
-    """A command this caller may not run (the permission table says so)."""
 
 
 class Access(StrEnum):
@@ -218,14 +182,7 @@ class Commands:
         try:
             text = await self.execute(shlex.join([name, *args]), caller)
         except CommandError as exc:
-            kind: ReplyKind = (
-                "usage"
-                if isinstance(exc, CommandUsageError)
-                else "refused"
-                if isinstance(exc, Refused)
-                else "failed"
-            )
-            return CommandReply(ok=False, kind=kind, text=str(exc)).dump()
+            return CommandReply.refusing(exc).dump()
         return CommandReply(ok=True, kind="done", text=text).dump()
 
     async def _note(self, args: list[str], summary: str) -> None:
@@ -459,31 +416,3 @@ def render_status(s: dict[str, Any]) -> str:
         )
     lines.append(f"dry-run: {'on' if s['dry_run'] else 'off'}")
     return "\n".join(lines)
-
-
-async def ask_engine(bus: Bus, name: str, args: list[str], timeout_s: float = 30.0) -> str:
-    """Send one command to the running engine as this connection's NATS user; its reply.
-
-    CommandUsageError, Refused or CommandError when the engine says no; BusError when no
-    engine answers.
-    """
-    user = bus.user or "anonymous"
-    subject = subjects.command(user, name)
-    payload = CommandRequest(args=args).model_dump_json().encode()
-    try:
-        msg = await bus.nc.request(subject, payload, timeout=timeout_s)
-    except NoRespondersError as exc:
-        raise BusError(
-            f"no engine answers commands on NATS at {bus.url}: start `gpuops run` "
-            "(role all or engine), then try again"
-        ) from exc
-    except TimeoutError as exc:
-        raise BusError(
-            f"no answer from the engine within {timeout_s:g} s on {subject}: is it running, "
-            f"and may NATS user {user!r} publish to gpuops.cmd.{user}.>?"
-        ) from exc
-    reply = CommandReply.model_validate_json(msg.data)
-    if reply.ok:
-        return reply.text
-    error = {"usage": CommandUsageError, "refused": Refused}.get(reply.kind, CommandError)
-    raise error(reply.text)

@@ -28,7 +28,7 @@ class Gpuops(click.Group):
     """
 
     def invoke(self, ctx: click.Context) -> Any:
-        from gpuops.commands import CommandUsageError
+        from gpuops.cmdwire import CommandUsageError
 
         try:
             return super().invoke(ctx)

@@ -72,7 +72,7 @@ def _chat_command(name: str, doc: str) -> click.Command:
 async def ask(settings: Settings, name: str, args: list[str]) -> str:
     """Connect as this operator and have the engine run one command; its reply."""
     from gpuops.bus.conn import open_bus
-    from gpuops.commands import ask_engine
+    from gpuops.cmdwire import ask_engine
 
     async with open_bus(settings.nats, settings.state_dir, name="gpuops-cli", role="cli") as bus:
         return await ask_engine(bus, name, args)

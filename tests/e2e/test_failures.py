@@ -90,7 +90,8 @@ def test_status_reads_a_stale_heartbeat_without_an_inventory_file(
     )
     assert done.returncode == 1, done.stderr
     first, nodes = done.stdout.splitlines()[:2]
-    assert re.fullmatch(r"no engine running \(last heartbeat 6\d s ago\)", first), first
+    found = re.fullmatch(r"no engine running \(last heartbeat (\d+) s ago\)", first)
+    assert found and 60 <= int(found.group(1)) < 120, first
     assert nodes == "nodes: healthy 16", "the engine's host count, from its heartbeat"
     as_json = _gpuops(
         tmp_path / "state",

@@ -18,13 +18,8 @@ from gpuops.app import App
 from gpuops.bus.auth import operators_dir
 from gpuops.bus.conn import Bus, join_bus, open_bus
 from gpuops.clock import SystemClock
-from gpuops.commands import (
-    CommandError,
-    Commands,
-    CommandUsageError,
-    Refused,
-    ask_engine,
-)
+from gpuops.cmdwire import CommandError, CommandUsageError, Refused, ask_engine
+from gpuops.commands import Commands
 from gpuops.decide.approval import ApprovalStatus
 from gpuops.decide.breaker import BreakerState
 from gpuops.models import Match
