@@ -106,29 +106,17 @@ def test_status_reads_a_stale_heartbeat_without_an_inventory_file(
     assert json.loads(as_json.stdout)["engine"]["running"] is False
 
 
-@pytest.mark.parametrize(
-    ("name", "text", "why"),
-    [
-        ("empty.yml", "all:\n  hosts: {}\n", "it defines no hosts"),
-        (
-            "broken.yml",
-            "all:\n  hosts:\n    node-001: [\n",
-            "cannot parse {path}: line 4, column 1: while parsing a flow node",
-        ),
-        ("broken.ini", "[gpu\nnode-001\n", "cannot parse {path}: Failed to parse inventory"),
-    ],
-)
-def test_the_engine_refuses_an_inventory_without_hosts_with_the_parsers_message(
-    tmp_path: Path, name: str, text: str, why: str
+def test_the_engine_refuses_an_inventory_that_does_not_parse_with_the_parsers_message(
+    tmp_path: Path,
 ) -> None:
-    path = tmp_path / name
-    path.write_text(text)
+    path = tmp_path / "broken.yml"
+    path.write_text("all:\n  hosts:\n    node-001: [\n")
     # No NATS at that URL: the inventory is checked before anything connects.
     args = ("run", "--inventory", str(path), "--nats", f"nats://127.0.0.1:{_free_port()}")
     done = _gpuops(tmp_path / "state", *args)
     assert done.returncode == 1
-    error = _one_error(done)
-    assert error.startswith(f"Error: inventory {path}: {why.format(path=path)}"), error
+    expected = f"Error: inventory {path}: cannot parse {path}: line 4, column 1: "
+    assert _one_error(done).startswith(expected), done.stderr
 
 
 def test_publish_reports_each_rejected_line_and_exits_1(
