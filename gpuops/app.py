@@ -309,6 +309,7 @@ class App:
         while not self.stop.is_set():
             await self.engine.pipeline.tick()
             await settle_approvals(self.engine.approvals, self.engine.pipeline, self.clock)
+            self.engine.recorder.flush()
             dry, _ = await switch.get(DRY_RUN_KEY)
             self.engine.pipeline.decider.dry_run = self.settings.dry_run or bool(dry and dry.on)
             now = self.clock.now()

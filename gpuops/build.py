@@ -34,8 +34,10 @@ from gpuops.match.matcher import Matcher
 from gpuops.match.rules import RuleSet
 from gpuops.pipeline import Pipeline
 from gpuops.record.audit import Auditor
+from gpuops.record.episodes import Episodes, EpisodeTimes
 from gpuops.record.metrics import Metrics
 from gpuops.record.nodestate import NodeStates
+from gpuops.record.outbox import Grouping, Outbox
 from gpuops.record.recorder import Recorder
 from gpuops.settings import Settings
 
@@ -140,13 +142,31 @@ def build_engine(
     ]
     metrics = Metrics()
     approvals = ApprovalStore(buckets.control)
+    n = settings.notifications
+    outbox = Outbox(
+        notifier,
+        Grouping(n.group_wait_s, n.group_interval_s, n.storm_nodes),
+        inhibited_by=lambda: episodes.node_level(),
+    )
+    auditor = Auditor(publisher)
+    episodes = Episodes(
+        buckets.nodes,
+        catalog,
+        clock,
+        outbox,
+        metrics,
+        auditor,
+        EpisodeTimes(n.repeat_interval_s, n.resolve_after_s),
+    )
     recorder = Recorder(
-        Auditor(publisher),
+        auditor,
         states,
         approvals,
         catalog,
         notifier,
         clock,
+        episodes,
+        outbox,
         s.approval_timeout_s,
         s.validation_timeout_s,
     )

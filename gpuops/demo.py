@@ -20,13 +20,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from gpuops import shipped
 from gpuops.act.driftcheck import drift_check, publish_report
 from gpuops.app import App, load_world
 from gpuops.bus.conn import open_bus
 from gpuops.clock import ScaledClock
 from gpuops.models import AuditRecord, Reason
 from gpuops.record.metrics import by_label, total
-from gpuops.settings import NatsSettings, SafetySettings, Settings, checkout_root
+from gpuops.settings import NatsSettings, SafetySettings, Settings
 from gpuops.sim.driver import SimDriver
 from gpuops.sim.fleet import SimFleet
 from gpuops.sim.scenario import Fault, load_scenario
@@ -59,6 +60,16 @@ def _recovered(fleet: SimFleet, f: Fault) -> bool:
     return check() if check is not None else False
 
 
+# Drops that only say "already being handled": the demo shows episodes, not samples.
+QUIET_DROPS = frozenset(
+    r.value for r in (Reason.COOLDOWN, Reason.LOCKED, Reason.SUPERSEDED, Reason.SILENCED)
+)
+
+
+def _worth_saying(r: AuditRecord) -> bool:
+    return r.body.get("decision", {}).get("reason") not in QUIET_DROPS
+
+
 def _temp(fleet: SimFleet, f: Fault) -> float:
     sample = fleet.telemetry(f.node, time.time()) or {"data": {"gpus": []}}
     gpu = next((g for g in sample["data"]["gpus"] if g["index"] == f.gpu), None)
@@ -76,6 +87,7 @@ class Track:
     run: str = ""
     recovered_at: float | None = None
     held: bool = False  # the fleet breaker stopped its remediation (a storm)
+    episode: dict[str, Any] | None = None  # the engine's record of the fault, once resolved
 
     @property
     def rule(self) -> str:
@@ -112,7 +124,10 @@ class _Demo:
         self.say(at, "fault", f"{fault.fault} on {fault.node}/{fault.gpu} {fault.params or ''}")
 
     def on_record(self, r: AuditRecord) -> None:
+        episode = r.body.get("episode") if r.type == "note" else None
         for t in self.tracks:
+            if episode and (episode["node"], episode["rule"]) == (t.fault.node, t.rule):
+                t.episode = t.episode or episode
             if t.fault.node != r.node or (r.rule and r.rule != t.rule):
                 continue
             if r.type == "decision" and r.rule == t.rule and t.detected_at is None:
@@ -122,7 +137,11 @@ class _Demo:
                 t.held = True
             if r.type == "run":
                 t.playbook, t.run = r.body.get("playbook", ""), r.body.get("status", "")
-        if r.type in ("decision", "run") or (r.type == "note" and r.summary.startswith("running")):
+        if r.type == "decision" and not _worth_saying(r):
+            return  # a repeat of a fault already decided: the audit has it, people need not
+        if r.type in ("decision", "run") or (
+            r.type == "note" and r.summary.startswith(("running", "episode"))
+        ):
             self.say(r.at, r.type, r.summary)
 
     def poll(self, now: float) -> None:
@@ -156,7 +175,8 @@ async def run_demo(
     if state_dir is not None:
         shutil.rmtree(root, ignore_errors=True)
     fleet = SimFleet.create(root / "sim", nodes, 8)
-    here = checkout_root()
+    # The scenarios expect the shipped rules and playbooks, not a site's edited ones.
+    here = shipped.root()
     # The demo takes 2 of 16 nodes out of service on purpose; the default breaker (5% of
     # the fleet) would rightly stop the second. The storm scenario shows the breaker.
     # Simulated time runs `speed` times faster than ansible-runner on a loaded laptop: give
@@ -265,6 +285,7 @@ def _summary(
             "detected_after_s": _delta(t.injected_at, t.detected_at),
             "playbook": t.playbook,
             "run": t.run or "none",
+            **_episode_times(t),
             "recovered_after_s": _delta(t.injected_at, t.recovered_at),
             "outcome": t.outcome(),
         }
@@ -286,8 +307,22 @@ def _summary(
     }
 
 
+def _episode_times(t: Track) -> dict[str, float | None]:
+    """Decide, run and recover times from the engine's own record of the fault."""
+    ep = t.episode or {}
+    return {
+        "decided_after_s": _delta(t.injected_at, ep.get("decided_at")),
+        "run_s": _delta(ep.get("run_started"), ep.get("run_ended")),
+        "episode_resolved_after_s": _delta(t.injected_at, ep.get("resolved_at")),
+    }
+
+
 def _delta(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else round(b - a, 1)
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value}s"
 
 
 def _print_summary(console: Console, s: dict[str, Any]) -> None:
@@ -296,21 +331,25 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
         "node/gpu",
         "rule",
         "detected",
+        "decided",
         "playbook",
         "run",
+        "recovered",
         "outcome",
         "node state",
         title="Summary (simulated seconds after the fault)",
     )
     for r in s["faults"]:
-        det = "-" if r["detected_after_s"] is None else f"{r['detected_after_s']}s"
+        run = r["run"] if r["run_s"] is None else f"{r['run']} in {r['run_s']}s"
         table.add_row(
             r["fault"],
             f"{r['node']}/{r['gpu']}",
             r["rule"],
-            det,
+            _secs(r["detected_after_s"]),
+            _secs(r["decided_after_s"]),
             r["playbook"] or "-",
-            r["run"],
+            run,
+            _secs(r["episode_resolved_after_s"]),
             r["outcome"],
             s["node_states"].get(r["node"], "?"),
         )

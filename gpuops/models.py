@@ -370,7 +370,8 @@ class Match(_Frozen):
     rule: str
     kind: str
     node: str
-    gpu: int | None = None
+    gpu: int | None = None  # the GPU, when the match is about exactly one
+    gpus: tuple[int, ...] = ()  # every GPU the match is about (one per node: several)
     key: str
     event_id: str
     event_ts: float
@@ -410,6 +411,7 @@ class Intent(_Frozen):
     rule: str
     node: str
     gpu: int | None = None
+    gpus: tuple[int, ...] = ()  # per-GPU playbooks act on all of them in one run
     action: ActionSpec
     event_id: str
     event_ts: float

@@ -73,6 +73,8 @@ class Pipeline:
             return
         for match in self.matcher.match(event):
             await self.handle_match(match)
+        for rule, node, gpu, at in self.matcher.take_cleared():
+            await self.recorder.cleared(rule, node, gpu, at)
 
     async def tick(self) -> None:
         """Matches that come from silence rather than from an event."""
@@ -110,6 +112,7 @@ class Pipeline:
                     rule=m.rule,
                     node=m.node,
                     gpu=m.gpu,
+                    gpus=m.gpus,
                     action=action,
                     event_id=m.event_id,
                     event_ts=m.event_ts,

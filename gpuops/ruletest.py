@@ -101,10 +101,11 @@ def _expand(step: dict[str, Any]) -> list[tuple[float, dict[str, Any] | None]]:
         until = parse_duration(step["repeat"]["until"])
         n = int((until - at) / every)
         times = [at + i * every for i in range(n + 1)]
-    return [(t, _event(step, t)) for t in times]
+    return [(t, case_event(step, t)) for t in times]
 
 
-def _event(step: dict[str, Any], offset: float) -> dict[str, Any]:
+def case_event(step: dict[str, Any], offset: float) -> dict[str, Any]:
+    """The event a rule-test step describes, `offset` seconds after T0."""
     kind = step["kind"]
     data = dict(step.get("data", {}))
     if kind == "telemetry":
@@ -121,7 +122,11 @@ def _event(step: dict[str, Any], offset: float) -> dict[str, Any]:
 
 
 def _matches(action: WouldRun, want: dict[str, Any]) -> bool:
-    return all(getattr(action, k) == v for k, v in want.items() if k != "count")
+    def same(key: str, value: Any) -> bool:
+        got = getattr(action, key)
+        return tuple(got) == tuple(value) if isinstance(value, list) else bool(got == value)
+
+    return all(same(k, v) for k, v in want.items() if k != "count")
 
 
 async def run_case(file: str, case: dict[str, Any], rules: RuleSet) -> CaseResult:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
+from gpuops import shipped
 from gpuops.errors import ConfigError
 
 
@@ -19,9 +20,20 @@ def default_state_dir() -> Path:
 
 
 def checkout_root() -> Path:
-    """The directory holding rules/ and playbooks/ when run from a checkout, else cwd."""
-    here = Path(__file__).resolve().parent.parent
-    return here if (here / "rules").is_dir() and (here / "playbooks").is_dir() else Path.cwd()
+    """The folder holding the shipped rules/ and playbooks/ (a checkout, or the wheel's copy).
+
+    Kept for callers that want the shipped copies; defaults use `shipped.locate`.
+    """
+    return shipped.root()
+
+
+def _site_or_shipped(part: str) -> Path:
+    return shipped.locate(part).path
+
+
+def _site_inventory() -> Path:
+    # Never the shipped example: its hosts are made up, and `gpuops simulate` writes here.
+    return shipped.site_dir() / "inventories" / "sim"
 
 
 class NatsSettings(BaseModel):
@@ -67,6 +79,18 @@ class SafetySettings(BaseModel):
     approval_timeout_s: float = Field(default=1800.0, gt=0)
     # A node in `validating` whose probe never answers goes to a person after this long.
     validation_timeout_s: float = Field(default=900.0, gt=0)
+
+
+class NotificationSettings(BaseModel):
+    """Episodes and grouping: what people are told, and how often (Alertmanager's ideas)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    repeat_interval_s: float = Field(default=4 * 3600.0, gt=0)
+    resolve_after_s: float = Field(default=300.0, gt=0)
+    group_wait_s: float = Field(default=10.0, ge=0)
+    group_interval_s: float = Field(default=60.0, ge=0)
+    storm_nodes: int = Field(default=10, ge=1)
 
 
 class WebhookSettings(BaseModel):
@@ -141,13 +165,15 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     state_dir: Path = Field(default_factory=default_state_dir)
-    rules_dir: Path = Field(default_factory=lambda: checkout_root() / "rules")
-    playbooks_dir: Path = Field(default_factory=lambda: checkout_root() / "playbooks")
-    inventory: Path = Field(default_factory=lambda: checkout_root() / "inventories" / "sim")
+    # The site's (./rules, ./playbooks) when the current directory has them, else shipped.
+    rules_dir: Path = Field(default_factory=lambda: _site_or_shipped("rules"))
+    playbooks_dir: Path = Field(default_factory=lambda: _site_or_shipped("playbooks"))
+    inventory: Path = Field(default_factory=_site_inventory)
     nats: NatsSettings = NatsSettings()
     role: Literal["all", "engine", "executor"] = "all"
     dry_run: bool = False
     safety: SafetySettings = SafetySettings()
+    notifications: NotificationSettings = NotificationSettings()
     chatops: ChatopsSettings = ChatopsSettings()
     drift: DriftSettings = DriftSettings()
     http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
@@ -201,9 +227,13 @@ def load_settings(
     flags: dict[str, Any] | None = None,
     environ: dict[str, str] | None = None,
 ) -> Settings:
-    """Build the settings; file < environment < flags. Unknown keys are errors."""
+    """Build the settings; file < environment < flags. Unknown keys are errors.
+
+    The file is `config`, else GPUOPS_CONFIG, else the site's ./gpuops.yml if there is one.
+    """
     env = dict(os.environ if environ is None else environ)
     path = config or (Path(env["GPUOPS_CONFIG"]) if env.get("GPUOPS_CONFIG") else None)
+    path = path or shipped.site_settings()
     data: dict[str, Any] = {}
     if path is not None:
         try:

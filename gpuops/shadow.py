@@ -48,6 +48,7 @@ class WouldRun:
     action: str
     ts: float
     dry_run: bool
+    gpus: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         """The `--json` line of replay."""
@@ -55,6 +56,7 @@ class WouldRun:
             "rule": self.rule,
             "node": self.node,
             "gpu": self.gpu,
+            "gpus": list(self.gpus),
             "action": self.action,
             "ts": rfc3339(self.ts),
             "dry_run": self.dry_run,
@@ -65,7 +67,7 @@ def would_run(d: Decision) -> list[WouldRun]:
     """What a decision amounts to, as replay reports it."""
     m = d.match
     if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
-        return [WouldRun(m.rule, m.node, m.gpu, "needs-human", m.event_ts, False)]
+        return [WouldRun(m.rule, m.node, m.gpu, "needs-human", m.event_ts, False, m.gpus)]
     if d.reason not in WOULD:
         return []
     actions = [a.playbook for a in d.actions]
@@ -74,7 +76,7 @@ def would_run(d: Decision) -> list[WouldRun]:
     if not actions:
         actions.append("record")  # a rule that only records still fired
     dry = d.reason is Reason.DRY_RUN
-    return [WouldRun(m.rule, m.node, m.gpu, a, m.event_ts, dry) for a in actions]
+    return [WouldRun(m.rule, m.node, m.gpu, a, m.event_ts, dry, m.gpus) for a in actions]
 
 
 class Shadow:

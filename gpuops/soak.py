@@ -33,6 +33,7 @@ import nats
 import yaml
 from nats.aio.client import Client
 
+from gpuops import shipped
 from gpuops.bus.server import nats_server_binary
 from gpuops.sim.fleet import SimFleet
 from gpuops.soak_tally import (
@@ -44,7 +45,8 @@ from gpuops.soak_tally import (
     stream_counts,
 )
 
-ROOT = Path(__file__).resolve().parent.parent  # the checkout whose engine is soaked
+# The import root of this gpuops (a checkout, or site-packages): the children run this code.
+IMPORT_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ class Child:
             stdout=self._out,
             stderr=asyncio.subprocess.STDOUT,
             env=self.env,
-            cwd=ROOT,
+            cwd=self.log.parent,
             start_new_session=True,
         )
         self.started = time.monotonic()
@@ -175,7 +177,7 @@ class System:
         self.port, self.http_port = free_port(), free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
         self.fleet_root, self.inventory = work / "fleet", work / "fleet" / "inventory"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": str(IMPORT_ROOT)}
         if not cfg.keep_breaker:
             # The soak is about crashes and outages: keep the fleet breaker (tested on its
             # own by the storm demo) from turning most faults into breaker_open drops.
@@ -198,9 +200,9 @@ class System:
             "--nats",
             self.url,
             "--rules",
-            str(ROOT / "rules"),
+            str(shipped.shipped("rules")),
             "--playbooks",
-            str(ROOT / "playbooks"),
+            str(shipped.shipped("playbooks")),
             "--inventory",
             str(self.inventory),
             "--http",

@@ -26,7 +26,7 @@ from gpuops.models import Intent, RunOutcome, RunStatus
 
 log = logging.getLogger(__name__)
 
-RESERVED = frozenset({"rule", "node", "gpu", "event_id", "intent_key"})
+RESERVED = frozenset({"rule", "node", "gpu", "gpus", "event_id", "intent_key"})
 
 
 class _Unsafe(str):
@@ -60,6 +60,7 @@ def extra_vars(intent: Intent) -> dict[str, Any]:
         rule=intent.rule,
         node=intent.node,
         gpu=intent.gpu,
+        gpus=list(intent.gpus),
         event_id=intent.event_id,
         intent_key=intent.key,
     )

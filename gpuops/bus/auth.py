@@ -116,6 +116,7 @@ PERMISSIONS: dict[Role, Permissions] = {
             "$JS.API.STREAM.LIST",
             *_read_stream(AUDIT),
             *_read_stream("GPUOPS_EVENTS"),
+            *_read_stream("GPUOPS_TELEMETRY"),  # gpuops export
             *_read_stream("GPUOPS_DLQ"),
             *_kv(KV_BUCKETS, ()),
             *_FLOW,
@@ -234,7 +235,9 @@ def server_config(creds: dict[Role, Credentials], extra: Iterable[Credentials] =
     0700 directory owned by the user who also holds the credential files.
     """
     users = [
-        _user_block(creds[role], _permissions(role, creds[role])) for role in ROLES if role in creds
+        _user_block(creds[role], permissions_of(role, creds[role].user))
+        for role in ROLES
+        if role in creds
     ]
     users += [_user_block(cred, operator_permissions(cred.user)) for cred in extra]
     names = [c.user for c in creds.values()] + [c.user for c in extra]
@@ -243,8 +246,9 @@ def server_config(creds: dict[Role, Credentials], extra: Iterable[Credentials] =
     return "authorization {\n  users = [\n" + "\n".join(users) + "\n  ]\n}\n"
 
 
-def _permissions(role: Role, cred: Credentials) -> Permissions:
-    return operator_permissions(cred.user) if role == "cli" else PERMISSIONS[role]
+def permissions_of(role: Role, user: str) -> Permissions:
+    """What `user` in `role` may do (a `cli` user: the operator's, with its own subject)."""
+    return operator_permissions(user) if role == "cli" else PERMISSIONS[role]
 
 
 def _user_block(cred: Credentials, perms: Permissions) -> str:

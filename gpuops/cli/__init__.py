@@ -3,7 +3,8 @@
 The commands live in modules by audience, each a list of click commands added here:
 engine_cmds (run the engine, check and try rules), operator_cmds (status, history,
 approvals, silences, the breaker, drains, drift checks, publishing events),
-sim_cmds (the simulated fleet and the demo) and agent_cmds (the node agent).
+sim_cmds (the simulated fleet and the demo), agent_cmds (the node agent) and site_cmds
+(init a site, export events, --version).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import click
 
-from gpuops.cli import agent_cmds, engine_cmds, operator_cmds, sim_cmds
+from gpuops.cli import agent_cmds, engine_cmds, operator_cmds, sim_cmds, site_cmds
 from gpuops.errors import EngineError
 
 
@@ -54,6 +55,7 @@ class Gpuops(click.Group):
 )
 @click.option("-v", "--verbose", count=True, help="more logging on stderr")
 @click.option("--debug", is_flag=True, help="a traceback with an unexpected error")
+@site_cmds.version_option
 @click.pass_context
 def main(
     ctx: click.Context, config: Path | None, state_dir: Path | None, verbose: int, debug: bool
@@ -66,6 +68,6 @@ def main(
     ctx.obj = {"config": config, "state_dir": state_dir}
 
 
-for _module in (engine_cmds, operator_cmds, sim_cmds, agent_cmds):
+for _module in (engine_cmds, operator_cmds, sim_cmds, agent_cmds, site_cmds):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -71,12 +71,15 @@ async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
     help="check playbooks exist here",
 )
 def validate(paths: tuple[Path, ...], playbooks_dir: Path | None) -> None:
-    """Check rule files; print `file:line: rule NAME: message` per error, exit 1 on any."""
+    """Check rule files (default: the site's rules/, else the shipped ones); print
+    `file:line: rule NAME: message` per error, exit 1 on any."""
     from gpuops.match.loader import load_rules
-    from gpuops.settings import checkout_root
+    from gpuops.shipped import locate
 
-    targets = list(paths) or [checkout_root() / "rules"]
-    books = playbooks_dir or checkout_root() / "playbooks"
+    if not paths:
+        click.echo(f"checking {locate('rules').describe()}")
+    targets = list(paths) or [locate("rules").path]
+    books = playbooks_dir or locate("playbooks").path
     try:
         rules = load_rules(targets, books if books.is_dir() else None)
     except RuleError as exc:
@@ -88,26 +91,29 @@ def validate(paths: tuple[Path, ...], playbooks_dir: Path | None) -> None:
 
 def _rules(rules_dir: Path | None) -> RuleSet:
     from gpuops.match.loader import load_rules
-    from gpuops.settings import checkout_root
+    from gpuops.shipped import locate
 
-    books = checkout_root() / "playbooks"
+    books = locate("playbooks").path
     try:
-        return load_rules(
-            [rules_dir or checkout_root() / "rules"], books if books.is_dir() else None
-        )
+        return load_rules([rules_dir or locate("rules").path], books if books.is_dir() else None)
     except RuleError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
 
 
 @click.command("test-rules")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
 @click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/")
 def test_rules(paths: tuple[Path, ...], rules_dir: Path | None) -> None:
-    """Run rule tests (YAML cases of events and expected actions); exit 1 on any failure."""
+    """Run rule tests (YAML cases of events and expected actions; default: the site's
+    tests/rules/, else the shipped ones); exit 1 on any failure."""
     from gpuops.ruletest import load_cases, run_cases
+    from gpuops.shipped import locate
 
     rules = _rules(rules_dir)
+    if not paths:
+        click.echo(f"running {locate('tests/rules').describe()}")
+    paths = paths or (locate("tests/rules").path,)
     files = [f for p in paths for f in (sorted(p.rglob("*.y*ml")) if p.is_dir() else [p])]
     failed = total = 0
     for file in files:
@@ -148,7 +154,7 @@ def replay(file: Path, rules_dir: Path | None, inventory: Path | None, as_json: 
         table = Table("ts", "rule", "node", "gpu", "would run")
         for a in actions:
             would = a.action + (" (dry-run rule)" if a.dry_run else "")
-            gpu = "" if a.gpu is None else a.gpu
+            gpu = ",".join(map(str, a.gpus)) if a.gpus else ""
             table.add_row(*cells(rfc3339(a.ts), a.rule, a.node, gpu, would))
         out.print(table)
     err.print(

@@ -1,5 +1,9 @@
 """Stage: after a rule fires for a group key, it stays quiet for the rule's cooldown.
 
+A rule that acts once per node (`consolidate: node`) cools down per node, for the GPUs
+it acted on: a GPU of that node that joins the fault later is not held back by the
+others' cooldown, and the proposal is narrowed to the GPUs not yet covered.
+
 The last firing per (rule, key) is kept in KV, so a restarted engine or a second
 replica honours cooldowns the first one started. Reads go to KV; only a cooldown known
 to be running is cached, since no replica can shorten one (a firing only moves it on).
@@ -24,6 +28,7 @@ class Firing(BaseModel):
 
     at: float
     event_id: str = ""
+    gpus: tuple[int, ...] = ()  # the GPUs acted on, for a rule that acts once per node
 
 
 CACHE_LIMIT = 10_000
@@ -66,13 +71,24 @@ class Cooldown(BaseStage):
         last = await self._last(_digest(p.rule.name, p.match.key), cooldown, p.now)
         if last is None or p.now - last.at >= cooldown or last.event_id == p.event_id:
             return None
+        fresh = tuple(g for g in p.match.gpus if g not in last.gpus) if last.gpus else ()
+        if fresh:
+            gpu = fresh[0] if len(fresh) == 1 else None
+            p.match = p.match.model_copy(update={"gpus": fresh, "gpu": gpu})
+            return None
         left = cooldown - (p.now - last.at)
         return Drop(Reason.COOLDOWN, f"{format_duration(left)} of {format_duration(cooldown)} left")
 
     async def commit(self, p: Proposal) -> None:
         if p.rule.cooldown_s <= 0:
             return
-        firing = Firing(at=p.now, event_id=p.event_id)
         digest = _digest(p.rule.name, p.match.key)
+        gpus: tuple[int, ...] = ()
+        if p.rule.consolidate:
+            last = await self._last(digest, p.rule.cooldown_s, p.now)
+            running = last is not None and p.now - last.at < p.rule.cooldown_s
+            before = last.gpus if last is not None and running else ()
+            gpus = tuple(sorted({*before, *p.match.gpus}))
+        firing = Firing(at=p.now, event_id=p.event_id, gpus=gpus)
         self._remember(digest, firing, p.now + p.rule.cooldown_s, p.now)
         await self.store.put(firing, digest)

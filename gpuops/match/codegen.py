@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from gpuops.match.expr import compile_sandboxed
@@ -21,12 +22,24 @@ Fact = Mapping[str, Any]
 KeyFn = Callable[[Fact], Hashable]
 MakeMatch = Callable[[Rule, Hashable, Fact, float, str], Match]
 KindEval = Callable[[Fact, float, str, list[Match]], None]
+# (rule, node, gpu, time): a key that had fired saw its condition go false.
+Cleared = tuple[str, str, int | None, float]
 
 
-def _hit(
-    rule: Rule, window: Window, key: KeyFn, field: str | None, make: MakeMatch
-) -> Callable[..., None]:
-    if isinstance(window, Instant):
+@dataclass(slots=True)
+class Entry:
+    """One rule as the generated code sees it."""
+
+    rule: Rule
+    window: Window
+    key: KeyFn
+    field: str | None
+    fired: set[Hashable] | None = None  # keys fired and not yet false (telemetry rules)
+
+
+def _hit(e: Entry, make: MakeMatch) -> Callable[..., None]:
+    rule, window, key, field, fired = e.rule, e.window, e.key, e.field, e.fired
+    if isinstance(window, Instant) and fired is None:
 
         def fire(f: Fact, t: float, eid: str, out: list[Match]) -> None:
             out.append(make(rule, key(f), f, t, eid))
@@ -38,19 +51,45 @@ def _hit(
         k = key(f)
         if observe(k, t, True, f.get(field) if field else None):
             out.append(make(rule, k, f, t, eid))
+            if fired is not None:
+                fired.add(k)
 
     return hit
 
 
+def _clear(e: Entry, cleared: list[Cleared]) -> Callable[[Fact, float], None]:
+    """The miss handler of a rule whose firing keys are watched for their first false sample."""
+    name, key, fired = e.rule.name, e.key, e.fired
+    assert fired is not None
+
+    def clear(f: Fact, t: float) -> None:
+        k = key(f)
+        if k in fired:
+            fired.discard(k)
+            gpu = f.get("gpu")
+            cleared.append((name, str(f.get("node", "")), gpu if isinstance(gpu, int) else None, t))
+
+    return clear
+
+
 def compile_kind(
-    entries: list[tuple[Rule, Window, KeyFn, str | None]], make: MakeMatch, kind: str
+    entries: list[Entry], make: MakeMatch, kind: str, cleared: list[Cleared] | None = None
 ) -> KindEval:
-    """The evaluation function for every rule of one kind, rules in file order."""
+    """The evaluation function for every rule of one kind, rules in file order.
+
+    Entries with a `fired` set also report, into `cleared`, the first false sample of
+    each key that had fired (what ends an episode).
+    """
     lines = ["def _eval(f, t, eid, out):"]
     parts: dict[str, Any] = {}
     names: dict[str, Any] = {}
-    for i, (rule, window, key, field) in enumerate(entries):
-        names[f"_hit{i}"] = _hit(rule, window, key, field, make)
+    for i, e in enumerate(entries):
+        rule, window, key = e.rule, e.window, e.key
+        names[f"_hit{i}"] = _hit(e, make)
+        watch = e.fired is not None and cleared is not None
+        if watch:
+            assert cleared is not None
+            names[f"_fired{i}"], names[f"_clr{i}"] = e.fired, _clear(e, cleared)
         if rule.expr is None:
             lines.append(f"    _hit{i}(f, t, eid, out)")
             continue
@@ -67,6 +106,10 @@ def compile_kind(
             # A false sample ends a run; only look the key up when some run is open.
             names[f"_state{i}"], names[f"_key{i}"] = window.state, key
             lines += [f"    elif _state{i}:", f"        _state{i}.pop(_key{i}(f), None)"]
+            if watch:
+                lines += [f"        if _fired{i}:", f"            _clr{i}(f, t)"]
+        elif watch:
+            lines += [f"    elif _fired{i}:", f"        _clr{i}(f, t)"]
     if len(lines) == 1:
         lines.append("    return None")
     namespace = compile_sandboxed("\n".join(lines) + "\n", parts, names, f"<rules on {kind}>")

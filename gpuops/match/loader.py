@@ -299,6 +299,7 @@ def build_rule(raw: LineDict, file: str, playbooks_dir: Path | None) -> Rule:
         increase=increase,
         severity=raw.get("severity", "warning"),
         cooldown_s=_dur(raw, "cooldown", fail) or 0.0,
+        consolidate=_consolidate(raw, group_by, fail),
         dry_run=bool(raw.get("dry_run", False)),
         enabled=bool(raw.get("enabled", True)),
         approval=raw.get("approval") == "required",
@@ -314,6 +315,15 @@ def _dur(raw: LineDict, key: str, fail: Any) -> float | None:
         return parse_duration(raw[key])
     except ValueError as exc:
         raise fail(f"{key}: {exc}", key) from exc
+
+
+def _consolidate(raw: LineDict, group_by: tuple[str, ...], fail: Any) -> bool:
+    """Per-GPU rules act once per node unless they say `consolidate: gpu`."""
+    if "gpu" not in group_by:
+        if "consolidate" in raw:
+            raise fail("consolidate: only a rule grouped by gpu has GPUs to gather", "consolidate")
+        return False
+    return bool(raw.get("consolidate", "node") == "node")
 
 
 def _group_by(value: Any, kind: str, fail: Any) -> tuple[str, ...]:

@@ -12,11 +12,10 @@ ever move its own key.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from gpuops.clock import Clock
-from gpuops.match.codegen import KindEval, compile_kind
+from gpuops.match.codegen import Cleared, Entry, KindEval, compile_kind
 from gpuops.match.rules import Rule, RuleSet
 from gpuops.match.windows import Absent, CountWithin, HeldFor, Increase, Instant, Window
 from gpuops.models import Event, Match, TelemetryEvent
@@ -58,14 +57,6 @@ def _window(rule: Rule, clock: Clock | None) -> Window:
     return Instant()
 
 
-@dataclass(slots=True)
-class _Compiled:
-    rule: Rule
-    window: Window
-    key: Callable[[Mapping[str, Any]], Hashable]
-    value_field: str | None
-
-
 def facts_of(event: Event) -> list[Fact]:
     """What rules see of an event: one fact per GPU for telemetry, else one."""
     if isinstance(event, TelemetryEvent):
@@ -87,8 +78,10 @@ class Matcher:
     def __init__(
         self, rules: RuleSet, clock: Clock | None = None, sweep_grace_s: float = SWEEP_GRACE_S
     ) -> None:
-        self._by_kind: dict[str, list[_Compiled]] = {}
+        self._by_kind: dict[str, list[Entry]] = {}
         self._eval_kind: dict[str, KindEval] = {}
+        self._per_node: frozenset[str] = frozenset()
+        self._cleared: list[Cleared] = []
         self.clock = clock
         self.sweep_grace_s = sweep_grace_s
         self.rules = rules
@@ -97,7 +90,7 @@ class Matcher:
     def replace(self, rules: RuleSet) -> None:
         """Swap in a new rule set; rules whose definition did not change keep their state."""
         old = {c.rule.name: c for cs in self._by_kind.values() for c in cs}
-        by_kind: dict[str, list[_Compiled]] = {}
+        by_kind: dict[str, list[Entry]] = {}
         for kind, kind_rules in rules.by_kind().items():
             compiled = []
             for rule in kind_rules:
@@ -105,14 +98,26 @@ class Matcher:
                 keep = prev is not None and _same_definition(prev.rule, rule)
                 window = prev.window if keep and prev is not None else _window(rule, self.clock)
                 field = rule.increase.field if rule.increase else None
-                compiled.append(_Compiled(rule, window, _key_fn(rule.group_by), field))
+                # Telemetry conditions are states: their first false sample ends an episode.
+                fired = (prev.fired if keep and prev else None) or (
+                    set() if kind == "telemetry" and rule.expr is not None else None
+                )
+                compiled.append(Entry(rule, window, _key_fn(rule.group_by), field, fired))
             by_kind[kind] = compiled
         self._eval_kind = {
-            kind: compile_kind([(c.rule, c.window, c.key, c.value_field) for c in cs], _match, kind)
-            for kind, cs in by_kind.items()
+            kind: compile_kind(cs, _match, kind, self._cleared) for kind, cs in by_kind.items()
         }
         self._by_kind = by_kind
+        self._per_node = frozenset(r.name for r in rules.rules if r.consolidate)
         self.rules = rules
+
+    def take_cleared(self) -> list[Cleared]:
+        """Keys whose condition went false since the last call (rule, node, gpu, time)."""
+        if not self._cleared:
+            return []
+        out = list(self._cleared)
+        self._cleared.clear()
+        return out
 
     def kinds(self) -> frozenset[str]:
         """Event kinds at least one rule listens to."""
@@ -127,7 +132,7 @@ class Matcher:
         out: list[Match] = []
         for fact in facts_of(event):
             evaluate(fact, t, event_id, out)
-        return out
+        return consolidated(out, self._per_node) if len(out) > 1 and self._per_node else out
 
     def match_facts(self, kind: str, facts: Iterable[Fact], t: float, event_id: str) -> list[Match]:
         """Evaluate pre-built facts (bench and replay fast path)."""
@@ -136,7 +141,7 @@ class Matcher:
         if evaluate is not None:
             for fact in facts:
                 evaluate(fact, t, event_id, out)
-        return out
+        return consolidated(out, self._per_node) if len(out) > 1 and self._per_node else out
 
     def tick(self, now: float) -> list[Match]:
         """Matches that come from silence (`absent` rules), as of `now`."""
@@ -170,11 +175,39 @@ class Matcher:
                 return 0
             now = self.clock.now()
         at = now - self.sweep_grace_s
-        return sum(c.window.sweep(at) for cs in self._by_kind.values() for c in cs)
+        dropped = sum(c.window.sweep(at) for cs in self._by_kind.values() for c in cs)
+        for c in (c for cs in self._by_kind.values() for c in cs):
+            if c.fired and isinstance(c.window, HeldFor):
+                c.fired.intersection_update(c.window.state)  # a quiet key has no run to end
+        return dropped
 
     def state_size(self) -> int:
         """Keys held across all windows (bounded by live keys)."""
         return sum(len(c.window) for cs in self._by_kind.values() for c in cs)
+
+
+def consolidated(matches: list[Match], per_node: frozenset[str]) -> list[Match]:
+    """One match per rule and node for rules that act once per node (`consolidate: node`).
+
+    The merged match lists the GPUs in index order and carries the lowest GPU's facts
+    (action vars are rendered from them), so eight GPUs with the same fault make one
+    intent, one attempt and one cooldown, not eight.
+    """
+    merged: dict[tuple[str, str], Match] = {}
+    out: list[Match] = []
+    for m in matches:
+        if m.rule not in per_node:
+            out.append(m)
+            continue
+        first = merged.get((m.rule, m.node))
+        if first is None:
+            merged[(m.rule, m.node)] = m
+            out.append(m)
+            continue
+        gpus = tuple(sorted({*first.gpus, *m.gpus}))
+        both = first.model_copy(update={"gpu": None, "gpus": gpus})
+        out[out.index(first)] = merged[(m.rule, m.node)] = both
+    return out
 
 
 def _same_definition(a: Rule, b: Rule) -> bool:
@@ -198,12 +231,14 @@ def _fact_from_key(rule: Rule, key: Hashable) -> Fact:
 def _match(rule: Rule, key: Hashable, fact: Mapping[str, Any], t: float, event_id: str) -> Match:
     node = str(fact.get("node", ""))
     gpu = fact.get("gpu")
+    one = gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None
     return Match(
         rule=rule.name,
         kind=rule.on,
         node=node,
-        gpu=gpu if isinstance(gpu, int) and not isinstance(gpu, bool) else None,
-        key=key_text(key),
+        gpu=one,
+        gpus=() if one is None else (one,),
+        key=node if rule.consolidate else key_text(key),
         event_id=event_id,
         event_ts=t,
         at=t,

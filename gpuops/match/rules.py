@@ -72,6 +72,9 @@ class Rule:
     increase: Increase | None = None
     severity: str = "warning"
     cooldown_s: float = 0.0
+    # A per-GPU rule's matches on one node and one event become one match listing the
+    # GPUs, so the node gets one action (one attempt, one cooldown, one breaker entry).
+    consolidate: bool = False
     dry_run: bool = False
     enabled: bool = True
     approval: bool = False

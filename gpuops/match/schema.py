@@ -65,6 +65,11 @@ RULE_SCHEMA: dict[str, Any] = {
         },
         "severity": {"enum": ["info", "warning", "critical"]},
         "cooldown": _DURATION,
+        "consolidate": {
+            "enum": ["node", "gpu"],
+            "description": "per-GPU rule: one action per node with the list of GPUs (node, "
+            "the default) or one per GPU (gpu)",
+        },
         "dry_run": {"type": "boolean"},
         "enabled": {"type": "boolean"},
         "approval": {

@@ -7,7 +7,10 @@ tick every few seconds, not per event.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Seconds, from a sample's decision to a node's recovery after a reboot and a probe.
+BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600)
 
 
 class Metrics:
@@ -41,6 +44,36 @@ class Metrics:
         self.nats_connected = Gauge(
             "gpuops_nats_connected", "1 while NATS is connected", registry=r
         )
+
+        self.detect_to_decide = Histogram(
+            "gpuops_detect_to_decide_seconds",
+            "From a fault's first match to its first accepted decision, by rule",
+            ["rule"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.decide_to_run = Histogram(
+            "gpuops_decide_to_run_seconds",
+            "From a decision to its run starting, by playbook",
+            ["playbook"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.run_duration = Histogram(
+            "gpuops_run_duration_seconds",
+            "Playbook run wall time, by playbook",
+            ["playbook"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.detect_to_recover = Histogram(
+            "gpuops_detect_to_recover_seconds",
+            "From a fault's first match to its recovery (condition cleared, probe passed)",
+            ["rule"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.episodes_open = Gauge("gpuops_episodes_open", "Faults not yet recovered", registry=r)
 
     def exposition(self) -> bytes:
         """The text exposition format."""

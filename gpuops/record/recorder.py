@@ -1,8 +1,9 @@
 """The record stage: what follows a decision or a run, written down and told.
 
 For each decision: the audit record, the node's state, an approval record when one is
-held for a person, and a notification. For each run (reported by the executor): the
-run record and the node's state. Nothing here sends work back up the pipeline.
+held for a person, and its episode (which tells people once, grouped: episodes.py and
+outbox.py). For each run (reported by the executor): the run record, the node's state
+and the episode's run times. Nothing here sends work back up the pipeline.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from gpuops.decide.approval import ApprovalStore
 from gpuops.models import AuditRecord, Decision, Intent, Reason, RunOutcome
 from gpuops.record import nodestate as ns
 from gpuops.record.audit import Auditor
+from gpuops.record.episodes import Episodes
+from gpuops.record.outbox import Outbox, Tell
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,8 @@ class Recorder:
         catalog: Catalog,
         notifier: Notifier,
         clock: Clock,
+        episodes: Episodes,
+        outbox: Outbox,
         approval_timeout_s: float = 1800.0,
         validation_timeout_s: float = 900.0,
     ) -> None:
@@ -78,6 +83,8 @@ class Recorder:
         self.catalog = catalog
         self.notifier = notifier
         self.clock = clock
+        self.episodes = episodes
+        self.outbox = outbox
         self.approval_timeout_s = approval_timeout_s
         self.validation_timeout_s = validation_timeout_s
         self._repeats: dict[tuple[str, str, str], tuple[float, int]] = {}
@@ -89,7 +96,8 @@ class Recorder:
         now, m = self.clock.now(), d.match
         approval = await self._hold(d) if d.reason is Reason.APPROVAL_PENDING else None
         await self.states.apply(m.node, lambda r: ns.after_decision(r, d, self.catalog, now))
-        self._tell(d)
+        await self.episodes.decided(d)
+        self.outbox.flush(now)
         repeats = self._repeated(d, now)
         if repeats is None:
             return
@@ -105,13 +113,16 @@ class Recorder:
         )
         return record.id
 
-    def _tell(self, d: Decision) -> None:
-        m = d.match
-        plays = ", ".join(a.playbook for a in d.actions) or "nothing"
-        if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
-            self.notifier.notify("needs-human", f"{m.node}: {d.detail} (rule {m.rule})")
-        elif d.notify and d.reason in (Reason.ACCEPTED, Reason.NO_ACTION):
-            self.notifier.notify("incident", f"{m.rule} ({m.severity}) on {m.key}: {plays}")
+    async def cleared(self, rule: str, node: str, gpu: int | None, at: float) -> None:
+        """A rule's condition went false on a key that had fired: the fault may be over."""
+        await self.episodes.cleared(rule, node, gpu, at)
+
+    def flush(self) -> None:
+        """Send the grouped notifications that are due (the engine's tick calls this)."""
+        self.outbox.flush(self.clock.now())
+
+    def _tell_node(self, topic: str, node: str, rule: str, text: str) -> None:
+        self.outbox.add(Tell(topic, rule, node, "node", text), self.clock.now())
 
     def _repeated(self, d: Decision, now: float) -> int | None:
         """None to skip the record (a repeat within the period), else repeats since the last."""
@@ -135,6 +146,7 @@ class Recorder:
             return ns.after_run_started(decided or r, play, now) or decided
 
         await self.states.apply(intent.node, step)
+        await self.episodes.run_started(intent)
 
     async def run_ended(self, intent: Intent, outcome: RunOutcome) -> ns.NodeRecord:
         """The run record and the node's next state; the node's record after it."""
@@ -156,12 +168,13 @@ class Recorder:
             return ns.after_run(r, play, outcome.status, self.catalog, intent.rule, now)
 
         moved = await self.states.apply(intent.node, step)
+        await self.episodes.run_ended(intent, outcome)
         if moved is not None and moved.state is ns.NodeState.NEEDS_HUMAN:
-            self.notifier.notify("needs-human", f"{intent.node}: {moved.why}")
+            self._tell_node("needs-human", intent.node, intent.rule, f"{intent.node}: {moved.why}")
         elif outcome.status.value != "successful":
-            self.notifier.notify(
-                "run failed", f"{play} on {intent.node}: {outcome.status.value} (rc={outcome.rc})"
-            )
+            why = f"{play} on {intent.node}: {outcome.status.value} (rc={outcome.rc})"
+            self._tell_node("run failed", intent.node, intent.rule, why)
+        self.flush()
         return moved or await self.states.get(intent.node)
 
     async def sweep(self) -> None:
@@ -174,7 +187,11 @@ class Recorder:
                 record.node, lambda r: ns.after_silence(r, now, self.validation_timeout_s)
             )
             if moved is not None:
-                self.notifier.notify("needs-human", f"{moved.node}: {moved.why}")
+                self._tell_node(
+                    "needs-human", moved.node, "validation", f"{moved.node}: {moved.why}"
+                )
                 await self.auditor.note(now, moved.node, f"{moved.node}: {moved.why}")
+        await self.episodes.sweep()
+        self.flush()
         for slot in [s for s, (t, _) in self._repeats.items() if now - t > REPEAT_PERIOD_S]:
             del self._repeats[slot]

@@ -104,6 +104,7 @@ def test_replay_prints_would_be_actions_as_json(tmp_path: Path) -> None:
         "rule": "power-limit-below-policy",
         "node": "node-001",
         "gpu": 2,
+        "gpus": [2],
         "action": "power_limit.yml",
         "ts": "2027-01-15T08:00:30.000Z",
         "dry_run": False,

@@ -1,0 +1,113 @@
+"""Grouped notifications, Alertmanager's way: wait a little, send one message per group.
+
+A storm of one fault on 50 nodes is one message naming them, not 50. Notes are grouped
+by topic and rule; the first of a group waits `group_wait_s` for others to join, later
+ones go out at most every `group_interval_s`. When one flush would name more than
+`storm_nodes` nodes across groups, a single fleet-wide message replaces them. A GPU-level
+note on a node that has a node-level episode open is inhibited (the node-level one says
+what matters: the node is being rebooted or drained).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuops.act.notify import Notifier
+
+NAMES_SHOWN = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Tell:
+    """One thing a person should hear about."""
+
+    topic: str  # needs-human, incident, resolved, run failed
+    rule: str
+    node: str
+    level: str  # gpu or node
+    text: str
+    episode: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Grouping:
+    """The outbox's timings (settings.notifications)."""
+
+    group_wait_s: float = 10.0
+    group_interval_s: float = 60.0
+    storm_nodes: int = 10
+
+
+@dataclass
+class _Group:
+    tells: list[Tell] = field(default_factory=list)
+    since: float = 0.0  # when the first pending note arrived
+    sent: float = float("-inf")
+
+
+class Outbox:
+    """Collects notes and sends them grouped on `flush`."""
+
+    def __init__(
+        self,
+        notifier: Notifier,
+        grouping: Grouping | None = None,
+        inhibited_by: Callable[[], set[str]] = set,
+    ) -> None:
+        self.notifier = notifier
+        self.grouping = grouping or Grouping()
+        self.inhibited_by = inhibited_by
+        self.groups: dict[tuple[str, str], _Group] = {}
+        self.inhibited = 0
+
+    def add(self, tell: Tell, now: float) -> None:
+        """Queue a note for its group."""
+        group = self.groups.setdefault((tell.topic, tell.rule), _Group())
+        if not group.tells:
+            group.since = now
+        group.tells.append(tell)
+
+    def flush(self, now: float) -> int:
+        """Send every group that is due; returns how many messages went out."""
+        g = self.grouping
+        due = [
+            (key, grp)
+            for key, grp in self.groups.items()
+            if grp.tells
+            and now - grp.since >= g.group_wait_s
+            and now - grp.sent >= g.group_interval_s
+        ]
+        if not due:
+            return 0
+        node_level = self.inhibited_by()
+        batches: list[tuple[tuple[str, str], list[Tell]]] = []
+        for key, grp in due:
+            kept = [t for t in grp.tells if not (t.level == "gpu" and t.node in node_level)]
+            self.inhibited += len(grp.tells) - len(kept)
+            grp.tells, grp.sent = [], now
+            if kept:
+                batches.append((key, kept))
+        nodes = {t.node for _, tells in batches for t in tells}
+        if len(nodes) > g.storm_nodes:
+            self._storm(batches, len(nodes))
+            return 1
+        for (topic, rule), tells in batches:
+            self.notifier.notify(topic, _group_text(rule, tells))
+        return len(batches)
+
+    def _storm(self, batches: list[tuple[tuple[str, str], list[Tell]]], nodes: int) -> None:
+        counts = Counter(f"{topic} {rule}" for (topic, rule), tells in batches for _ in tells)
+        parts = ", ".join(f"{what} x{n}" for what, n in counts.most_common())
+        self.notifier.notify("storm", f"{sum(counts.values())} notes on {nodes} nodes: {parts}")
+
+
+def _group_text(rule: str, tells: list[Tell]) -> str:
+    if len(tells) == 1:
+        t = tells[0]
+        text = t.text if t.node in t.text else f"{t.node}: {t.text}"
+        return f"{text} [{t.episode}]" if t.episode else text
+    names = sorted({t.node for t in tells})
+    shown = ", ".join(names[:NAMES_SHOWN]) + (" ..." if len(names) > NAMES_SHOWN else "")
+    return f"{rule} on {len(names)} nodes ({shown}): {tells[0].text}"

@@ -1,0 +1,138 @@
+"""Issue 12: a person hears of a fault once per episode, grouped, and recovery is timed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuops.act.notify import Notifier
+from gpuops.build import Engine
+from gpuops.clock import ManualClock
+from gpuops.match.loader import load_rules
+from gpuops.models import EVENT_ADAPTER, Reason
+from gpuops.record.metrics import Metrics
+from gpuops.record.outbox import Grouping, Outbox, Tell
+from gpuops.ruletest import T0, case_event
+from tests.unit.decide.helpers import ROOT, engine_on, match
+
+
+async def _feed(
+    engine: Engine, clock: ManualClock, node: str, gpus: list[dict[str, Any]], at: float
+) -> None:
+    clock.set(T0 + at)
+    step = {"kind": "telemetry", "node": node, "gpus": gpus}
+    await engine.pipeline.handle(EVENT_ADAPTER.validate_python(case_event(step, at)))
+
+
+def _told(notifier: Notifier, topic: str) -> list[str]:
+    return [m["text"] for m in notifier.sent if m["topic"] == topic]
+
+
+async def test_attempt_cap_escalates_once_per_episode_then_at_the_repeat_interval() -> None:
+    clock, notifier = ManualClock(T0), Notifier()
+    rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
+    rule = rules.get("xid-reset-class")
+    assert rule is not None
+    engine = engine_on(clock, notifier=notifier, rules=rules, attempt_cap=1, equivalence_window_s=0)
+    decider, recorder = engine.pipeline.decider, engine.recorder
+    first = await decider.decide(match(rule.name, t=clock.now(), gpu=1), rule)
+    assert first.accepted
+    await engine.locks.release("node-001", first.match.event_id)
+    reasons = []
+    for i in range(200):  # the fault goes on; every sample is decided again
+        clock.advance(3601 if i == 0 else 5)
+        d = await decider.decide(match(rule.name, t=clock.now(), gpu=2), rule)
+        reasons.append(d.reason)
+        await recorder.decided(d, [])
+    clock.advance(11)
+    recorder.flush()
+    assert set(reasons) == {Reason.ATTEMPT_CAP}
+    assert len(_told(notifier, "needs-human")) == 1, notifier.sent
+    open_ = await engine.recorder.episodes.all_open()
+    assert [(e.rule, e.node, e.escalated) for e in open_] == [
+        (rule.name, "node-001", "attempt_cap")
+    ]
+    for _ in range(4 * 60 + 5):  # the fault recurs every minute for over four hours
+        clock.advance(60)
+        d = await decider.decide(match(rule.name, t=clock.now(), gpu=2), rule)
+        await recorder.decided(d, [])
+        await recorder.sweep()
+    clock.advance(61)
+    recorder.flush()
+    assert len(_told(notifier, "needs-human")) == 2  # Alertmanager's repeat_interval: 4 h
+    assert _told(notifier, "resolved") == []
+    clock.advance(301)  # no XID for five minutes: the episode is over
+    await recorder.sweep()
+    clock.advance(61)
+    recorder.flush()
+    assert len(_told(notifier, "resolved")) == 1
+    assert await engine.recorder.episodes.all_open() == []
+
+
+async def test_an_overheat_episode_resolves_when_every_gpu_cools_and_is_timed() -> None:
+    clock, notifier = ManualClock(T0), Notifier()
+    rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
+    engine = engine_on(clock, notifier=notifier, rules=rules)
+    hot = [{"index": 2, "temp_c": 88}, {"index": 5, "temp_c": 89}]
+    for t in range(0, 90, 5):  # two GPUs hot for 90 s: gpu-overheat fires (for: 60s)
+        await _feed(engine, clock, "node-004", hot, t)
+    await engine.recorder.sweep()  # per-sample touches reach KV with the sweep
+    [ep] = [e for e in await engine.recorder.episodes.all_open() if e.rule == "gpu-overheat"]
+    assert ep.gpus == (2, 5) and ep.decided_at is not None and ep.samples == 6
+    await _feed(engine, clock, "node-004", [{"index": 2, "temp_c": 40}, hot[1]], 95)
+    assert await engine.recorder.episodes.all_open() != [], "GPU 5 is still hot"
+    await _feed(
+        engine, clock, "node-004", [{"index": 2, "temp_c": 40}, {"index": 5, "temp_c": 41}], 100
+    )
+    assert [e for e in await engine.recorder.episodes.all_open() if e.rule == "gpu-overheat"] == []
+    recover = engine.metrics.detect_to_recover.labels("gpu-overheat")
+    assert recover._sum.get() == 100 - 60  # detected at the firing sample (60 s), cleared at 100 s
+    clock.advance(11)
+    engine.recorder.flush()
+    assert len(_told(notifier, "incident")) == 1
+    assert len(_told(notifier, "resolved")) == 1
+
+
+def test_a_storm_is_one_message_and_gpu_notes_under_a_node_fault_are_inhibited() -> None:
+    notifier = Notifier()
+    box = Outbox(notifier, Grouping(group_wait_s=10, group_interval_s=60, storm_nodes=10))
+    for i in range(50):
+        box.add(Tell("incident", "gpu-overheat", f"node-{i:03d}", "gpu", "hot"), T0 + i * 0.1)
+    assert box.flush(T0 + 5) == 0  # still gathering (group wait)
+    assert box.flush(T0 + 10) == 1
+    [storm] = notifier.sent
+    assert storm["topic"] == "storm" and "50 notes on 50 nodes" in storm["text"]
+
+    notifier.sent.clear()
+    box = Outbox(notifier, Grouping(group_wait_s=0, storm_nodes=10), inhibited_by=lambda: {"n1"})
+    box.add(Tell("incident", "power-brake", "n1", "gpu", "brake on GPU 3"), T0)
+    box.add(Tell("incident", "power-brake", "n2", "gpu", "brake on GPU 1"), T0)
+    box.add(Tell("needs-human", "xid-79", "n1", "node", "n1 fell off the bus"), T0)
+    assert box.flush(T0) == 2 and box.inhibited == 1
+    texts = [m["text"] for m in notifier.sent]
+    assert any("n2" in t for t in texts) and any("fell off the bus" in t for t in texts)
+    assert not any("GPU 3" in t for t in texts)
+
+
+def test_a_group_of_a_few_nodes_is_one_message_naming_them() -> None:
+    notifier = Notifier()
+    box = Outbox(notifier, Grouping(group_wait_s=10, group_interval_s=60, storm_nodes=10))
+    for node in ("n3", "n1", "n2"):
+        box.add(Tell("needs-human", "power-brake", node, "node", f"{node} braked"), T0)
+    box.flush(T0 + 10)
+    [message] = notifier.sent
+    assert "power-brake on 3 nodes (n1, n2, n3)" in message["text"]
+    box.add(Tell("needs-human", "power-brake", "n4", "node", "n4 braked"), T0 + 20)
+    assert box.flush(T0 + 40) == 0  # the group interval holds the next message back
+    assert box.flush(T0 + 70) == 1
+
+
+def test_metrics_have_the_latency_histograms() -> None:
+    text = Metrics().exposition().decode()
+    for name in (
+        "gpuops_detect_to_decide_seconds",
+        "gpuops_decide_to_run_seconds",
+        "gpuops_run_duration_seconds",
+        "gpuops_detect_to_recover_seconds",
+        "gpuops_episodes_open",
+    ):
+        assert name in text
