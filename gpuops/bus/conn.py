@@ -103,7 +103,9 @@ BUCKETS: dict[str, KeyValueConfig] = {
 # What a connection sets up: the engine creates streams and buckets (and brings them to
 # this configuration); the executor and the CLI open the buckets the engine made; an
 # agent only publishes, so it touches no JetStream API at all.
-Setup = Literal["create", "open", "none"]
+# "join" opens what is there and creates it only when missing (a CLI on a new NATS), so
+# a user without the right to change streams can join one an engine set up.
+Setup = Literal["create", "open", "join", "none"]
 _EMBEDDED_SETUP: dict[Role, Setup] = {
     "engine": "create",
     "executor": "open",
@@ -168,6 +170,8 @@ async def _set_up(js: JetStreamContext, cfg: NatsSettings, setup: Setup) -> dict
     try:
         return {name: await js.key_value(c.bucket) for name, c in BUCKETS.items()}
     except BucketNotFoundError as exc:
+        if setup == "join":
+            return await _set_up(js, cfg, "create")
         raise BusError(f"a KV bucket is missing ({exc}): start the engine once first") from exc
 
 
@@ -250,8 +254,10 @@ async def join_bus(cfg: NatsSettings, state_dir: Path, name: str = "gpuops-cli")
     A BusError says which URL, why it did not answer, and what to do.
     """
     url, credentials, origin = cli_endpoint(cfg, state_dir)
+    # A configured NATS may be new: its streams and buckets are made as the engine would.
+    setup: Setup = "open" if origin is not None else "join"
     try:
-        return await connect(url, cfg, name, setup="open", credentials=credentials)
+        return await connect(url, cfg, name, setup=setup, credentials=credentials)
     except BusError as exc:
         if origin is None:
             raise

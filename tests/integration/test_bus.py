@@ -340,3 +340,15 @@ async def test_a_configured_embedded_port_is_used(tmp_path: Path) -> None:
         port = probe.getsockname()[1]
     async with open_bus(NatsSettings(embedded_port=port), tmp_path / "state") as bus:
         assert bus.url == f"nats://127.0.0.1:{port}"
+
+
+async def test_the_cli_joins_the_embedded_server_by_its_url_without_setting_it_up(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    async with open_bus(NatsSettings(), state) as engine:
+        # `--nats URL` naming the engine's own server: the state dir's operator, and only
+        # opening what the engine made (the operator may not change streams).
+        async with asyncio.timeout(8):
+            async with open_bus(NatsSettings(url=engine.url), state, role="cli") as cli:
+                assert cli.user == "operator" and set(cli.kv) == set(BUCKETS)
