@@ -336,7 +336,7 @@ class Commands:
         inventory = self.inventory
         if kind == "node" and not self._known(name):
             missing = f"node {name!r} is not in the inventory"
-        elif kind == "group" and (inventory is None or name not in inventory.groups):
+        elif kind == "group" and (inventory is None or not inventory.group_hosts(name)):
             missing = f"group {name!r} is not in the inventory"
         else:
             return

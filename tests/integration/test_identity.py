@@ -146,6 +146,10 @@ async def test_bad_cli_commands_say_why_with_a_kind_the_cli_maps_to_its_exit_cod
             await ask_engine(bus, "silence", ["node:node-001", "soon", "fan swap"])
         with pytest.raises(CommandError, match=r"'node-999' is not in the inventory.*--force"):
             await ask_engine(bus, "silence", ["node:node-999", "1h", "typo?"])
+        with pytest.raises(CommandError, match=r"group 'gpu-typo' is not in the inventory"):
+            await ask_engine(bus, "silence", ["group:gpu-typo", "1h", "typo?"])
+        whole = await ask_engine(bus, "silence", ["group:all", "10m", "maintenance"])
+        assert whole.startswith("silence ") and "group:all" in whole
         forced = await ask_engine(bus, "silence", ["node:node-999", "1h", "joins soon", "--force"])
         assert forced.startswith("silence ") and "(joins soon)" in forced
         with pytest.raises(CommandError, match="no approval 'nope'"):
@@ -160,7 +164,10 @@ async def test_bad_cli_commands_say_why_with_a_kind_the_cli_maps_to_its_exit_cod
     finally:
         await bus.close()
     silences = await app.engine.silences.all()
-    assert [(s.target, s.by) for s in silences] == [("node:node-999", "operator")]
+    assert sorted((s.target, s.by) for s in silences) == [
+        ("group:all", "operator"),
+        ("node:node-999", "operator"),
+    ]
 
 
 async def test_heartbeat_says_up_while_the_engine_runs_and_stopped_after(
