@@ -24,10 +24,17 @@ from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.errors import Error as JsError
 from nats.js.kv import KeyValue
 
-from gpuops.bus.auth import Credentials, Role, read_credentials
+from gpuops.bus.auth import (
+    Credentials,
+    Role,
+    ensure_credentials,
+    operators,
+    read_credentials,
+    server_config,
+)
 from gpuops.bus.client import connect_forever as connect_forever
 from gpuops.bus.client import first_connect
-from gpuops.bus.embedded import announce, new_server, remembered_url, url_file
+from gpuops.bus.embedded import announce, new_server, remembered_url, store_dir, url_file
 from gpuops.bus.server import EmbeddedNats
 from gpuops.errors import BusError
 from gpuops.settings import NatsSettings
@@ -222,16 +229,26 @@ async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig, replicas: 
 
 @asynccontextmanager
 async def open_bus(
-    cfg: NatsSettings, state_dir: Path, name: str = "gpuops", role: Role = "engine"
+    cfg: NatsSettings,
+    state_dir: Path,
+    name: str = "gpuops",
+    role: Role = "engine",
+    *,
+    stopped_store: bool = False,
 ) -> AsyncIterator[Bus]:
     """The configured NATS, or a running engine's embedded one, or a new embedded one.
 
     On the embedded server the role's generated credentials are used (and its
     permissions apply); a configured URL uses the configured credentials. The CLI never
-    starts a server of its own (`join_bus`): one with no engine behind it would answer
-    questions about a fleet that nobody watches.
+    starts a server others could use (`join_bus`): one with no engine behind it would
+    answer questions about a fleet that nobody watches. `stopped_store` lets a reader of
+    the record (history) open a stopped engine's store instead, privately.
     """
     bus: Bus | None
+    if role == "cli" and stopped_store and _stopped(cfg, state_dir):
+        async with _read_store(cfg, state_dir, name) as reader:
+            yield reader
+        return
     if role == "cli":
         bus = await join_bus(cfg, state_dir, name)
     elif cfg.url:
@@ -293,6 +310,28 @@ def cli_endpoint(cfg: NatsSettings, state_dir: Path) -> tuple[str, Credentials |
             f"URL configured: start `gpuops run --state-dir {state_dir}`, or pass --nats URL"
         )
     return written, None if own else read_credentials(state_dir, "cli"), marker
+
+
+def _stopped(cfg: NatsSettings, state_dir: Path) -> bool:
+    """No URL to join, but a store an engine left in the state dir."""
+    return not cfg.url and not url_file(state_dir).exists() and store_dir(state_dir).is_dir()
+
+
+@asynccontextmanager
+async def _read_store(cfg: NatsSettings, state_dir: Path, name: str) -> AsyncIterator[Bus]:
+    """A stopped engine's store behind a private server: a new port, no nats.url, gone
+    when the reader is done, so no agent or engine takes it for the engine's."""
+    server = EmbeddedNats(
+        store_dir(state_dir),
+        config_text=server_config(ensure_credentials(state_dir), operators(state_dir)),
+    )
+    async with server:
+        credentials = read_credentials(state_dir, "cli")
+        bus = await connect(server.url, cfg, name, setup="open", credentials=credentials)
+        try:
+            yield bus
+        finally:
+            await bus.close()
 
 
 async def _join_embedded(cfg: NatsSettings, state_dir: Path, name: str, role: Role) -> Bus | None:

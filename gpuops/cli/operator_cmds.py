@@ -141,7 +141,7 @@ async def audit_records(settings: Settings, node: str | None) -> list[AuditRecor
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     async with open_bus(
-        settings.nats, settings.state_dir, name="gpuops-history", role="cli"
+        settings.nats, settings.state_dir, name="gpuops-history", role="cli", stopped_store=True
     ) as bus:
         return [r async for r in read_audit(bus.js, node)]
 

@@ -352,3 +352,18 @@ async def test_the_cli_joins_the_embedded_server_by_its_url_without_setting_it_u
         async with asyncio.timeout(8):
             async with open_bus(NatsSettings(url=engine.url), state, role="cli") as cli:
                 assert cli.user == "operator" and set(cli.kv) == set(BUCKETS)
+
+
+async def test_history_reads_a_stopped_engines_store_privately(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    async with open_bus(NatsSettings(), state) as engine:
+        await engine.js.publish("gpuops.audit._fleet", b'{"note": 1}')
+    async with open_bus(NatsSettings(), state, role="cli", stopped_store=True) as reader:
+        assert (await reader.js.stream_info(AUDIT)).state.messages == 1
+        assert not url_file(state).exists(), "nobody can take it for the engine's server"
+        port = int(reader.url.rsplit(":", 1)[1])
+    with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(("127.0.0.1", port))  # the reader's server went with it
+    with pytest.raises(BusError, match="no engine running"):
+        async with open_bus(NatsSettings(), state, role="cli"):
+            pass
