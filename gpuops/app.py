@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nats.aio.msg import Msg
+
+from gpuops import subjects
 from gpuops.act.driftcheck import drift_check, publish_report, render_report
 from gpuops.act.evidence import Evidence
 from gpuops.act.executor import Executor
@@ -28,9 +31,12 @@ from gpuops.bus.publish import JetStreamPublisher
 from gpuops.bus.store import Store
 from gpuops.catalog import Catalog, load_catalog
 from gpuops.clock import Clock
+from gpuops.cmdwire import CommandReply
 from gpuops.commands import DRY_RUN_KEY, Commands, Switch
 from gpuops.decide.breaker import BreakerState
 from gpuops.errors import EngineError
+from gpuops.heartbeat import EVERY_S as HEARTBEAT_EVERY_S
+from gpuops.heartbeat import Heartbeats, this_process
 from gpuops.http import HttpServer
 from gpuops.intake.answers import settle_approvals
 from gpuops.intake.chatops import Chatops
@@ -79,9 +85,11 @@ class App:
     watching: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     # loop -> (why, monotonic time): a loop that failed recently, for /healthz.
     failing: dict[str, tuple[str, float]] = field(init=False, default_factory=dict)
+    started: float = field(init=False, default=0.0)
 
     def __post_init__(self) -> None:
         s = self.settings
+        self.started = self.clock.now()
         if not self.notifier.webhooks and s.chatops.webhooks:
             self.notifier.webhooks = [Webhook(w.kind, w.url, w.channel) for w in s.chatops.webhooks]
         self.catalog = load_catalog(s.playbooks_dir)
@@ -162,8 +170,10 @@ class App:
         loops: dict[str, Callable[[], Awaitable[None]]] = {}
         for intake in self.intakes:
             loops[intake.durable] = lambda i=intake: i.run(self.stop)  # type: ignore[misc]
+        loops["heartbeat"] = self._heartbeat
         if self.intakes:
             loops["tick"], loops["rules"] = self._tick, self._watch_rules
+            loops["commands"] = self._answer_commands
             if self.settings.drift.schedules:
                 loops["drift"] = lambda: self.scheduler().run(self.stop)
         if self.executor is not None:
@@ -182,6 +192,44 @@ class App:
             if server is not None:
                 await server.stop()
             await self.notifier.drain()
+
+    async def _heartbeat(self) -> None:
+        """Say in KV that this engine runs (for `status`), every few seconds until stopped;
+        a last beat says it stopped."""
+        beats = Heartbeats(self.engine.buckets.control)
+        beat = this_process(
+            self.settings.role, self.started, len(self.rules.rules), len(self.inventory.hosts)
+        )
+        while not self.stop.is_set():
+            beat = beat.model_copy(update={"at": self.clock.now(), "rules": len(self.rules.rules)})
+            await beats.beat(beat)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), HEARTBEAT_EVERY_S)
+        with contextlib.suppress(Exception):  # NATS may be gone already; the beat ages
+            await beats.beat(beat.model_copy(update={"stopped": self.clock.now()}))
+
+    async def _answer_commands(self) -> None:
+        """Answer operators' commands (`gpuops approve` and the like) until stopped.
+
+        A core-NATS subscription: nats-py subscribes again after a reconnect, and the
+        queue group lets one of several engines answer each request.
+        """
+        commands = self.commands()
+
+        async def answer(msg: Msg) -> None:
+            try:
+                reply = await commands.answer(msg.subject, msg.data)
+            except Exception as exc:  # a bug must not leave the operator waiting
+                log.exception("command on %s failed", msg.subject)
+                reply = CommandReply(ok=False, kind="failed", text=f"engine error: {exc}").dump()
+            await msg.respond(reply)
+
+        sub = await self.bus.nc.subscribe(subjects.COMMANDS, queue="gpuops-engine", cb=answer)
+        try:
+            await self.stop.wait()
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def _supervised(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
         """Run a loop until stop; on an error, say so and start it again after a backoff."""

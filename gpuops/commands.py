@@ -16,16 +16,19 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpuops import subjects
 from gpuops.bus.conn import Bus
 from gpuops.bus.publish import JetStreamPublisher
 from gpuops.bus.store import NatsKV, Store
 from gpuops.clock import Clock, rfc3339
+from gpuops.cmdwire import CommandError, CommandReply, CommandRequest, CommandUsageError, Refused
 from gpuops.decide.approval import ApprovalStatus, ApprovalStore
 from gpuops.decide.breaker import BreakerState, BreakerStore
-from gpuops.decide.silence import SilenceStore, silence_span
-from gpuops.errors import EngineError
+from gpuops.decide.silence import SilenceStore, parse_target, silence_span
+from gpuops.errors import ConfigError, EngineError
+from gpuops.heartbeat import EngineState, Heartbeats, engine_state
 from gpuops.inventory import Inventory
 from gpuops.match.durations import format_duration
 from gpuops.models import new_event, subject_for
@@ -34,6 +37,9 @@ from gpuops.record.nodestate import NodeState, NodeStates
 from gpuops.settings import ChatopsSettings
 
 DRY_RUN_KEY = "dry_run"
+
+
+FORCE = "--force"
 
 
 class Switch(BaseModel):
@@ -54,15 +60,11 @@ class Caller:
     platform: str = "cli"
 
 
-class CommandError(EngineError):
-    """A command that cannot be carried out; the message goes back to the person."""
-
-
 class Access(StrEnum):
     """Who may run a command when settings do not name its users or channels."""
 
     READ_ONLY = "read-only"  # anyone who passed verification
-    GRANTED = "granted"  # nobody until settings grant it: these change things
+    GRANTED = "granted"  # chat: nobody until settings grant it: these change things
 
 
 Handler = Callable[["Commands", list[str], Caller], Awaitable[str]]
@@ -79,17 +81,23 @@ class Command:
 
 
 def allowed(command: Command, caller: Caller, settings: ChatopsSettings) -> str | None:
-    """None if the caller may run the command, else why not."""
-    if caller.platform == "cli":
-        return None  # the shell's own access control stands in front of the CLI
+    """None if the caller may run the command, else why not.
+
+    One table for chat and CLI. A CLI caller is a NATS user with credentials of its own,
+    which a site hands out to operators only, so a command the table does not list is
+    open to it; a listed command needs the user in `users` (`channels` are chat's).
+    A chat user is whoever can type in a channel: there, what changes things is closed
+    until listed.
+    """
     grant = settings.permissions.get(command.name)
+    cli = caller.platform == "cli"
     if grant is None:
-        if command.access is Access.READ_ONLY:
+        if cli or command.access is Access.READ_ONLY:
             return None
         return f"'{command.name}' is not granted to anyone in settings"
     if grant.users and caller.user not in grant.users:
         return f"user {caller.user!r} may not run '{command.name}'"
-    if grant.channels and caller.channel not in grant.channels:
+    if grant.channels and not cli and caller.channel not in grant.channels:
         return f"'{command.name}' may not be run in channel {caller.channel!r}"
     return None
 
@@ -101,10 +109,11 @@ class Commands:
         self,
         bus: Bus,
         clock: Clock,
-        inventory: Inventory,
+        inventory: Inventory | None,
         settings: ChatopsSettings,
         drift_check: Callable[[str], Awaitable[str]] | None = None,
     ) -> None:
+        """`inventory` None: the CLI's read-only use (status), which needs no inventory file."""
         self.bus, self.clock, self.inventory, self.settings = bus, clock, inventory, settings
         control = NatsKV(bus.kv["control"])
         self.auditor = Auditor(JetStreamPublisher(bus.js))
@@ -113,47 +122,77 @@ class Commands:
         self.breaker = BreakerStore(control)
         self.switches: Store[Switch] = Store(control, Switch, "switch")
         self.states = NodeStates(NatsKV(bus.kv["nodes"]))
+        self.heartbeats = Heartbeats(control)
         self.drift_check = drift_check
 
+    def _known(self, node: str) -> bool:
+        return self.inventory is not None and node in self.inventory
+
     async def run(self, text: str, caller: Caller, request_id: str | None = None) -> str:
-        """Parse and carry out one command line; the reply for the person.
+        """Parse and carry out one command line; the reply for the person (errors too).
 
         `request_id`, derived from the chat request, becomes the chatops event's id: a
         replayed request that got past the HTTP layer is then stored once by JetStream.
         """
         try:
+            return await self.execute(text, caller, request_id)
+        except CommandError as exc:
+            return str(exc)
+
+    async def execute(self, text: str, caller: Caller, request_id: str | None = None) -> str:
+        """Carry out one command line; the reply, or a CommandError saying why not
+        (CommandUsageError when badly formed, Refused when not allowed)."""
+        try:
             words = shlex.split(text)
         except ValueError as exc:
-            return f"cannot parse {text!r}: {exc}"
+            raise CommandUsageError(f"cannot parse {text!r}: {exc}") from exc
         command = COMMANDS.get(words[0]) if words else None
         if command is None:
-            return help_text()
+            raise CommandUsageError(help_text())
         args = words[1:]
         refused = allowed(command, caller, self.settings)
         if refused is not None:
             who = f"{caller.user}@{caller.platform}"
             await self._note(args, f"refused {command.name} from {who}: {refused}")
-            return f"refused: {refused}"
+            raise Refused(f"refused: {refused}")
         try:
             reply = await command.handler(self, args, caller)
-        except CommandError as exc:
-            return f"{command.name}: {exc} (usage: {command.usage})"
+        except CommandUsageError as exc:
+            raise CommandUsageError(f"{command.name}: {exc} (usage: {command.usage})") from exc
         except EngineError as exc:
-            return f"{command.name}: {exc}"
+            raise CommandError(f"{command.name}: {exc}") from exc
         # Published only once allowed and well formed: the engine acts on some of these.
-        await self._publish(command.name, args, caller, request_id)
+        await self._publish(command.name, [a for a in args if a != FORCE], caller, request_id)
         first = reply.splitlines()[0] if reply else ""
         await self._note(args, f"{caller.user}@{caller.platform}: {text} -> {first}")
         return reply
 
+    async def answer(self, subject: str, payload: bytes) -> bytes:
+        """The engine's answer to an operator's command request (see `ask_engine`).
+
+        Who asked is the user in the subject, which the server lets no one else publish
+        to; the payload carries only the arguments.
+        """
+        try:
+            user, name = subjects.parse_command(subject)
+            args = CommandRequest.model_validate_json(payload).args
+        except (EngineError, ValidationError) as exc:
+            return CommandReply(ok=False, kind="usage", text=f"bad command request: {exc}").dump()
+        caller = Caller(user=user, platform="cli")
+        try:
+            text = await self.execute(shlex.join([name, *args]), caller)
+        except CommandError as exc:
+            return CommandReply.refusing(exc).dump()
+        return CommandReply(ok=True, kind="done", text=text).dump()
+
     async def _note(self, args: list[str], summary: str) -> None:
-        node = args[0] if args and args[0] in self.inventory else ""
+        node = args[0] if args and self._known(args[0]) else ""
         await self.auditor.note(self.clock.now(), node, summary)
 
     async def _publish(
         self, command: str, args: list[str], caller: Caller, request_id: str | None
     ) -> None:
-        node = args[0] if args and args[0] in self.inventory else "fleet"
+        node = args[0] if args and self._known(args[0]) else "fleet"
         data = {
             "command": command,
             "args": args,
@@ -173,8 +212,8 @@ class Commands:
 
     def _node(self, args: list[str], n: int = 1) -> str:
         if len(args) < n:
-            raise CommandError("missing arguments")
-        if args[0] not in self.inventory:
+            raise CommandUsageError("missing arguments")
+        if not self._known(args[0]):
             raise CommandError(f"{args[0]!r} is not in the inventory")
         return args[0]
 
@@ -187,13 +226,24 @@ class Commands:
         return render_status(await self.status())
 
     async def status(self) -> dict[str, Any]:
-        """The fleet: counts per state, nodes not healthy, breaker, approvals, silences."""
+        """The fleet: counts per state, nodes not healthy, breaker, approvals, silences,
+        and whether an engine is running (its heartbeat)."""
         now = self.clock.now()
-        records = {r.node: r for r in await self.states.all() if r.node in self.inventory}
+        engine = await self.engine(now)
+        records = {
+            r.node: r
+            for r in await self.states.all()
+            if self.inventory is None or r.node in self.inventory
+        }
         counts = dict.fromkeys((s.value for s in NodeState), 0)
-        for node in self.inventory.hosts:
-            record = records.get(node)
-            counts[record.state.value if record else NodeState.HEALTHY.value] += 1
+        for record in records.values():
+            counts[record.state.value] += 1
+        # Nodes never recorded are healthy; without an inventory file the engine's own
+        # host count (its heartbeat) says how many there are.
+        hosts = len(self.inventory.hosts) if self.inventory is not None else None
+        if hosts is None and engine.beat is not None:
+            hosts = engine.beat.hosts
+        counts[NodeState.HEALTHY.value] += max((hosts or 0) - len(records), 0)
         unhealthy = sorted(
             (
                 r.model_dump(mode="json")
@@ -212,6 +262,11 @@ class Commands:
         dry, _ = await self.switches.get(DRY_RUN_KEY)
         return {
             "at": now,
+            "engine": {
+                "running": engine.running,
+                "line": engine.line,
+                "heartbeat": engine.beat.model_dump() if engine.beat else None,
+            },
             "counts": counts,
             "unhealthy": unhealthy,
             "breaker": breaker.model_dump(mode="json"),
@@ -219,6 +274,10 @@ class Commands:
             "silences": silences,
             "dry_run": bool(dry and dry.on),
         }
+
+    async def engine(self, now: float) -> EngineState:
+        """Whether an engine runs, from the heartbeats."""
+        return engine_state(await self.heartbeats.all(), now)
 
     async def do_history(self, args: list[str], caller: Caller) -> str:
         node = self._node(args)
@@ -234,7 +293,7 @@ class Commands:
         node = self._node(args, 2)
         reason = " ".join(args[1:]).strip()
         if not reason:
-            raise CommandError("say why")
+            raise CommandUsageError("say why")
         return f"drain of {node} requested: {reason} (the engine decides; see `status`)"
 
     async def do_undrain(self, args: list[str], caller: Caller) -> str:
@@ -245,27 +304,47 @@ class Commands:
 
     async def do_approve(self, args: list[str], caller: Caller) -> str:
         if not args:
-            raise CommandError("which approval?")
+            raise CommandUsageError("which approval?")
         record = await self.approvals.decide(args[0], True, caller.user, self.clock.now())
         return f"approved {args[0]}: {record.summary}"
 
     async def do_deny(self, args: list[str], caller: Caller) -> str:
         if not args:
-            raise CommandError("which approval?")
+            raise CommandUsageError("which approval?")
         record = await self.approvals.decide(args[0], False, caller.user, self.clock.now())
         return f"denied {args[0]}: {record.summary}"
 
     async def do_silence(self, args: list[str], caller: Caller) -> str:
+        force = FORCE in args
         try:
-            target, starts, ends, reason = silence_span(args, self.clock.now())
-        except ValueError as exc:
-            raise CommandError(str(exc)) from exc
+            target, starts, ends, reason = silence_span(
+                [a for a in args if a != FORCE], self.clock.now()
+            )
+            parse_target(target)
+        except (ValueError, ConfigError) as exc:
+            raise CommandUsageError(str(exc)) from exc
+        if not force:
+            self._check_target(target)
         s = await self.silences.add(target, starts, ends, reason, caller.user)
         return f"silence {s.id}: {s.target} for {format_duration(ends - starts)} ({s.reason})"
 
+    def _check_target(self, target: str) -> None:
+        """A silence of a node or group the inventory lacks is most likely a typo, which
+        would silence nothing while the person believes it quiet: refused unless forced
+        (a node about to join the fleet)."""
+        kind, _, name = target.partition(":")
+        inventory = self.inventory
+        if kind == "node" and not self._known(name):
+            missing = f"node {name!r} is not in the inventory"
+        elif kind == "group" and (inventory is None or not inventory.group_hosts(name)):
+            missing = f"group {name!r} is not in the inventory"
+        else:
+            return
+        raise CommandError(f"{missing}: check the name, or add {FORCE} to silence it anyway")
+
     async def do_unsilence(self, args: list[str], caller: Caller) -> str:
         if not args:
-            raise CommandError("which silence?")
+            raise CommandUsageError("which silence?")
         if not await self.silences.remove(args[0]):
             raise CommandError(f"no silence {args[0]!r}")
         return f"silence {args[0]} removed"
@@ -273,7 +352,7 @@ class Commands:
     async def do_breaker(self, args: list[str], caller: Caller) -> str:
         targets = {"reset": BreakerState.CLOSED, "half-open": BreakerState.HALF_OPEN}
         if not args or args[0] not in targets:
-            raise CommandError("reset or half-open?")
+            raise CommandUsageError("reset or half-open?")
         await self.breaker.set_state(
             targets[args[0]], f"{args[0]} by {caller.user}", self.clock.now(), caller.user
         )
@@ -281,7 +360,7 @@ class Commands:
 
     async def do_dry_run(self, args: list[str], caller: Caller) -> str:
         if not args or args[0] not in ("on", "off"):
-            raise CommandError("on or off?")
+            raise CommandUsageError("on or off?")
         await self.switches.put(Switch(on=args[0] == "on", by=caller.user), DRY_RUN_KEY)
         return f"dry-run {args[0]}"
 
@@ -320,7 +399,8 @@ def help_text() -> str:
 
 def render_status(s: dict[str, Any]) -> str:
     """The status as lines of text for chat and terminal."""
-    lines = ["nodes: " + ", ".join(f"{k} {v}" for k, v in s["counts"].items() if v)]
+    lines = [s["engine"]["line"]]
+    lines.append("nodes: " + (", ".join(f"{k} {v}" for k, v in s["counts"].items() if v) or "-"))
     for r in s["unhealthy"]:
         lines.append(
             f"  {r['node']}: {r['state']} since {rfc3339(r['since'])[:19]} ({r.get('why', '')})"

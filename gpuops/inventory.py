@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from gpuops import subjects
 from gpuops.errors import ConfigError
 
@@ -50,9 +52,55 @@ def load_inventory(path: Path) -> Inventory:
         if name not in ("all", "ungrouped")
     }
     names = frozenset(h.name for h in hosts)
+    if not names:
+        raise ConfigError(
+            f"inventory {path}: {_why_no_hosts(path, loader)}; fix it (check it with "
+            f"`ansible-inventory -i {path} --graph`) or pass --inventory"
+        )
     check_subject_tokens(names, path)
     hostvars = {h.name: dict(variables.get_vars(host=h, include_hostvars=False)) for h in hosts}
     return Inventory(path=path, hosts=names, groups=groups, hostvars=hostvars)
+
+
+def _why_no_hosts(path: Path, loader: Any) -> str:
+    """What the parser said about a source that gave no hosts (Ansible only warns).
+
+    Each file is read again by the plugin its name calls for (YAML for .yml, .yaml and
+    .json, INI otherwise); the first error is the cause. None: it parses, with no hosts.
+    """
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if _source(p))
+    for file in files:
+        error = _parse_error(file, loader)
+        if error:
+            return f"cannot parse {file}: {error}"
+    return "it defines no hosts"
+
+
+def _source(path: Path) -> bool:
+    """A file Ansible would read as an inventory source in an inventory directory."""
+    return path.is_file() and not path.name.startswith(".") and not path.name.endswith("~")
+
+
+def _parse_error(file: Path, loader: Any) -> str | None:
+    from ansible.inventory.data import InventoryData
+    from ansible.plugins.loader import inventory_loader
+
+    yaml_like = file.suffix in (".yml", ".yaml", ".json")
+    plugin = inventory_loader.get("yaml" if yaml_like else "ini")
+    if yaml_like:
+        try:
+            yaml.safe_load(file.read_text(errors="replace"))
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            return f"{where}{exc.context + ', ' if exc.context else ''}{exc.problem}"
+        except yaml.YAMLError as exc:
+            return " ".join(str(exc).split())
+    try:
+        plugin.parse(InventoryData(), loader, str(file))
+    except Exception as exc:  # any parser failure is the message we want to show
+        return " ".join(str(exc).split()) or type(exc).__name__
+    return None
 
 
 def check_subject_tokens(hosts: frozenset[str], path: Path) -> None:

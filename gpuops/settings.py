@@ -51,6 +51,11 @@ class NatsSettings(BaseModel):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     replicas: int = Field(default=1, ge=1, le=5)
+    # A command's first connect gives up after this long (a wrong URL must not hang it);
+    # once connected, long-running roles reconnect for as long as NATS is away.
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # The embedded server's port; unset, it keeps the one it had (STATE/nats/port).
+    embedded_port: int | None = Field(default=None, ge=1, le=65535)
     # Caps of the streams that would otherwise grow without bound: the oldest records go
     # first when a cap is reached (the audit trail keeps its newest 8 GiB / 90 days).
     audit_max_bytes: int = Field(default=8 << 30, ge=1 << 20)

@@ -6,6 +6,8 @@
     gpuops.audit.<node>               the audit trail (`_fleet` for records about no node)
     gpuops.dlq.<reason>               dead letters
     gpuops.agent.<node>.probe         a request to a node's agent to run its probe
+    gpuops.cmd.<user>.<command>       an operator's command to the engine (request/reply;
+                                      only <user> may publish there)
 
 A node name becomes one subject token: anything but letters, digits, `_` and `-` turns
 into `_`. Two names that differ only there (`gpu.a1` and `gpu_a1`) share a token, so an
@@ -61,6 +63,22 @@ def dlq(reason: str) -> str:
 def probe_request(node: str) -> str:
     """Where a node's agent listens for a probe request."""
     return f"{PREFIX}.agent.{_node(node)}.probe"
+
+
+def command(user: str, name: str) -> str:
+    """Where an operator's command goes; the server lets only `user` publish there."""
+    return f"{PREFIX}.cmd.{token(user) or 'unknown'}.{token(name) or 'unknown'}"
+
+
+COMMANDS = f"{PREFIX}.cmd.*.*"
+
+
+def parse_command(subject: str) -> tuple[str, str]:
+    """(user, command) of a command subject; EventError("subject_mismatch") otherwise."""
+    parts = subject.split(".")
+    if len(parts) == 4 and parts[:2] == [PREFIX, "cmd"] and parts[2] and parts[3]:
+        return parts[2], parts[3]
+    raise EventError("subject_mismatch", f"subject {subject!r} is not {PREFIX}.cmd.<user>.<name>")
 
 
 def parse_event(subject: str) -> tuple[str, str]:

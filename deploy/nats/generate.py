@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from gpuops.bus.auth import PERMISSIONS, Permissions, Role
+from gpuops.bus.auth import Permissions, Role, permissions_of
 
 ROOT = Path(__file__).resolve().parents[2]
 AUTH_CONF = ROOT / "deploy" / "nats" / "auth.conf"
@@ -48,7 +48,7 @@ def auth_conf() -> str:
     """nats-server.conf syntax; JSON quotes every `$` subject, `$VAR` stays bare."""
     users = [
         f"    {{user: {role}, password: ${password_var(role)},\n"
-        f"     permissions: {json.dumps(permissions(PERMISSIONS[role]))}}}"
+        f"     permissions: {json.dumps(permissions(permissions_of(role, role)))}}}"
         for role in ROLES
     ]
     return (
@@ -65,7 +65,7 @@ def helm_values() -> str:
         {
             "user": role,
             "password": f"<< ${password_var(role)} >>",
-            "permissions": permissions(PERMISSIONS[role]),
+            "permissions": permissions(permissions_of(role, role)),
         }
         for role in ROLES
         if role != "cli"

@@ -2,7 +2,9 @@
 
 Each role may publish and subscribe only what its loops need, so that a stolen agent
 password cannot queue an intent (`gpuops.actions.>`), rewrite state (`$KV.>`) or
-reshape a stream through the JetStream API. JetStream subjects name the stream in a
+reshape a stream through the JetStream API. Each operator (the CLI) is a user of its
+own, and may publish commands only on `gpuops.cmd.<its user>.>`: the engine reads who
+asked from that subject. JetStream subjects name the stream in a
 fixed token, and permission wildcards match whole tokens only, so the stream names are
 spelt out. A site running its own NATS gives each node its own user instead (see
 docs/operations.md).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -99,8 +102,10 @@ PERMISSIONS: dict[Role, Permissions] = {
         subscribe=("gpuops.agent.*.>", *_CLIENT),
         deny_publish=("gpuops.events.chatops.*", "gpuops.events.drift.*"),
     ),
-    # The CLI reads everything it shows and writes silences, approvals, the breaker and
-    # dry-run switch (control) and node states; it never queues an intent.
+    # An operator (the CLI) reads everything it shows; everything it changes (silences,
+    # approvals, the breaker, drains, dry-run) it asks the engine for on its own
+    # command subject (see `operator_permissions`), so it writes no state itself and
+    # cannot forge a command event in someone else's name.
     "cli": Permissions(
         publish=(
             "gpuops.events.>",
@@ -113,13 +118,42 @@ PERMISSIONS: dict[Role, Permissions] = {
             *_read_stream("GPUOPS_EVENTS"),
             *_read_stream("GPUOPS_TELEMETRY"),  # gpuops export
             *_read_stream("GPUOPS_DLQ"),
-            *_kv(KV_BUCKETS, ("gpuops_control", "gpuops_nodes")),
+            *_kv(KV_BUCKETS, ()),
             *_FLOW,
         ),
         subscribe=("gpuops.agent.*.>", *_CLIENT),
-        deny_publish=("gpuops.actions.>",),
+        deny_publish=("gpuops.actions.>", "gpuops.events.chatops.*", "gpuops.cmd.>"),
     ),
 }
+
+# The default operator's user name on a new state dir (creds/cli.json).
+DEFAULT_OPERATOR = "operator"
+_USER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def check_user_name(name: str) -> str:
+    """An operator's user name: one subject token, since it names their command subject."""
+    if not _USER_NAME.fullmatch(name):
+        raise BusError(
+            f"operator user name {name!r}: use 1 to 64 letters, digits, '_' or '-' "
+            "(it is a NATS subject token: gpuops.cmd.<user>.>)"
+        )
+    return name
+
+
+def operator_permissions(user: str) -> Permissions:
+    """The CLI's permissions for one operator: its own command subject, nobody else's.
+
+    The engine takes the user from the subject a command arrives on, and the server lets
+    only this user publish there: that is what makes the identity unforgeable.
+    """
+    base = PERMISSIONS["cli"]
+    own = f"gpuops.cmd.{check_user_name(user)}.>"
+    return Permissions(
+        publish=(*base.publish, own),
+        subscribe=base.subscribe,
+        deny_publish=tuple(d for d in base.deny_publish if d != "gpuops.cmd.>"),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,15 +184,32 @@ def ensure_credentials(state_dir: Path) -> dict[Role, Credentials]:
     for role in ROLES:
         path = folder / f"{role}.json"
         if not path.exists():
-            _write_private(path, {"user": role, "password": secrets.token_urlsafe(32)})
+            user = DEFAULT_OPERATOR if role == "cli" else role
+            _write_private(path, {"user": user, "password": secrets.token_urlsafe(32)})
         path.chmod(0o600)
         out[role] = read_credentials(state_dir, role)
     return out
 
 
+def operators_dir(state_dir: Path) -> Path:
+    """Where a site puts the credentials of more operator users (one JSON file each)."""
+    return creds_dir(state_dir) / "operators"
+
+
+def operators(state_dir: Path) -> list[Credentials]:
+    """The operator users a site added, each checked; a bad file is an error, not skipped."""
+    folder = operators_dir(state_dir)
+    if not folder.is_dir():
+        return []
+    return [_read_file(path, "operator") for path in sorted(folder.glob("*.json"))]
+
+
 def read_credentials(state_dir: Path, role: Role) -> Credentials:
     """One role's credentials from the state dir."""
-    path = creds_dir(state_dir) / f"{role}.json"
+    return _read_file(creds_dir(state_dir) / f"{role}.json", role)
+
+
+def _read_file(path: Path, role: str) -> Credentials:
     try:
         raw = json.loads(path.read_text())
         return Credentials(user=str(raw["user"]), password=str(raw["password"]))
@@ -177,14 +228,27 @@ def _write_private(path: Path, data: dict[str, str]) -> None:
     os.replace(tmp, path)
 
 
-def server_config(creds: dict[Role, Credentials]) -> str:
+def server_config(creds: dict[Role, Credentials], extra: Iterable[Credentials] = ()) -> str:
     """The `authorization` block of nats-server.conf for these credentials.
 
     Passwords are in plain text: nats-server accepts them so, and the file is 0600 in a
     0700 directory owned by the user who also holds the credential files.
     """
-    users = [_user_block(creds[role], PERMISSIONS[role]) for role in ROLES if role in creds]
+    users = [
+        _user_block(creds[role], permissions_of(role, creds[role].user))
+        for role in ROLES
+        if role in creds
+    ]
+    users += [_user_block(cred, operator_permissions(cred.user)) for cred in extra]
+    names = [c.user for c in creds.values()] + [c.user for c in extra]
+    if len(set(names)) != len(names):
+        raise BusError(f"two credential files name the same NATS user: {sorted(names)}")
     return "authorization {\n  users = [\n" + "\n".join(users) + "\n  ]\n}\n"
+
+
+def permissions_of(role: Role, user: str) -> Permissions:
+    """What `user` in `role` may do (a `cli` user: the operator's, with its own subject)."""
+    return operator_permissions(user) if role == "cli" else PERMISSIONS[role]
 
 
 def _user_block(cred: Credentials, perms: Permissions) -> str:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import ssl
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import nats
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
@@ -27,8 +24,17 @@ from nats.js.errors import BadRequestError, BucketNotFoundError
 from nats.js.errors import Error as JsError
 from nats.js.kv import KeyValue
 
-from gpuops.bus.auth import Credentials, Role, read_credentials
-from gpuops.bus.embedded import announce, new_server, remembered_url, url_file
+from gpuops.bus.auth import (
+    Credentials,
+    Role,
+    ensure_credentials,
+    operators,
+    read_credentials,
+    server_config,
+)
+from gpuops.bus.client import connect_forever as connect_forever
+from gpuops.bus.client import first_connect
+from gpuops.bus.embedded import announce, new_server, remembered_url, store_dir, url_file
 from gpuops.bus.server import EmbeddedNats
 from gpuops.errors import BusError
 from gpuops.settings import NatsSettings
@@ -104,7 +110,9 @@ BUCKETS: dict[str, KeyValueConfig] = {
 # What a connection sets up: the engine creates streams and buckets (and brings them to
 # this configuration); the executor and the CLI open the buckets the engine made; an
 # agent only publishes, so it touches no JetStream API at all.
-Setup = Literal["create", "open", "none"]
+# "join" opens what is there and creates it only when missing (a CLI on a new NATS), so
+# a user without the right to change streams can join one an engine set up.
+Setup = Literal["create", "open", "join", "none"]
 _EMBEDDED_SETUP: dict[Role, Setup] = {
     "engine": "create",
     "executor": "open",
@@ -121,6 +129,8 @@ class Bus:
     js: JetStreamContext
     kv: dict[str, KeyValue]
     url: str
+    # The NATS user this connection authenticated as ("" when the server asked for none).
+    user: str = ""
     # The supervised embedded server when this process started it (for health reports).
     server: EmbeddedNats | None = None
 
@@ -133,38 +143,6 @@ class Bus:
         await self.nc.close()
 
 
-def _tls(cfg: NatsSettings) -> ssl.SSLContext | None:
-    if not (cfg.tls_ca or cfg.tls_cert):
-        return None
-    ctx = ssl.create_default_context(cafile=str(cfg.tls_ca) if cfg.tls_ca else None)
-    if cfg.tls_cert:
-        ctx.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key) if cfg.tls_key else None)
-    return ctx
-
-
-def connect_options(cfg: NatsSettings, credentials: Credentials | None = None) -> dict[str, Any]:
-    """Keyword arguments for nats.connect (secrets unwrapped only here).
-
-    `credentials` (the embedded server's generated user) replace the configured ones.
-    """
-    opts: dict[str, Any] = {"max_reconnect_attempts": -1, "reconnect_time_wait": 1}
-    if credentials is not None:
-        return {**opts, "user": credentials.user, "password": credentials.password}
-    if cfg.user:
-        opts["user"] = cfg.user
-        opts["password"] = cfg.password.get_secret_value() if cfg.password else None
-    if cfg.token:
-        opts["token"] = cfg.token.get_secret_value()
-    if cfg.nkeys_seed:
-        opts["nkeys_seed"] = str(cfg.nkeys_seed)
-    if cfg.creds:
-        opts["user_credentials"] = str(cfg.creds)
-    tls = _tls(cfg)
-    if tls is not None:
-        opts["tls"] = tls
-    return opts
-
-
 async def connect(
     url: str,
     cfg: NatsSettings | None = None,
@@ -175,32 +153,19 @@ async def connect(
 ) -> Bus:
     """Connect, then set up JetStream as `setup` says (create streams and buckets by default).
 
-    The first connect fails fast (a BusError); once connected, the client reconnects
-    forever on its own.
+    The first connect is bounded by `cfg.connect_timeout_s` (a BusError after it); once
+    connected, the client reconnects forever on its own.
     """
     cfg = cfg or NatsSettings()
-    opts = connect_options(cfg, credentials)
-    try:
-        nc = await nats.connect(
-            url,
-            name=name,
-            error_cb=_first_errors(url),
-            connect_timeout=5,
-            **opts,
-            allow_reconnect=False,
-        )
-    except (OSError, NatsError, TimeoutError) as exc:
-        raise BusError(f"cannot connect to NATS at {url}: {exc}") from exc
-    # Reconnecting is switched on once connected: nats-py would retry a failing first
-    # connect forever (max_reconnect_attempts=-1), hiding a wrong URL or password.
-    nc.options["allow_reconnect"] = True
+    nc = await first_connect(url, cfg, name, credentials)
     js = nc.jetstream(timeout=10)
     try:
         kv = await _set_up(js, cfg, setup)
     except (JsError, NatsError, TimeoutError) as exc:
         await nc.close()
         raise BusError(f"cannot set up JetStream at {url} ({setup}): {exc}") from exc
-    return Bus(nc=nc, js=js, kv=kv, url=url)
+    user = credentials.user if credentials is not None else (cfg.user or "")
+    return Bus(nc=nc, js=js, kv=kv, url=url, user=user)
 
 
 async def _set_up(js: JetStreamContext, cfg: NatsSettings, setup: Setup) -> dict[str, KeyValue]:
@@ -212,6 +177,8 @@ async def _set_up(js: JetStreamContext, cfg: NatsSettings, setup: Setup) -> dict
     try:
         return {name: await js.key_value(c.bucket) for name, c in BUCKETS.items()}
     except BucketNotFoundError as exc:
+        if setup == "join":
+            return await _set_up(js, cfg, "create")
         raise BusError(f"a KV bucket is missing ({exc}): start the engine once first") from exc
 
 
@@ -262,15 +229,29 @@ async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig, replicas: 
 
 @asynccontextmanager
 async def open_bus(
-    cfg: NatsSettings, state_dir: Path, name: str = "gpuops", role: Role = "engine"
+    cfg: NatsSettings,
+    state_dir: Path,
+    name: str = "gpuops",
+    role: Role = "engine",
+    *,
+    stopped_store: bool = False,
 ) -> AsyncIterator[Bus]:
     """The configured NATS, or a running engine's embedded one, or a new embedded one.
 
     On the embedded server the role's generated credentials are used (and its
-    permissions apply); a configured URL uses the configured credentials.
+    permissions apply); a configured URL uses the configured credentials. The CLI never
+    starts a server others could use (`join_bus`): one with no engine behind it would
+    answer questions about a fleet that nobody watches. `stopped_store` lets a reader of
+    the record (history) open a stopped engine's store instead, privately.
     """
     bus: Bus | None
-    if cfg.url:
+    if role == "cli" and stopped_store and _stopped(cfg, state_dir):
+        async with _read_store(cfg, state_dir, name) as reader:
+            yield reader
+        return
+    if role == "cli":
+        bus = await join_bus(cfg, state_dir, name)
+    elif cfg.url:
         bus = await connect(cfg.url, cfg, name, setup="none" if role == "agent" else "create")
     else:
         bus = await _join_embedded(cfg, state_dir, name, role)
@@ -284,14 +265,85 @@ async def open_bus(
         await bus.close()
 
 
+async def join_bus(cfg: NatsSettings, state_dir: Path, name: str = "gpuops-cli") -> Bus:
+    """A command's connection: the configured URL, else the one the running engine wrote.
+
+    A BusError says which URL, why it did not answer, and what to do.
+    """
+    url, credentials, origin = cli_endpoint(cfg, state_dir)
+    # A configured NATS may be new: its streams and buckets are made as the engine would.
+    setup: Setup = "open" if origin is not None else "join"
+    try:
+        return await connect(url, cfg, name, setup=setup, credentials=credentials)
+    except BusError as exc:
+        if origin is None:
+            raise
+        raise BusError(
+            f"{exc}; the URL is from {origin}: is `gpuops run --state-dir {state_dir}` "
+            "still running? (or pass --nats URL)"
+        ) from exc
+
+
+def cli_endpoint(cfg: NatsSettings, state_dir: Path) -> tuple[str, Credentials | None, Path | None]:
+    """The URL a command connects to, its credentials, and the file the URL came from.
+
+    The state dir's operator credentials are only ever sent to the URL its own engine
+    wrote: a configured URL without configured credentials may be someone else's server.
+    """
+    own = bool(cfg.user or cfg.token or cfg.creds or cfg.nkeys_seed)
+    marker = url_file(state_dir)
+    try:
+        written = marker.read_text().strip() if marker.exists() else ""
+    except OSError as exc:
+        if cfg.url:
+            return cfg.url, None, None
+        raise BusError(
+            f"cannot read {marker} ({exc.strerror}): pass --nats URL and your NATS user "
+            "(GPUOPS_NATS__USER, GPUOPS_NATS__PASSWORD)"
+        ) from exc
+    if cfg.url:
+        mine = cfg.url == written and not own
+        return cfg.url, read_credentials(state_dir, "cli") if mine else None, None
+    if not written:
+        raise BusError(
+            f"no engine running on state dir {state_dir} (it has no nats.url) and no NATS "
+            f"URL configured: start `gpuops run --state-dir {state_dir}`, or pass --nats URL"
+        )
+    return written, None if own else read_credentials(state_dir, "cli"), marker
+
+
+def _stopped(cfg: NatsSettings, state_dir: Path) -> bool:
+    """No URL to join, but a store an engine left in the state dir."""
+    return not cfg.url and not url_file(state_dir).exists() and store_dir(state_dir).is_dir()
+
+
+@asynccontextmanager
+async def _read_store(cfg: NatsSettings, state_dir: Path, name: str) -> AsyncIterator[Bus]:
+    """A stopped engine's store behind a private server: a new port, no nats.url, gone
+    when the reader is done, so no agent or engine takes it for the engine's."""
+    server = EmbeddedNats(
+        store_dir(state_dir),
+        config_text=server_config(ensure_credentials(state_dir), operators(state_dir)),
+    )
+    async with server:
+        credentials = read_credentials(state_dir, "cli")
+        bus = await connect(server.url, cfg, name, setup="open", credentials=credentials)
+        try:
+            yield bus
+        finally:
+            await bus.close()
+
+
 async def _join_embedded(cfg: NatsSettings, state_dir: Path, name: str, role: Role) -> Bus | None:
     """A connection to another process's embedded server on this state dir, if it answers."""
     url = url_file(state_dir).read_text().strip() if url_file(state_dir).exists() else None
     if not url:
         return None
+    # A URL left by an engine that died answers nothing: find out quickly, then start one.
+    quick = cfg.model_copy(update={"connect_timeout_s": min(cfg.connect_timeout_s, 2.0)})
     try:
         credentials = read_credentials(state_dir, role)
-        return await connect(url, cfg, name, setup=_EMBEDDED_SETUP[role], credentials=credentials)
+        return await connect(url, quick, name, setup=_EMBEDDED_SETUP[role], credentials=credentials)
     except BusError as exc:
         log.info("no running embedded nats-server at %s (%s); starting one", url, exc)
         url_file(state_dir).unlink(missing_ok=True)
@@ -303,7 +355,7 @@ async def _own_embedded(
     cfg: NatsSettings, state_dir: Path, name: str, role: Role
 ) -> AsyncIterator[Bus]:
     """Start a supervised embedded server, set it up as the engine, connect as `role`."""
-    server = new_server(state_dir)
+    server = new_server(state_dir, cfg.embedded_port)
     async with server:
         announce(state_dir, server)
         log.info("embedded nats-server at %s (store %s)", server.url, server.store_dir)
@@ -338,33 +390,3 @@ def agent_endpoint(cfg: NatsSettings, state_dir: Path) -> tuple[str, Credentials
             f"no NATS URL: pass --nats URL, or run `gpuops run` with state dir {state_dir}"
         )
     return url, read_credentials(state_dir, "agent")
-
-
-def _first_errors(url: str, every_s: float = 60.0) -> Callable[[Exception], Awaitable[None]]:
-    """An error callback that logs a failure when it changes or once a minute, not on every
-    retry of a long outage."""
-    last_text, last_at = [""], [0.0]
-
-    async def report(exc: Exception) -> None:
-        text, now = f"{type(exc).__name__}: {exc}", time.monotonic()
-        if text != last_text[0] or now - last_at[0] >= every_s:
-            log.warning("nats at %s: %s (retrying)", url, text)
-            last_text[0], last_at[0] = text, now
-
-    return report
-
-
-async def connect_forever(
-    nc: Client, url: str, cfg: NatsSettings, credentials: Credentials | None, name: str
-) -> None:
-    """Connect `nc`, retrying until it works or the task is cancelled; reconnects after."""
-    opts = connect_options(cfg, credentials)
-    await nc.connect(
-        url,
-        name=name,
-        error_cb=_first_errors(url),
-        connect_timeout=2,
-        allow_reconnect=True,
-        **opts,
-    )
-    log.info("connected to nats at %s", url)

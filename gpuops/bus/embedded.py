@@ -4,7 +4,9 @@ STATE/            0700
   nats.url        0644  the URL of the running engine's server (no secret in it)
   nats/           the store; nats/port remembers the port across engine restarts,
                   so agents configured with it are not stranded on an old one
-  creds/<role>.json  0600  generated user and password per role
+  creds/<role>.json  0600  generated user and password per role (cli.json: the
+                  default operator, user `operator`)
+  creds/operators/<name>.json  0600  operator users a site adds (docs/operations.md)
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import errno
 import socket
 from pathlib import Path
 
-from gpuops.bus.auth import ensure_credentials, private_dir, server_config
+from gpuops.bus.auth import ensure_credentials, operators, private_dir, server_config
 from gpuops.bus.server import EmbeddedNats
 
 
@@ -61,14 +63,17 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def new_server(state_dir: Path) -> EmbeddedNats:
-    """A supervised, authenticated server on the remembered port when that is free."""
+def new_server(state_dir: Path, port: int | None = None) -> EmbeddedNats:
+    """A supervised, authenticated server on `port` (configured), else on the remembered
+    port when that is free, else on a new one (remembered from then on)."""
     creds = ensure_credentials(state_dir)
-    port = _remembered_port(state_dir)
+    if port is None:
+        remembered = _remembered_port(state_dir)
+        port = remembered if remembered and _port_free(remembered) else -1
     return EmbeddedNats(
         store_dir(state_dir),
-        port=port if port and _port_free(port) else -1,
-        config_text=server_config(creds),
+        port=port,
+        config_text=server_config(creds, operators(state_dir)),
         supervise=True,
     )
 

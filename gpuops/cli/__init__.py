@@ -12,21 +12,54 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from gpuops.cli import agent_cmds, engine_cmds, operator_cmds, sim_cmds, site_cmds
+from gpuops.errors import EngineError
 
 
-@click.group()
+class Gpuops(click.Group):
+    """The group: every command's errors end here, each as one message and an exit code.
+
+    Bad arguments are click's UsageError (exit 2), whether click or the engine found
+    them; an EngineError (gpuops.errors) exits 1 with its message, which says what to
+    do; anything else is a bug, one line too unless --debug asks for the traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from gpuops.cmdwire import CommandUsageError
+
+        try:
+            return super().invoke(ctx)
+        except click.ClickException:
+            raise
+        except CommandUsageError as exc:
+            raise click.UsageError(str(exc)) from exc
+        except EngineError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            raise click.ClickException(
+                f"internal error: {type(exc).__name__}: {exc} "
+                "(a bug: rerun with --debug for the traceback, and report it)"
+            ) from exc
+
+
+@click.group(cls=Gpuops)
 @click.option("--config", type=click.Path(path_type=Path), help="settings YAML (or GPUOPS_CONFIG)")
 @click.option(
     "--state-dir", type=click.Path(path_type=Path), help="state dir (or GPUOPS_STATE_DIR)"
 )
 @click.option("-v", "--verbose", count=True, help="more logging on stderr")
+@click.option("--debug", is_flag=True, help="a traceback with an unexpected error")
 @site_cmds.version_option
 @click.pass_context
-def main(ctx: click.Context, config: Path | None, state_dir: Path | None, verbose: int) -> None:
+def main(
+    ctx: click.Context, config: Path | None, state_dir: Path | None, verbose: int, debug: bool
+) -> None:
     """gpuops: event-driven remediation for GPU clusters."""
     level = logging.WARNING - 10 * verbose
     logging.basicConfig(

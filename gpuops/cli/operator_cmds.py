@@ -1,42 +1,41 @@
 """`gpuops` commands for operators against a running engine's bus: status, history,
 approvals, silences, the breaker, drains, dry-run, drift checks, publishing events.
 
-Most of them run the ChatOps command of the same name (gpuops.commands), so a terminal
-and a chat do exactly the same thing.
+Those that change things ask the running engine to run the ChatOps command of the same
+name (gpuops.commands) as the operator's NATS user, so a terminal and a chat do exactly
+the same thing under the same permission table. None of them starts a NATS server.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
 
 from gpuops.cli.terminal import cells, err, out, run_async, settings_from
+from gpuops.errors import EventError
 
 if TYPE_CHECKING:
     from gpuops.act.driftcheck import DriftReport
-    from gpuops.commands import Commands
     from gpuops.models import AuditRecord
     from gpuops.settings import Settings
 
 NATS_HELP = "NATS URL (default: the running engine's embedded server)"
 
 
-async def with_commands(settings: Settings, use: Callable[[Commands], Awaitable[Any]]) -> Any:
-    """Connect, build the command set over the inventory, and run `use(commands)`."""
+async def read_status(settings: Settings) -> dict[str, Any]:
+    """The status as the bus has it; no inventory file needed (the engine's heartbeat
+    says how many hosts it watches)."""
     from gpuops.bus.conn import open_bus
     from gpuops.clock import SystemClock
     from gpuops.commands import Commands
-    from gpuops.inventory import load_inventory
 
-    inventory = load_inventory(settings.inventory)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
     async with open_bus(settings.nats, settings.state_dir, name="gpuops-cli", role="cli") as bus:
-        return await use(Commands(bus, SystemClock(), inventory, settings.chatops))
+        return await Commands(bus, SystemClock(), None, settings.chatops).status()
 
 
 @click.command()
@@ -44,34 +43,40 @@ async def with_commands(settings: Settings, use: Callable[[Commands], Awaitable[
 @click.option("--nats", help=NATS_HELP)
 @click.pass_context
 def status(ctx: click.Context, as_json: bool, nats: str | None) -> None:
-    """The fleet: nodes per state, nodes not healthy and why, breaker, approvals, silences."""
+    """The engine (up or not), nodes per state, nodes not healthy and why, breaker,
+    approvals, silences. Exits 1 when no engine is running (after saying so)."""
     from gpuops.commands import render_status
 
-    result = run_async(with_commands(settings_from(ctx, nats=nats), lambda c: c.status()))
+    result = run_async(read_status(settings_from(ctx, nats=nats)))
     click.echo(
         json.dumps(result, sort_keys=True, default=str) if as_json else render_status(result)
     )
+    if not result["engine"]["running"]:
+        ctx.exit(1)
 
 
 def _chat_command(name: str, doc: str) -> click.Command:
-    """A CLI command that runs the ChatOps command of the same name."""
+    """A CLI command that asks the running engine to run the ChatOps command of that name,
+    as this connection's NATS user (the engine checks the permission table)."""
 
     @click.command(name, help=doc, context_settings={"ignore_unknown_options": True})
     @click.argument("args", nargs=-1)
     @click.option("--nats", help=NATS_HELP)
     @click.pass_context
     def command(ctx: click.Context, args: tuple[str, ...], nats: str | None) -> None:
-        import getpass
-        import shlex
-
-        from gpuops.commands import Caller
-
-        line = shlex.join([name, *args])
-        caller = Caller(user=getpass.getuser(), platform="cli")
         settings = settings_from(ctx, nats=nats)
-        click.echo(run_async(with_commands(settings, lambda c: c.run(line, caller))))
+        click.echo(run_async(ask(settings, name, list(args))))
 
     return command
+
+
+async def ask(settings: Settings, name: str, args: list[str]) -> str:
+    """Connect as this operator and have the engine run one command; its reply."""
+    from gpuops.bus.conn import open_bus
+    from gpuops.cmdwire import ask_engine
+
+    async with open_bus(settings.nats, settings.state_dir, name="gpuops-cli", role="cli") as bus:
+        return await ask_engine(bus, name, args)
 
 
 CHAT_COMMANDS = [
@@ -81,7 +86,8 @@ CHAT_COMMANDS = [
         ("deny", "Deny a pending action: deny ID."),
         (
             "silence",
-            "Silence rule:NAME, node:NAME, group:NAME or label:K=V for a DURATION with a REASON.",
+            "Silence rule:NAME, node:NAME, group:NAME or label:K=V for a DURATION with a REASON "
+            "(a node or group the inventory lacks: add --force).",
         ),
         ("unsilence", "Remove a silence: unsilence ID."),
         (
@@ -192,7 +198,7 @@ async def audit_records(settings: Settings, node: str | None) -> list[AuditRecor
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     async with open_bus(
-        settings.nats, settings.state_dir, name="gpuops-history", role="cli"
+        settings.nats, settings.state_dir, name="gpuops-history", role="cli", stopped_store=True
     ) as bus:
         return [r async for r in read_audit(bus.js, node)]
 
@@ -285,44 +291,54 @@ async def run_drift_check(
 @click.option("--nats", help=NATS_HELP)
 @click.pass_context
 def publish(ctx: click.Context, file: Any, nats: str | None) -> None:
-    """Publish events from a JSON lines file (`-` for stdin) to their subjects."""
+    """Publish events from a JSON lines file (`-` for stdin) to their subjects.
+
+    A line that is not a valid event is reported (line number and why, as the
+    dead-letter queue would say) and still sent, so the engine dead-letters it; the
+    command then exits 1.
+    """
     settings = settings_from(ctx, nats=nats)
-    sent, bad = run_async(publish_lines(settings, file.read().splitlines()))
-    click.echo(
-        f"published {sent} events"
-        + (f", {bad} lines were not JSON events (skipped)" if bad else "")
-    )
+    sent, rejected = run_async(publish_lines(settings, file.read().splitlines()))
+    for number, why in rejected:
+        click.echo(f"line {number}: {why}", err=True)
+    click.echo(f"published {sent} events")
+    if rejected:
+        raise EventError(
+            "rejected",
+            f"{len(rejected)} line(s) are not valid events (reasons above); fix them and "
+            "publish those lines again",
+        )
 
 
-async def publish_lines(settings: Settings, lines: list[bytes]) -> tuple[int, int]:
-    """Publish JSON-lines events to their subjects; lines that are not events are skipped."""
+async def publish_lines(
+    settings: Settings, lines: list[bytes]
+) -> tuple[int, list[tuple[int, str]]]:
+    """Publish JSON-lines events to their subjects; (sent, [(line number, why rejected)])."""
     from gpuops.bus.conn import open_bus
-    from gpuops.intake.decode import event_subject
-    from gpuops.models import EVENT_ADAPTER
+    from gpuops.intake.decode import decode, event_subject
 
-    sent = bad = 0
+    sent, rejected = 0, []
     subject: str | None
     async with open_bus(
         settings.nats, settings.state_dir, name="gpuops-publish", role="cli"
     ) as bus:
-        for line in lines:
+        for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
-                raw = json.loads(line)
-                subject = event_subject(EVENT_ADAPTER.validate_python(raw))
-                msg_id = str(raw.get("id"))
-            except ValueError:
+                event = decode(line)
+                subject, msg_id = event_subject(event), event.id
+            except EventError as exc:
                 # Published anyway to the kind's subject when it has one: the engine's
                 # dead-letter path is where a bad event is meant to end up and be seen.
+                rejected.append((number, str(exc)))
                 subject, msg_id = _fallback_subject(line), None
-                bad += 1
                 if subject is None:
                     continue
             headers = {"Nats-Msg-Id": msg_id} if msg_id else None
             await bus.js.publish(subject, line, headers=headers)
             sent += 1
-    return sent, bad
+    return sent, rejected
 
 
 def _fallback_subject(line: bytes) -> str | None:

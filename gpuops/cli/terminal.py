@@ -1,5 +1,5 @@
 """What every gpuops command shares: the consoles, settings from flags, running a
-coroutine with its errors printed, and user text made safe for Rich."""
+coroutine, and user text made safe for Rich. Errors are reported by the CLI group."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from gpuops.errors import EngineError
 from gpuops.settings import Settings, load_settings
 
 T = TypeVar("T")
@@ -22,12 +21,8 @@ err = Console(stderr=True)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a command's coroutine; an EngineError is printed and exits 2."""
-    try:
-        return asyncio.run(coro)
-    except EngineError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", markup=True, highlight=False)
-        sys.exit(2)
+    """Run a command's coroutine; its errors are the CLI group's to report."""
+    return asyncio.run(coro)
 
 
 def settings_from(ctx: click.Context, **flags: Any) -> Settings:
@@ -37,11 +32,7 @@ def settings_from(ctx: click.Context, **flags: Any) -> Settings:
     if nats_url:
         base["nats"] = {"url": nats_url}
     base.update({k: v for k, v in flags.items() if v is not None})
-    try:
-        return load_settings(base.pop("config", None), base)
-    except EngineError as exc:
-        err.print(f"error: {exc}", markup=False)
-        sys.exit(2)
+    return load_settings(base.pop("config", None), base)
 
 
 def cells(*values: object) -> list[str]:

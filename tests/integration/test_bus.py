@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
-from gpuops.bus.auth import KV_BUCKETS, Role, read_credentials
+from gpuops.bus.auth import KV_BUCKETS, Role, ensure_credentials, read_credentials
 from gpuops.bus.conn import (
     ACTIONS,
     AUDIT,
@@ -181,7 +181,9 @@ async def test_agent_may_publish_its_events_but_not_intents_kv_or_jetstream_api(
             await agent.close()
 
 
-async def test_executor_consumes_intents_and_the_cli_cannot_queue_one(tmp_path: Path) -> None:
+async def test_executor_consumes_intents_and_the_cli_can_neither_queue_one_nor_write_state(
+    tmp_path: Path,
+) -> None:
     state = tmp_path / "state"
     async with open_bus(NatsSettings(), state) as engine:
         await engine.js.publish("gpuops.actions.node-001", b'{"intent": 1}')
@@ -198,13 +200,21 @@ async def test_executor_consumes_intents_and_the_cli_cannot_queue_one(tmp_path: 
         errors: list[str] = []
         cli = await _client(state, "cli", engine.url, errors)
         try:
-            await cli.publish("gpuops.actions.node-001", b"{}")
-            await cli.flush()
-            await wait_for(lambda: _violations(errors, "gpuops.actions.node-001"), 10)
+            # Nor write state, nor forge a command event: changes go through the engine.
+            for subject in (
+                "gpuops.actions.node-001",
+                "$KV.gpuops_control.silence.y",
+                "gpuops.events.chatops.node-001",
+                "gpuops.cmd.alice.approve",
+            ):
+                await cli.publish(subject, b"{}")
+                await cli.flush()
+                await wait_for(lambda s=subject: _violations(errors, s), 10)
         finally:
             await cli.close()
+        await engine.kv["control"].put("silence.x", b"{}")
         async with open_bus(NatsSettings(), state, role="cli") as ops:
-            await ops.kv["control"].put("silence.x", b"{}")
+            assert ops.user == "operator"
             assert await ops.kv["control"].keys() == ["silence.x"]
             assert (await ops.js.stream_info(AUDIT)).state.messages == 1
         assert await _stream_messages(engine, ACTIONS, 0)
@@ -246,15 +256,28 @@ async def test_stream_limits_come_from_settings_and_update_existing_streams(
         await bus.close()
 
 
-async def test_a_stale_url_file_does_not_stop_a_cli_from_starting_its_own_server(
+async def test_a_stale_url_file_does_not_stop_an_engine_from_starting_its_own_server(
     tmp_path: Path,
 ) -> None:
     state = tmp_path / "state"
     state.mkdir()
     url_file(state).write_text("nats://127.0.0.1:1")
     async with asyncio.timeout(30):
-        async with open_bus(NatsSettings(), state, role="cli") as bus:
+        async with open_bus(NatsSettings(), state) as bus:
             assert bus.server is not None and bus.url == bus.server.url
+
+
+async def test_the_cli_never_starts_a_server_and_says_where_it_looked(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    with pytest.raises(BusError, match=r"no engine running on state dir .*start `gpuops run"):
+        async with open_bus(NatsSettings(), state, role="cli"):
+            pass
+    ensure_credentials(state)  # as an engine that died left them
+    url_file(state).write_text("nats://127.0.0.1:1")
+    with pytest.raises(BusError, match=r"cannot reach NATS at nats://127.0.0.1:1: .*nats.url"):
+        async with open_bus(NatsSettings(), state, role="cli"):
+            pass
+    assert not (state / "nats").exists(), "no embedded server was started"
 
 
 async def test_an_agent_without_a_url_finds_the_embedded_server_with_its_own_user(
@@ -274,3 +297,73 @@ async def test_an_agent_without_a_url_finds_the_embedded_server_with_its_own_use
             assert ack.stream == EVENTS
         finally:
             await nc.close()
+
+
+async def test_a_restarted_engine_keeps_its_url_and_connected_clients_come_back(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    async with open_bus(NatsSettings(), state) as first:
+        url = first.url
+        # An agent, and a publisher that joined the engine's server (`simulate --run`).
+        endpoint, credentials = agent_endpoint(NatsSettings(), state)
+        agent = Client()
+        await connect_forever(agent, endpoint, NatsSettings(), credentials, "agent-test")
+        async with open_bus(NatsSettings(), state, name="simulate-test") as simulate:
+            assert simulate.server is None and simulate.url == url, "joined, not started"
+            await wait_for(lambda: agent.is_connected, 10)
+            async with asyncio.timeout(120):
+                await _restart_engine(state, first, url)
+                async with open_bus(NatsSettings(), state) as second:
+                    assert second.url == url, "the restarted engine's server has the old URL"
+                    await wait_for(lambda: agent.is_connected and simulate.nc.is_connected, 30)
+                    ack = await agent.jetstream(timeout=5).publish(
+                        "gpuops.events.heartbeat.node-001", b"{}"
+                    )
+                    assert ack.stream == EVENTS
+                    assert await _publish_acked(simulate, "gpuops.events.heartbeat.node-002")
+        await agent.close()
+
+
+async def _restart_engine(state: Path, engine: Bus, url: str) -> None:
+    """Stop the first engine's server as its exit would (the clients stay)."""
+    assert engine.server is not None
+    await engine.close()
+    await asyncio.to_thread(engine.server.stop)
+    url_file(state).unlink(missing_ok=True)
+    assert port_file(state).read_text() == url.rsplit(":", 1)[1]
+
+
+async def test_a_configured_embedded_port_is_used(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with open_bus(NatsSettings(embedded_port=port), tmp_path / "state") as bus:
+        assert bus.url == f"nats://127.0.0.1:{port}"
+
+
+async def test_the_cli_joins_the_embedded_server_by_its_url_without_setting_it_up(
+    tmp_path: Path,
+) -> None:
+    state = tmp_path / "state"
+    async with open_bus(NatsSettings(), state) as engine:
+        # `--nats URL` naming the engine's own server: the state dir's operator, and only
+        # opening what the engine made (the operator may not change streams).
+        async with asyncio.timeout(8):
+            async with open_bus(NatsSettings(url=engine.url), state, role="cli") as cli:
+                assert cli.user == "operator" and set(cli.kv) == set(BUCKETS)
+
+
+async def test_history_reads_a_stopped_engines_store_privately(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    async with open_bus(NatsSettings(), state) as engine:
+        await engine.js.publish("gpuops.audit._fleet", b'{"note": 1}')
+    async with open_bus(NatsSettings(), state, role="cli", stopped_store=True) as reader:
+        assert (await reader.js.stream_info(AUDIT)).state.messages == 1
+        assert not url_file(state).exists(), "nobody can take it for the engine's server"
+        port = int(reader.url.rsplit(":", 1)[1])
+    with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+        probe.connect(("127.0.0.1", port))  # the reader's server went with it
+    with pytest.raises(BusError, match="no engine running"):
+        async with open_bus(NatsSettings(), state, role="cli"):
+            pass

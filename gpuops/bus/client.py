@@ -1,0 +1,169 @@
+"""A NATS client's connection: options from settings, a bounded first connect, and
+reconnecting forever once connected (or, for an agent, from the start)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from nats.aio.client import Client
+from nats.errors import AuthorizationError, NoServersError
+from nats.errors import Error as NatsError
+
+from gpuops.bus.auth import Credentials
+from gpuops.errors import BusError
+from gpuops.settings import NatsSettings
+
+log = logging.getLogger(__name__)
+
+
+def _tls(cfg: NatsSettings) -> ssl.SSLContext | None:
+    if not (cfg.tls_ca or cfg.tls_cert):
+        return None
+    ctx = ssl.create_default_context(cafile=str(cfg.tls_ca) if cfg.tls_ca else None)
+    if cfg.tls_cert:
+        ctx.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key) if cfg.tls_key else None)
+    return ctx
+
+
+def connect_options(cfg: NatsSettings, credentials: Credentials | None = None) -> dict[str, Any]:
+    """Keyword arguments for nats.connect (secrets unwrapped only here).
+
+    `credentials` (the embedded server's generated user) replace the configured ones.
+    """
+    opts: dict[str, Any] = {"max_reconnect_attempts": -1, "reconnect_time_wait": 1}
+    if credentials is not None:
+        return {**opts, "user": credentials.user, "password": credentials.password}
+    if cfg.user:
+        opts["user"] = cfg.user
+        opts["password"] = cfg.password.get_secret_value() if cfg.password else None
+    if cfg.token:
+        opts["token"] = cfg.token.get_secret_value()
+    if cfg.nkeys_seed:
+        opts["nkeys_seed"] = str(cfg.nkeys_seed)
+    if cfg.creds:
+        opts["user_credentials"] = str(cfg.creds)
+    tls = _tls(cfg)
+    if tls is not None:
+        opts["tls"] = tls
+    return opts
+
+
+class _ConnectErrors:
+    """nats-py's error callback: kept quiet (the last one remembered) until the first
+    connect succeeds, then logged as they change or once a minute."""
+
+    def __init__(self, url: str) -> None:
+        self.connected = False
+        self.last: Exception | None = None
+        self._report = _first_errors(url)
+
+    async def record(self, exc: Exception) -> None:
+        """The callback (nats-py takes only coroutine functions, not callable objects)."""
+        if self.connected:
+            await self._report(exc)
+        else:
+            self.last = exc
+
+
+async def first_connect(
+    url: str, cfg: NatsSettings, name: str, credentials: Credentials | None = None
+) -> Client:
+    """A connected client, or a BusError saying why not, within `cfg.connect_timeout_s`.
+
+    nats-py would retry a failing first connect forever (max_reconnect_attempts=-1),
+    hiding a wrong URL; here each try is short and the tries stop at the deadline. A
+    refused password is final at once, a refused connection after REFUSED_FOR_S (long
+    enough for a supervised server's restart). Reconnecting forever is switched on
+    once connected.
+    """
+    errors = _ConnectErrors(url)
+    began = time.monotonic()
+    opts = connect_options(cfg, credentials)
+    opts.update(allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0.2)
+    while True:
+        left = began + cfg.connect_timeout_s - time.monotonic()
+        nc = Client()
+        try:
+            # Each try (two connects, 0.2 s apart) ends within what is left. nats-py annotates the
+            # timeout as int but hands it to asyncio.wait_for, which takes any seconds.
+            wait: Any = min(2.0, max(left / 4, 0.2))
+            await nc.connect(url, name=name, error_cb=errors.record, connect_timeout=wait, **opts)
+        except (OSError, ValueError, NatsError, TimeoutError) as exc:
+            await _drop(nc)
+            cause = errors.last if isinstance(exc, NoServersError) and errors.last else exc
+            if _give_up(cause, time.monotonic() - began, cfg.connect_timeout_s):
+                raise BusError(
+                    f"cannot reach NATS at {url}: {_why(cause)} "
+                    f"(after {time.monotonic() - began:.0f} s)"
+                ) from exc
+            await asyncio.sleep(0.5)
+            continue
+        errors.connected = True
+        nc.options.update(allow_reconnect=True, max_reconnect_attempts=-1, reconnect_time_wait=1)
+        return nc
+
+
+REFUSED_FOR_S = 2.0
+
+
+def _give_up(cause: BaseException, spent: float, limit: float) -> bool:
+    if isinstance(cause, AuthorizationError) or "authorization" in str(cause).lower():
+        return True
+    if isinstance(cause, ConnectionRefusedError):
+        limit = min(limit, REFUSED_FOR_S)
+    return spent + 0.5 >= limit
+
+
+async def _drop(nc: Client) -> None:
+    """Close a client whose first connect failed (it may hold a half-open socket)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(nc.close(), 2)
+
+
+def _why(exc: BaseException) -> str:
+    """A failed connect in a few words."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, TimeoutError):
+        return "no answer (timed out)"
+    if isinstance(exc, AuthorizationError):
+        return "authorization violation (wrong user or password)"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc).strip() or type(exc).__name__
+
+
+def _first_errors(url: str, every_s: float = 60.0) -> Callable[[Exception], Awaitable[None]]:
+    """An error callback that logs a failure when it changes or once a minute, not on every
+    retry of a long outage."""
+    last_text, last_at = [""], [0.0]
+
+    async def report(exc: Exception) -> None:
+        text, now = f"{type(exc).__name__}: {exc}", time.monotonic()
+        if text != last_text[0] or now - last_at[0] >= every_s:
+            log.warning("nats at %s: %s (retrying)", url, text)
+            last_text[0], last_at[0] = text, now
+
+    return report
+
+
+async def connect_forever(
+    nc: Client, url: str, cfg: NatsSettings, credentials: Credentials | None, name: str
+) -> None:
+    """Connect `nc`, retrying until it works or the task is cancelled; reconnects after."""
+    opts = connect_options(cfg, credentials)
+    await nc.connect(
+        url,
+        name=name,
+        error_cb=_first_errors(url),
+        connect_timeout=2,
+        allow_reconnect=True,
+        **opts,
+    )
+    log.info("connected to nats at %s", url)
