@@ -33,6 +33,7 @@ from gpuops.inventory import Inventory
 from gpuops.match.durations import format_duration
 from gpuops.models import new_event, subject_for
 from gpuops.record.audit import Auditor, read_audit
+from gpuops.record.episodes import Episode, episode_line, read_open
 from gpuops.record.nodestate import NodeState, NodeStates
 from gpuops.settings import ChatopsSettings
 
@@ -122,6 +123,7 @@ class Commands:
         self.breaker = BreakerStore(control)
         self.switches: Store[Switch] = Store(control, Switch, "switch")
         self.states = NodeStates(NatsKV(bus.kv["nodes"]))
+        self.episodes: Store[Episode] = Store(NatsKV(bus.kv["nodes"]), Episode, "episode")
         self.heartbeats = Heartbeats(control)
         self.drift_check = drift_check
 
@@ -272,6 +274,10 @@ class Commands:
             "breaker": breaker.model_dump(mode="json"),
             "approvals": approvals,
             "silences": silences,
+            "episodes": [
+                {**ep.model_dump(mode="json"), "id": ep.id, "line": episode_line(ep, now)}
+                for ep in await read_open(self.episodes)
+            ],
             "dry_run": bool(dry and dry.on),
         }
 
@@ -414,5 +420,8 @@ def render_status(s: dict[str, Any]) -> str:
         lines.append(
             f"silence {x['id']}: {x['target']} until {rfc3339(x['ends'])[:19]} ({x['reason']})"
         )
+    episodes = s.get("episodes", [])
+    lines.append(f"open episodes: {len(episodes)}")
+    lines += [f"  {ep['line']}" for ep in episodes[:20]]
     lines.append(f"dry-run: {'on' if s['dry_run'] else 'off'}")
     return "\n".join(lines)

@@ -22,7 +22,6 @@ per-sample touches stay in memory and are written with the next change or the sw
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
@@ -274,10 +273,7 @@ class Episodes:
 
     async def all_open(self) -> list[Episode]:
         """Open episodes, from KV (every replica's and the executor's view)."""
-        return sorted(
-            (ep for _, ep in await self.store.all() if ep.resolved_at is None),
-            key=lambda ep: ep.opened_at,
-        )
+        return await read_open(self.store)
 
     async def _load(self, key: tuple[str, str]) -> Episode | None:
         found, _ = await self.store.get(*key)
@@ -304,14 +300,16 @@ def _summary(d: Decision) -> str:
     return f"{m.rule} on {where}"
 
 
-def open_lines(episodes: Iterable[Episode], now: float) -> list[str]:
-    """One line per open episode, for `status` and ChatOps."""
-    out = []
-    for ep in episodes:
-        state = f"escalated ({ep.escalated})" if ep.escalated else "remediating"
-        if ep.decided_at is None and not ep.escalated:
-            state = "open"
-        out.append(
-            f"{ep.id}: {ep.summary}, {state}, {ep.samples} samples, open {now - ep.opened_at:.0f}s"
-        )
-    return out
+def episode_line(ep: Episode, now: float) -> str:
+    """One line for an open episode, for `status` and ChatOps: what people see instead of
+    the samples behind it."""
+    state = f"escalated ({ep.escalated})" if ep.escalated else "remediating"
+    if ep.decided_at is None and not ep.escalated:
+        state = "open"
+    return f"{ep.id}: {ep.summary}, {state}, {ep.samples} samples, open {now - ep.opened_at:.0f}s"
+
+
+async def read_open(store: Store[Episode]) -> list[Episode]:
+    """Open episodes as KV has them (every replica's and the executor's view), oldest first."""
+    found = [ep for _, ep in await store.all() if ep.resolved_at is None]
+    return sorted(found, key=lambda ep: ep.opened_at)

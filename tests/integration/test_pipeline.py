@@ -15,7 +15,10 @@ import pytest
 
 from gpuops.bus.conn import ACTIONS, DLQ, Bus
 from gpuops.bus.server import EmbeddedNats
+from gpuops.clock import SystemClock
+from gpuops.commands import Commands, render_status
 from gpuops.record.audit import read_audit
+from gpuops.settings import ChatopsSettings
 from gpuops.sim.fleet import SimFleet, envelope
 from tests.conftest import (
     calls,
@@ -54,7 +57,19 @@ async def test_overheat_and_low_power_limit_run_their_playbooks(
             await _publish(bus, _hot_sample(fleet, "node-001", t, 3, temp_c=88.0))
             await _publish(bus, _hot_sample(fleet, "node-002", t, 1))
         await wait_for(lambda: counted(app.engine.metrics.runs) >= 2, 60)
+        # People see the fault as one open episode, not the samples behind it.
+        status = await Commands(bus, SystemClock(), None, ChatopsSettings()).status()
+        [hot] = [e for e in status["episodes"] if e["rule"] == "gpu-overheat"]
+        assert hot["node"] == "node-001" and hot["gpus"] == [3] and hot["decided_at"]
+        assert "open episodes: " in render_status(status)
+        # The GPU cools: the episode resolves, timed, and says so in the audit.
+        await _publish(bus, _hot_sample(fleet, "node-001", time.time(), 3, temp_c=40.0))
+        await wait_for(
+            lambda: app.engine.metrics.detect_to_recover.labels("gpu-overheat")._sum.get() > 0, 30
+        )
 
+    notes = [r.summary async for r in read_audit(bus.js, "node-001") if r.type == "note"]
+    assert any(n.startswith("episode gpu-overheat@node-001") and "resolved" in n for n in notes)
     drains = calls(fleet, "node-001", "scontrol")
     assert [
         "update",
