@@ -62,7 +62,8 @@ def host_data(intent: Intent) -> dict[str, Any]:
         rule=intent.rule,
         node=intent.node,
         gpu=intent.gpu,
-        gpus=list(intent.gpus),
+        # Every GPU intent names its GPUs as a list (an intent of one GPU: that one).
+        gpus=list(intent.gpus) or ([] if intent.gpu is None else [intent.gpu]),
         event_id=intent.event_id,
         intent_key=intent.key,
     )

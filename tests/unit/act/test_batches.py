@@ -122,3 +122,10 @@ def test_a_run_that_timed_out_or_was_canceled_is_so_for_every_host(
 
 def test_a_host_missing_from_a_successful_run_did_not_run() -> None:
     assert _result("successful", 0, {"a": {"ok": 2}}).host_status("b") is RunStatus.ERROR
+
+
+def test_an_intent_of_one_gpu_names_it_in_the_list_per_gpu_playbooks_read() -> None:
+    one = _intent("node-007").model_copy(update={"gpu": 2, "gpus": ()})
+    assert host_data(one)["gpus"] == [2]
+    node_level = _intent("node-007").model_copy(update={"gpu": None, "gpus": ()})
+    assert host_data(node_level)["gpus"] == []
