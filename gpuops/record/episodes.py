@@ -210,7 +210,7 @@ class Episodes:
     async def _resolve(self, key: tuple[str, str], ep: Episode, why: str) -> None:
         now = self.clock.now()
         done = ep.model_copy(update={"resolved_at": now, "why_resolved": why})
-        await self._write(key, done, False)
+        done = await self._write(key, done, False)  # with the run times the executor added
         self.open.pop(key, None)
         await self.auditor.note(
             now,
