@@ -33,8 +33,8 @@ class Gpuops(click.Group):
 
         try:
             return super().invoke(ctx)
-        except click.ClickException:
-            raise
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise  # click's own: a usage error, `--help` of a subcommand, Ctrl-C
         except CommandUsageError as exc:
             raise click.UsageError(str(exc)) from exc
         except EngineError as exc:

@@ -84,3 +84,10 @@ def test_help_lists_every_command() -> None:
         *("simulate", "sim-fault", "demo", "agent"),
         *("init", "export"),
     }
+
+
+def test_help_of_a_subcommand_exits_0_without_an_error() -> None:
+    for args in (("status", "--help"), ("bench", "storm", "--help"), ("history", "--help")):
+        done = _gpuops(*args)
+        assert done.returncode == 0 and "Usage:" in done.stdout, (args, done.stderr)
+        assert "Error" not in done.stderr, (args, done.stderr)
