@@ -252,7 +252,8 @@ async def open_bus(
     if role == "cli":
         bus = await join_bus(cfg, state_dir, name)
     elif cfg.url:
-        bus = await connect(cfg.url, cfg, name, setup="none" if role == "agent" else "create")
+        # Only the engine creates streams and buckets; an executor's user may not.
+        bus = await connect(cfg.url, cfg, name, setup=_EMBEDDED_SETUP[role])
     else:
         bus = await _join_embedded(cfg, state_dir, name, role)
     if bus is None:

@@ -73,14 +73,7 @@ async def test_a_wrong_password_is_refused(site_nats: EmbeddedNats) -> None:
         await connect(site_nats.url, as_role("engine", "not-the-password"))
 
 
-# Slow: the refused stream creation takes JetStream's 10 s request timeout to show.
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="gpuops/bus/conn.py open_bus: a configured URL sets up JetStream with "
-    "setup='create' for every role but the agent, and the executor may not create "
-    "streams; it should open them (setup='open'), as on the embedded server",
-)
+# A site NATS with per-role users: the engine sets JetStream up, the executor opens it.
 async def test_executor_role_starts_on_a_site_nats(site_nats: EmbeddedNats, tmp_path: Path) -> None:
     engine = await connect(site_nats.url, as_role("engine"))
     await engine.close()
