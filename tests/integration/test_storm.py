@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +81,58 @@ async def test_storm_stops_at_the_breaker_limit_and_notifies(
 
 async def _queue_empty(bus: Bus) -> bool:
     return (await bus.js.stream_info(ACTIONS)).state.messages == 0
+
+
+def _hot(fleet: SimFleet, node: str, t: float) -> dict[str, Any]:
+    event = fleet.telemetry(node, t)
+    assert event is not None
+    event["data"]["gpus"][0]["temp_c"] = 88.0
+    return event
+
+
+@pytest.mark.slow
+async def test_a_storm_with_the_breaker_raised_runs_in_batches_and_is_one_message(
+    tmp_path: Path, bus: Bus, nats_server: EmbeddedNats
+) -> None:
+    """Issue 12: 30% of 167 nodes overheat; with the breaker's limit raised for the test the
+    50 drains run as a few ansible-runner calls, each host's result in the audit, and
+    people get one storm message, not 50 incidents."""
+    fleet = SimFleet.create(tmp_path / "sim", nodes=167, gpus=1)
+    hot = fleet.nodes[::3][:50]
+    runner, url, received = await _webhook_sink()
+    settings = engine_settings(
+        tmp_path,
+        fleet,
+        nats_server.url,
+        safety={"breaker_share": 1.0, "breaker_absolute": 1000},
+        executor={"batch_size": 25, "forks": 10, "gather_window_s": 2.0},
+        notifications={"group_wait_s": 2.0},
+        chatops={"webhooks": [{"kind": "slack", "url": url}]},
+    )
+    started = time.monotonic()
+    try:
+        async with running_engine(settings, bus) as app:
+            now = time.time()
+            for second in range(-70, 1, 5):  # 70 s of hot samples, ending now
+                for node in hot:
+                    event = _hot(fleet, node, now + second)
+                    await bus.js.publish(
+                        f"gpuops.telemetry.{node}",
+                        json.dumps(event).encode(),
+                        headers={"Nats-Msg-Id": event["id"]},
+                    )
+            await wait_for(lambda: counted(app.engine.metrics.runs) >= 50, 240)
+            await wait_for(lambda: any("storm" in m["text"] for m in received), 30)
+    finally:
+        await runner.cleanup()
+    wall = time.monotonic() - started
+    outcomes = await run_outcomes(bus)
+    assert sorted(o.node for o in outcomes) == sorted(hot), "one result per host"
+    assert all(o.status == "successful" and o.playbook == "drain.yml" for o in outcomes)
+    runs = {o.run_id for o in outcomes}
+    print(f"storm: 50 of 167 nodes overheating, drained in {wall:.1f}s wall, {len(runs)} runs")
+    assert len(runs) <= 6, f"{len(runs)} ansible-runner calls for 50 hosts"
+    assert all(fleet.state(n)["drained"] for n in hot)
+    assert not any(calls(fleet, n, "scontrol") for n in fleet.nodes if n not in hot)
+    about = [m["text"] for m in received if "gpu-overheat" in m["text"]]
+    assert 1 <= len(about) <= 4, f"a storm is a few grouped messages, not one per node: {about}"
