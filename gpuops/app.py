@@ -171,6 +171,7 @@ class App:
         for intake in self.intakes:
             loops[intake.durable] = lambda i=intake: i.run(self.stop)  # type: ignore[misc]
         loops["heartbeat"] = self._heartbeat
+        loops["notes"] = self._notes  # every role tells people (an executor: failed runs)
         if self.intakes:
             loops["tick"], loops["rules"] = self._tick, self._watch_rules
             loops["commands"] = self._answer_commands
@@ -191,6 +192,7 @@ class App:
         finally:
             if server is not None:
                 await server.stop()
+            self.engine.recorder.flush(force=True)  # what was grouped still goes out
             await self.notifier.drain()
 
     async def _heartbeat(self) -> None:
@@ -310,13 +312,19 @@ class App:
         )
         return render_report(report)
 
+    async def _notes(self) -> None:
+        """Send the grouped notifications that are due, every tick."""
+        while not self.stop.is_set():
+            self.engine.recorder.flush()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), self.settings.tick_s)
+
     async def _tick(self) -> None:
         last_observe = last_sweep = float("-inf")
         switch: Store[Switch] = Store(self.engine.buckets.control, Switch, "switch")
         while not self.stop.is_set():
             await self.engine.pipeline.tick()
             await settle_approvals(self.engine.approvals, self.engine.pipeline, self.clock)
-            self.engine.recorder.flush()
             dry, _ = await switch.get(DRY_RUN_KEY)
             self.engine.pipeline.decider.dry_run = self.settings.dry_run or bool(dry and dry.on)
             now = self.clock.now()

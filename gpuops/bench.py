@@ -141,6 +141,7 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> Iterator[str]:
             if tick % 4 == 0:
                 per_node.append((time.perf_counter_ns() - t0) / 1000.0)
         busy += time.perf_counter() - start
+        matcher.take_cleared()  # no episodes here: what cleared is not kept
         samples += gpus
         tick += 1
         t += 1.0

@@ -122,7 +122,7 @@ def build_engine(
         NodeStateGate(states),
         Escalate(),
         Silences(silences, inventory),
-        Cooldown(buckets.cooldowns),
+        Cooldown(buckets.cooldowns, catalog),
         LadderStage(buckets.history),  # picks the rung: the stages below judge its playbook
         Equivalence(buckets.history, catalog, s.equivalence_window_s),
         NodeLock(locks, s.lock_lease_s),

@@ -73,6 +73,10 @@ class Pipeline:
             return
         for match in self.matcher.match(event):
             await self.handle_match(match)
+        await self.settle_cleared()
+
+    async def settle_cleared(self) -> None:
+        """Conditions that went false on keys that had fired: their episodes may be over."""
         for rule, node, gpu, at in self.matcher.take_cleared():
             await self.recorder.cleared(rule, node, gpu, at)
 

@@ -116,6 +116,7 @@ class Shadow:
             return out
         for match in self.engine.matcher.match(event):
             out += await self._decide(match)
+        await self.engine.pipeline.settle_cleared()
         # Runs start once the event is decided, as live: a second rule matching the same
         # event sees the node as the first decision left it, not as its run would.
         await self._run_intents()

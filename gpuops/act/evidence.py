@@ -105,9 +105,16 @@ class Evidence:
         runs = []
         for meta_file in self.root.glob(f"*/{META}"):
             try:
-                runs.append(RunMeta.model_validate_json(meta_file.read_bytes()))
+                meta = RunMeta.model_validate_json(meta_file.read_bytes())
             except (OSError, ValidationError):
                 log.warning("unreadable run record %s; left alone", meta_file)
+                continue
+            # Rotation deletes by run id: only the directory's own name, never a path a
+            # record's contents could name.
+            if meta.run_id != meta_file.parent.name or not RUN_ID.match(meta.run_id):
+                log.warning("run record %s names another run; left alone", meta_file)
+                continue
+            runs.append(meta)
         return sorted(runs, key=lambda m: (m.started, m.run_id))
 
     def rotate(self, now: float) -> list[str]:

@@ -86,6 +86,14 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+def _parent(pid: int) -> int | None:
+    """The parent pid of a running process (None when it cannot be read)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class EmbeddedNats:
     """Starts `nats-server -js` on a loopback port with its store under `store_dir`.
 
@@ -208,6 +216,15 @@ class EmbeddedNats:
             return
         if str(self.store_dir / "jetstream") not in args:
             return
+        # A server whose gpuops is alive is not an orphan, however slowly it answered
+        # (the server dies with its parent otherwise): never take a running engine's bus.
+        owner = _parent(pid)
+        if owner is not None and owner not in (1, os.getpid()) and _alive(owner):
+            raise BusError(
+                f"the nats-server (pid {pid}) on {self.store_dir} belongs to a running process "
+                f"(pid {owner}) that did not answer in time; not stopping it: is another "
+                "gpuops running on this state dir? stop it, or give this one its own --state-dir"
+            )
         log.warning("stopping orphaned nats-server %d on store %s", pid, self.store_dir)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)

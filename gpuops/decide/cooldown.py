@@ -1,8 +1,9 @@
 """Stage: after a rule fires for a group key, it stays quiet for the rule's cooldown.
 
 A rule that acts once per node (`consolidate: node`) cools down per node, for the GPUs
-it acted on: a GPU of that node that joins the fault later is not held back by the
-others' cooldown, and the proposal is narrowed to the GPUs not yet covered.
+it acted on: when its playbooks act per GPU (catalogue `per_gpu`), a GPU of that node
+that joins the fault later is not held back by the others' cooldown, and the proposal is
+narrowed to the GPUs not yet covered; a node-wide playbook (a drain) already covered it.
 
 The last firing per (rule, key) is kept in KV, so a restarted engine or a second
 replica honours cooldowns the first one started. Reads go to KV; only a cooldown known
@@ -16,6 +17,7 @@ import hashlib
 from pydantic import BaseModel, ConfigDict
 
 from gpuops.bus.store import KV, Store
+from gpuops.catalog import Catalog
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.match.durations import format_duration
 from gpuops.models import Reason
@@ -43,7 +45,8 @@ class Cooldown(BaseStage):
 
     name = "cooldown"
 
-    def __init__(self, kv: KV) -> None:
+    def __init__(self, kv: KV, catalog: Catalog) -> None:
+        self.catalog = catalog
         self.store: Store[Firing] = Store(kv, Firing, "cooldown")
         self._running: dict[str, tuple[Firing, float]] = {}  # digest -> (firing, ends)
 
@@ -72,12 +75,18 @@ class Cooldown(BaseStage):
         if last is None or p.now - last.at >= cooldown or last.event_id == p.event_id:
             return None
         fresh = tuple(g for g in p.match.gpus if g not in last.gpus) if last.gpus else ()
-        if fresh:
+        if fresh and self._per_gpu(p):
             gpu = fresh[0] if len(fresh) == 1 else None
             p.match = p.match.model_copy(update={"gpus": fresh, "gpu": gpu})
             return None
         left = cooldown - (p.now - last.at)
         return Drop(Reason.COOLDOWN, f"{format_duration(left)} of {format_duration(cooldown)} left")
+
+    def _per_gpu(self, p: Proposal) -> bool:
+        """Whether every action acts on the listed GPUs only (a drain or reboot covers the
+        node: a GPU joining later is already covered)."""
+        specs = [self.catalog.get(a.playbook) for a in p.actions]
+        return bool(specs) and all(s is not None and s.per_gpu for s in specs)
 
     async def commit(self, p: Proposal) -> None:
         if p.rule.cooldown_s <= 0:

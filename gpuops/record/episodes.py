@@ -10,7 +10,10 @@ the fault is gone:
   the first false sample), and
 - where the remediation's playbook validates, the validation probe passed;
 - a rule on other events (an XID, a lost heartbeat) that needs no probe resolves after
-  `resolve_after_s` without a new match.
+  `resolve_after_s` without a new match;
+- any other episode with no match for `QUIET_FACTOR` times that long resolves too (the
+  node went quiet, a rule changed, a probe never came): an episode never stays open
+  forever.
 
 Detect, decide, run and recover times are kept on the episode and go to `/metrics` as
 histograms when it resolves. The audit trail still has every decision.
@@ -41,6 +44,7 @@ ESCALATIONS = frozenset({Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP, Reason.BREAKER_
 # Decisions that are about a fault (the others say the match did not apply here).
 NOT_FAULTS = frozenset({Reason.NOT_APPLICABLE, Reason.UNKNOWN_NODE, Reason.STALE})
 VALIDATION_PASSED = "validation-passed"
+QUIET_FACTOR = 12  # with resolve_after_s 5 min: an hour without a match
 
 
 class Episode(BaseModel):
@@ -112,6 +116,7 @@ class Episodes:
         self.metrics = metrics
         self.times = times or EpisodeTimes()
         self.open: dict[tuple[str, str], Episode] = {}
+        self._loaded = False  # the episodes a previous run left open are read on first sweep
 
     async def decided(self, d: Decision) -> None:
         """Fold one decision into its episode (opening one on the first)."""
@@ -258,10 +263,16 @@ class Episodes:
         """Resolve quiet episodes that have no condition to clear; repeat escalations that
         are due; write what per-sample touches changed (last seen, samples, GPUs)."""
         now = self.clock.now()
+        if not self._loaded:
+            for ep in await read_open(self.store):
+                self.open.setdefault((ep.rule, ep.node), ep)
+            self._loaded = True
         for key, ep in list(self.open.items()):
-            quiet = now - ep.last_seen >= self.times.resolve_after_s
-            if quiet and not ep.on_telemetry and not ep.probed:
-                await self._resolve(key, ep, f"no match for {self.times.resolve_after_s:.0f}s")
+            wait = self.times.resolve_after_s
+            if ep.on_telemetry or ep.probed:
+                wait *= QUIET_FACTOR
+            if now - ep.last_seen >= wait:
+                await self._resolve(key, ep, f"no match for {wait:.0f}s")
             else:
                 self._tell(ep, now)
                 self.open[key] = await self._write(key, self.open[key], False)

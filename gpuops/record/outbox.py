@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from gpuops.act.notify import Notifier
 
 NAMES_SHOWN = 8
+NAMED_IN_STORMS = frozenset({"needs-human"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,15 +70,17 @@ class Outbox:
             group.since = now
         group.tells.append(tell)
 
-    def flush(self, now: float) -> int:
-        """Send every group that is due; returns how many messages went out."""
+    def flush(self, now: float, force: bool = False) -> int:
+        """Send every group that is due (`force`: every group); how many messages went out."""
         g = self.grouping
         due = [
             (key, grp)
             for key, grp in self.groups.items()
             if grp.tells
-            and now - grp.since >= g.group_wait_s
-            and now - grp.sent >= g.group_interval_s
+            and (
+                force
+                or (now - grp.since >= g.group_wait_s and now - grp.sent >= g.group_interval_s)
+            )
         ]
         if not due:
             return 0
@@ -89,13 +92,19 @@ class Outbox:
             grp.tells, grp.sent = [], now
             if kept:
                 batches.append((key, kept))
-        nodes = {t.node for _, tells in batches for t in tells}
+        # Escalations keep their names even in a storm: a person must know which nodes.
+        named = [b for b in batches if b[0][0] in NAMED_IN_STORMS]
+        rest = [b for b in batches if b[0][0] not in NAMED_IN_STORMS]
+        nodes = {t.node for _, tells in rest for t in tells}
+        sent = 0
         if len(nodes) > g.storm_nodes:
-            self._storm(batches, len(nodes))
-            return 1
-        for (topic, rule), tells in batches:
-            self.notifier.notify(topic, _group_text(rule, tells))
-        return len(batches)
+            self._storm(rest, len(nodes))
+            rest, sent = [], 1
+        for (topic, rule), tells in named + rest:
+            names = topic in NAMED_IN_STORMS
+            self.notifier.notify(topic, _group_text(rule, tells, all_names=names))
+            sent += 1
+        return sent
 
     def _storm(self, batches: list[tuple[tuple[str, str], list[Tell]]], nodes: int) -> None:
         counts = Counter(f"{topic} {rule}" for (topic, rule), tells in batches for _ in tells)
@@ -103,11 +112,12 @@ class Outbox:
         self.notifier.notify("storm", f"{sum(counts.values())} notes on {nodes} nodes: {parts}")
 
 
-def _group_text(rule: str, tells: list[Tell]) -> str:
+def _group_text(rule: str, tells: list[Tell], all_names: bool = False) -> str:
     if len(tells) == 1:
         t = tells[0]
         text = t.text if t.node in t.text else f"{t.node}: {t.text}"
         return f"{text} [{t.episode}]" if t.episode else text
     names = sorted({t.node for t in tells})
-    shown = ", ".join(names[:NAMES_SHOWN]) + (" ..." if len(names) > NAMES_SHOWN else "")
+    limit = len(names) if all_names else NAMES_SHOWN
+    shown = ", ".join(names[:limit]) + (" ..." if len(names) > limit else "")
     return f"{rule} on {len(names)} nodes ({shown}): {tells[0].text}"

@@ -117,9 +117,9 @@ class Recorder:
         """A rule's condition went false on a key that had fired: the fault may be over."""
         await self.episodes.cleared(rule, node, gpu, at)
 
-    def flush(self) -> None:
-        """Send the grouped notifications that are due (the engine's tick calls this)."""
-        self.outbox.flush(self.clock.now())
+    def flush(self, force: bool = False) -> None:
+        """Send the grouped notifications that are due (`force`: all, at shutdown)."""
+        self.outbox.flush(self.clock.now(), force)
 
     def _tell_node(self, topic: str, node: str, rule: str, text: str) -> None:
         self.outbox.add(Tell(topic, rule, node, "node", text), self.clock.now())

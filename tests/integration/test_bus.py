@@ -93,6 +93,34 @@ def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
+def test_a_server_whose_gpuops_lives_is_never_stopped_as_an_orphan(tmp_path: Path) -> None:
+    """A second gpuops on the same state dir (or one that found the first slow to answer)
+    must not take the running engine's bus away: it refuses, saying why."""
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from gpuops.bus.server import EmbeddedNats\n"
+        "server = EmbeddedNats(Path(sys.argv[1]), supervise=True).start()\n"
+        "print(server.pid, server.port, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "nats")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert owner.stdout is not None
+        server_pid, port = map(int, owner.stdout.readline().split())
+        with pytest.raises(BusError, match="belongs to a running process"):
+            EmbeddedNats(tmp_path / "nats", port=port).start()
+        assert _alive(server_pid), "the running engine's server was left alone"
+    finally:
+        owner.kill()
+        owner.wait(10)
+
+
 def test_start_stops_an_orphan_named_by_the_pid_file(tmp_path: Path) -> None:
     orphan = EmbeddedNats(tmp_path / "nats").start()
     orphan_pid = orphan.pid

@@ -80,3 +80,14 @@ def test_a_run_in_progress_is_kept_until_past_the_age_limit(tmp_path: Path) -> N
 def test_output_of_a_rotated_run_says_where_to_look(tmp_path: Path) -> None:
     with pytest.raises(ActionError, match="rotated away, or it ran on an executor"):
         Evidence(tmp_path).stdout(new_run_id(T0))
+
+
+def test_rotation_deletes_by_directory_name_never_by_what_a_record_says(tmp_path: Path) -> None:
+    evidence = Evidence(tmp_path / "runs", max_age_s=DAY, max_bytes=1 << 30)
+    run_id = _run(evidence, T0, 10)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    meta = evidence.root / run_id / "run.json"
+    meta.write_text(meta.read_text().replace(run_id, "../precious"))
+    evidence.rotate(T0 + 30 * DAY)
+    assert precious.is_dir(), "a record naming another path deleted nothing outside"

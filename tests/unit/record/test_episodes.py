@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuops.act.notify import Notifier
-from gpuops.build import Engine
+from gpuops.build import Buckets, Engine
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
 from gpuops.models import EVENT_ADAPTER, Reason
@@ -79,7 +79,8 @@ async def test_an_overheat_episode_resolves_when_every_gpu_cools_and_is_timed() 
     [ep] = [e for e in await engine.recorder.episodes.all_open() if e.rule == "gpu-overheat"]
     assert ep.gpus == (2, 5) and ep.decided_at is not None and ep.samples == 6
     await _feed(engine, clock, "node-004", [{"index": 2, "temp_c": 40}, hot[1]], 95)
-    assert await engine.recorder.episodes.all_open() != [], "GPU 5 is still hot"
+    [still] = [e for e in await engine.recorder.episodes.all_open() if e.rule == "gpu-overheat"]
+    assert engine.recorder.episodes.open[("gpu-overheat", "node-004")].gpus == (5,), still
     await _feed(
         engine, clock, "node-004", [{"index": 2, "temp_c": 40}, {"index": 5, "temp_c": 41}], 100
     )
@@ -136,3 +137,33 @@ def test_metrics_have_the_latency_histograms() -> None:
         "gpuops_episodes_open",
     ):
         assert name in text
+
+
+async def test_a_restarted_engine_takes_over_open_episodes_and_none_stays_open_forever() -> None:
+    clock, shared = ManualClock(T0), Buckets.memory()
+    rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
+    first = engine_on(clock, shared, rules=rules)
+    for t in range(0, 90, 5):  # GPU 2 overheats: an episode opens, the engine then dies
+        await _feed(first, clock, "node-006", [{"index": 2, "temp_c": 88}], t)
+    await first.recorder.sweep()
+    assert [e.rule for e in await first.recorder.episodes.all_open()] == ["gpu-overheat"]
+    notifier = Notifier()
+    second = engine_on(clock, shared, notifier=notifier, rules=rules)
+    clock.advance(3600)  # the node went quiet (no sample says the GPU cooled)
+    await second.recorder.sweep()
+    assert await second.recorder.episodes.all_open() == []
+    second.recorder.flush(force=True)
+    assert any("no match for 3600s" in m["text"] for m in notifier.sent), notifier.sent
+
+
+def test_a_storm_still_names_every_node_that_needs_a_person() -> None:
+    notifier = Notifier()
+    box = Outbox(notifier, Grouping(group_wait_s=10, storm_nodes=3))
+    for i in range(12):
+        box.add(Tell("incident", "gpu-overheat", f"node-{i:03d}", "gpu", "hot"), T0)
+        box.add(Tell("needs-human", "gpu-overheat", f"node-{i:03d}", "node", "drained"), T0)
+    assert box.flush(T0 + 1) == 0
+    assert box.flush(T0 + 1, force=True) == 2  # at shutdown nothing waits
+    [human] = [m["text"] for m in notifier.sent if m["topic"] == "needs-human"]
+    assert all(f"node-{i:03d}" in human for i in range(12))
+    assert any(m["topic"] == "storm" for m in notifier.sent)
