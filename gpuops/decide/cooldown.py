@@ -30,7 +30,9 @@ class Firing(BaseModel):
 
     at: float
     event_id: str = ""
-    gpus: tuple[int, ...] = ()  # the GPUs acted on, for a rule that acts once per node
+    # For a rule that acts once per node: which event acted on each GPU (index as text),
+    # so a redelivered event is decided as it was the first time.
+    covered: dict[str, str] = {}
 
 
 CACHE_LIMIT = 10_000
@@ -72,13 +74,16 @@ class Cooldown(BaseStage):
         if cooldown <= 0:
             return None
         last = await self._last(_digest(p.rule.name, p.match.key), cooldown, p.now)
-        if last is None or p.now - last.at >= cooldown or last.event_id == p.event_id:
+        if last is None or p.now - last.at >= cooldown:
             return None
-        fresh = tuple(g for g in p.match.gpus if g not in last.gpus) if last.gpus else ()
-        if fresh and self._per_gpu(p):
-            gpu = fresh[0] if len(fresh) == 1 else None
-            p.match = p.match.model_copy(update={"gpus": fresh, "gpu": gpu})
+        mine = tuple(g for g in p.match.gpus if last.covered.get(str(g), p.event_id) == p.event_id)
+        if last.covered and mine and (last.event_id == p.event_id or self._per_gpu(p)):
+            if mine != p.match.gpus:  # only the GPUs no other event acted on
+                gpu = mine[0] if len(mine) == 1 else None
+                p.match = p.match.model_copy(update={"gpus": mine, "gpu": gpu})
             return None
+        if last.event_id == p.event_id:
+            return None  # the same event decided again (after a crash): the same answer
         left = cooldown - (p.now - last.at)
         return Drop(Reason.COOLDOWN, f"{format_duration(left)} of {format_duration(cooldown)} left")
 
@@ -92,12 +97,12 @@ class Cooldown(BaseStage):
         if p.rule.cooldown_s <= 0:
             return
         digest = _digest(p.rule.name, p.match.key)
-        gpus: tuple[int, ...] = ()
+        covered: dict[str, str] = {}
         if p.rule.consolidate:
             last = await self._last(digest, p.rule.cooldown_s, p.now)
-            running = last is not None and p.now - last.at < p.rule.cooldown_s
-            before = last.gpus if last is not None and running else ()
-            gpus = tuple(sorted({*before, *p.match.gpus}))
-        firing = Firing(at=p.now, event_id=p.event_id, gpus=gpus)
+            if last is not None and p.now - last.at < p.rule.cooldown_s:
+                covered = dict(last.covered)
+            covered.update({str(g): p.event_id for g in p.match.gpus})
+        firing = Firing(at=p.now, event_id=p.event_id, covered=covered)
         self._remember(digest, firing, p.now + p.rule.cooldown_s, p.now)
         await self.store.put(firing, digest)

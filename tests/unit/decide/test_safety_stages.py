@@ -14,7 +14,7 @@ from gpuops.decide.breaker import BreakerState
 from gpuops.errors import ConfigError
 from gpuops.match.loader import load_rules
 from gpuops.match.rules import Rule, RuleSet
-from gpuops.models import Reason
+from gpuops.models import Match, Reason
 from tests.unit.decide.helpers import ROOT, T0, engine_on, match
 
 RULESET = load_rules([ROOT / "rules"], ROOT / "playbooks")
@@ -242,3 +242,31 @@ async def test_validation_is_a_rule_through_the_stages() -> None:
     d = await engine.pipeline.handle_match(failed)
     assert d is not None and d.reason is Reason.NEEDS_HUMAN and "bad sum" in d.detail
     assert (await engine.states.get("node-001")).state.value == "needs_human"
+
+
+async def test_a_redelivered_event_gets_its_first_answer_though_others_came_between(
+    rules: dict[str, Rule],
+) -> None:
+    """A per-node rule's cooldown remembers which event acted on which GPU: event A (GPU 1)
+    wrote its intent and died before its record; B (GPU 2) was decided meanwhile; A
+    redelivered must be accepted again for GPU 1 (its intent is already queued)."""
+    clock = ManualClock(T0)
+    engine = engine_on(clock, equivalence_window_s=0)
+    decider, rule = engine.pipeline.decider, rules["xid-48-dbe"]
+    assert rule.consolidate
+
+    def on(gpu: int, event: str) -> Match:
+        m = match(rule.name, t=clock.now(), gpu=gpu, event_id=event)
+        return m.model_copy(update={"key": "node-001", "gpus": (gpu,)})
+
+    first = await decider.decide(on(1, "A"), rule)
+    assert first.accepted
+    await engine.locks.release("node-001", "A")
+    clock.advance(5)
+    second = await decider.decide(on(2, "B"), rule)
+    assert second.accepted and second.match.gpus == (2,)
+    await engine.locks.release("node-001", "B")
+    again = await decider.decide(on(1, "A"), rule)
+    assert again.accepted and again.match.gpus == (1,), again
+    repeat = await decider.decide(on(1, "C"), rule)  # GPU 1 still firing: cooling down
+    assert repeat.reason is Reason.COOLDOWN
