@@ -61,24 +61,30 @@ async def test_killed_server_is_restarted_on_the_same_port_and_clients_reconnect
         await wait_for(lambda: _publish_acked(bus, "gpuops.events.heartbeat.node-001"), 20)
 
 
-def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
-    script = (
-        "import sys, time\n"
-        "from pathlib import Path\n"
-        "from gpuops.bus.server import EmbeddedNats\n"
-        "server = EmbeddedNats(Path(sys.argv[1]), supervise=True).start()\n"
-        "print(server.pid, flush=True)\n"
-        "time.sleep(600)\n"
-    )
+# Another process (a gpuops) that starts an embedded server and prints its pid and port.
+_OWNER = (
+    "import sys, time\n"
+    "from pathlib import Path\n"
+    "from gpuops.bus.server import EmbeddedNats\n"
+    "server = EmbeddedNats(Path(sys.argv[1]), supervise=True).start()\n"
+    "print(server.pid, server.port, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def _owner(store: Path) -> tuple[subprocess.Popen[str], int, int]:
+    """The owning process, its server's pid and port."""
     owner = subprocess.Popen(
-        [sys.executable, "-c", script, str(tmp_path / "nats")],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
+        [sys.executable, "-c", _OWNER, str(store)], stdout=subprocess.PIPE, text=True, cwd=ROOT
     )
+    assert owner.stdout is not None
+    pid, port = map(int, owner.stdout.readline().split())
+    return owner, pid, port
+
+
+def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    owner, server_pid, _ = _owner(tmp_path / "nats")
     try:
-        assert owner.stdout is not None
-        server_pid = int(owner.stdout.readline())
         assert _alive(server_pid)
         owner.kill()  # SIGKILL: no cleanup code runs in the owner
         owner.wait(10)
@@ -96,23 +102,8 @@ def test_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
 def test_a_server_whose_gpuops_lives_is_never_stopped_as_an_orphan(tmp_path: Path) -> None:
     """A second gpuops on the same state dir (or one that found the first slow to answer)
     must not take the running engine's bus away: it refuses, saying why."""
-    script = (
-        "import sys, time\n"
-        "from pathlib import Path\n"
-        "from gpuops.bus.server import EmbeddedNats\n"
-        "server = EmbeddedNats(Path(sys.argv[1]), supervise=True).start()\n"
-        "print(server.pid, server.port, flush=True)\n"
-        "time.sleep(600)\n"
-    )
-    owner = subprocess.Popen(
-        [sys.executable, "-c", script, str(tmp_path / "nats")],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    owner, server_pid, port = _owner(tmp_path / "nats")
     try:
-        assert owner.stdout is not None
-        server_pid, port = map(int, owner.stdout.readline().split())
         with pytest.raises(BusError, match="belongs to a running process"):
             EmbeddedNats(tmp_path / "nats", port=port).start()
         assert _alive(server_pid), "the running engine's server was left alone"
