@@ -145,6 +145,29 @@ class GpuSample(_Open):
     ecc_mode: bool | None = None
     mig_mode: bool | None = None
     compute_mode: Int | None = None
+    # Memory bandwidth and activity (NVML GPM on Hopper and later, DCGM_FI_PROF_*), in
+    # percent of peak over the sampling interval, like util_gpu.
+    dram_bw_util: Num | None = None
+    sm_active: Num | None = None
+    sm_occupancy: Num | None = None
+    tensor_active: Num | None = None
+    # NVLink: bandwidth over all links (bytes/s), link counts, and error counters summed
+    # over the links (monotonic, so rules use `increase`).
+    nvlink_rx_bytes_s: Num | None = None
+    nvlink_tx_bytes_s: Num | None = None
+    nvlink_links_active: Int | None = None
+    nvlink_links_down: Int | None = None
+    nvlink_crc_errors: Int | None = None
+    nvlink_replay_errors: Int | None = None
+    nvlink_recovery_errors: Int | None = None
+    # What runs on the GPU, where a source knows (dcgm-exporter's Kubernetes labels).
+    pod: str | None = Field(default=None, max_length=253)
+    namespace: str | None = Field(default=None, max_length=253)
+    container: str | None = Field(default=None, max_length=253)
+    # The raw labels of a scraped series (source prometheus), for people correlating.
+    labels: dict[str, Annotated[str, Field(max_length=1024)]] | None = Field(
+        default=None, max_length=64
+    )
 
 
 class TelemetryData(_Open):
