@@ -216,6 +216,33 @@ def bench_storm(
         click.echo(line)
 
 
+@bench.command("power")
+@click.option("--nodes", type=int, default=100, show_default=True)
+@click.option("--budget", type=float, default=0.7, show_default=True, help="share of nameplate")
+@click.option("--window", default="1h", show_default=True, help="length of the peak window")
+@click.option("--seed", type=int, default=7, show_default=True)
+def bench_power(nodes: int, budget: float, window: str, seed: int) -> None:
+    """A mixed fleet through a peak window under a budget: uniform cap vs the controller.
+
+    Exits 1 when the controller is over budget after its first interval or keeps less
+    throughput than the uniform cap.
+    """
+    from gpuops.match.durations import parse_duration
+    from gpuops.power.bench import BenchSpec
+    from gpuops.power.bench import bench_power as run_bench
+
+    if nodes < 1 or not 0 < budget <= 1:
+        raise click.BadParameter("--nodes at least 1, --budget in (0, 1]")
+    try:
+        window_s = parse_duration(window)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--window") from exc
+    last = ""
+    for last in run_bench(BenchSpec(nodes=nodes, share=budget, window_s=window_s, seed=seed)):
+        click.echo(last)
+    sys.exit(0 if last.endswith("ok=true") else 1)
+
+
 @bench.command("soak", context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench_soak(args: tuple[str, ...]) -> None:

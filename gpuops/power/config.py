@@ -81,8 +81,8 @@ class PowerSettings(BaseModel):
     # and not at all for less than hysteresis_w: limits settle instead of oscillating.
     # Cuts that keep a budget are never delayed.
     step_w: float = Field(default=100.0, gt=0)
-    dwell_s: float = Field(default=120.0, ge=0)
-    hysteresis_w: float = Field(default=20.0, ge=0)
+    dwell_s: float = Field(default=300.0, ge=0)
+    hysteresis_w: float = Field(default=50.0, ge=0)
     # A GPU below this utilisation and not at its cap is idle: it goes to its minimum.
     idle_util: float = Field(default=5.0, ge=0, le=100)
     # A GPU not at its cap keeps its draw plus this, no more.
