@@ -175,6 +175,7 @@ class App:
         if self.intakes:
             loops["tick"], loops["rules"] = self._tick, self._watch_rules
             loops["commands"] = self._answer_commands
+            loops["power"] = lambda: self.engine.power.run(self.stop)
             if self.settings.drift.schedules:
                 loops["drift"] = lambda: self.scheduler().run(self.stop)
         if self.executor is not None:

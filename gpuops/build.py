@@ -33,6 +33,8 @@ from gpuops.match.builtin import with_builtins
 from gpuops.match.matcher import Matcher
 from gpuops.match.rules import RuleSet
 from gpuops.pipeline import Pipeline
+from gpuops.power.engine import PowerEngine
+from gpuops.power.guard import YieldToBudget
 from gpuops.record.audit import Auditor
 from gpuops.record.episodes import Episodes, EpisodeTimes
 from gpuops.record.metrics import Metrics
@@ -84,6 +86,7 @@ class Engine:
     metrics: Metrics
     notifier: Notifier
     buckets: Buckets
+    power: PowerEngine
 
     @property
     def matcher(self) -> Matcher:
@@ -121,6 +124,7 @@ def build_engine(
         StaleCutoff(s.stale_after_s, settings.max_future_skew_s),
         NodeStateGate(states),
         Escalate(),
+        YieldToBudget(buckets.control, settings.power),  # budgeted GPUs: the controller's
         Silences(silences, inventory),
         Cooldown(buckets.cooldowns, catalog),
         LadderStage(buckets.history),  # picks the rung: the stages below judge its playbook
@@ -175,6 +179,18 @@ def build_engine(
     pipeline = Pipeline(
         matcher, decider, recorder, publisher, clock, inventory, metrics, signing_key
     )
+    power = PowerEngine(settings.power, inventory, buckets.control, pipeline, recorder, clock)
+    pipeline.observers.append(power.observe)
     return Engine(
-        pipeline, recorder, approvals, breaker, silences, states, locks, metrics, notifier, buckets
+        pipeline,
+        recorder,
+        approvals,
+        breaker,
+        silences,
+        states,
+        locks,
+        metrics,
+        notifier,
+        buckets,
+        power,
     )

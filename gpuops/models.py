@@ -385,6 +385,7 @@ class Reason(StrEnum):
     NO_ACTION = "no_action"
     DRY_RUN = "dry_run"
     NOT_APPLICABLE = "not_applicable"  # a built-in rule for another node state: not audited
+    POWER_BUDGET = "power_budget"  # the power controller keeps this GPU's limit (a budget)
 
 
 class Match(_Frozen):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 
 from gpuops.bus.publish import Publisher
 from gpuops.clock import Clock
@@ -57,6 +58,8 @@ class Pipeline:
         self.inventory = inventory
         self.metrics = metrics
         self.signing_key = signing_key
+        # Called with every event from a known host before matching (the power controller).
+        self.observers: list[Callable[[Event], None]] = []
         self._unknown: dict[str, int] = {}
         self._unknown_reported = float("-inf")
 
@@ -71,6 +74,8 @@ class Pipeline:
         if event.node not in self.inventory:
             await self._unknown_node(event)
             return
+        for observe in self.observers:
+            observe(event)
         for match in self.matcher.match(event):
             await self.handle_match(match)
         await self.settle_cleared()

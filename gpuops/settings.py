@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 
 from gpuops import shipped
 from gpuops.errors import ConfigError
+from gpuops.power.config import PowerSettings
 
 
 def default_state_dir() -> Path:
@@ -199,6 +200,7 @@ class Settings(BaseModel):
     notifications: NotificationSettings = NotificationSettings()
     chatops: ChatopsSettings = ChatopsSettings()
     drift: DriftSettings = DriftSettings()
+    power: PowerSettings = PowerSettings()  # budgets and the controller (docs/power.md)
     http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
     run_timeout_s: float = Field(default=900.0, gt=0)
     # A run whose executor has not renewed its claim for this long is taken as interrupted

@@ -22,7 +22,8 @@ from gpuops.models import NODE_PATTERN, Intent
 
 RESERVED = frozenset({"rule", "node", "gpu", "gpus", "event_id", "intent_key"})
 # Rendered per match ("GPU 3 at 91 C"): each host's own, so not part of a batch's identity.
-PER_HOST_VARS = frozenset({"reason"})
+# The power controller's per-GPU limits are each node's own too.
+PER_HOST_VARS = frozenset({"reason", "limits"})
 _HOST_NAME = re.compile(NODE_PATTERN)
 
 

@@ -32,9 +32,10 @@ class AttemptCap(BaseStage):
         return len((log or AttemptLog()).within(now, self.window_s, except_event))
 
     def _remediates(self, p: Proposal) -> bool:
-        """Fixes and isolations count; a person's command, a return or a setting do not."""
+        """Fixes and isolations count; a person's command, a return or a setting (the
+        power controller's limits) do not."""
         fixing = (Effect.FIX, Effect.ISOLATE)
-        return not p.rule.by_person and any(
+        return not (p.rule.by_person or p.rule.setting) and any(
             (s := self.catalog.get(a.playbook)) is not None and s.effect in fixing
             for a in p.actions
         )

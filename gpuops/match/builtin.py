@@ -56,6 +56,20 @@ def builtin_rules(catalog: Catalog) -> tuple[Rule, ...]:
             actions=(RuleAction(notify="chatops"),),
         ),
         _rule(
+            "power-budget",
+            "chatops",
+            'command == "power-budget"',  # never typed: the power controller makes these
+            "the power controller keeps a group under its budget (gpuops/power/engine.py)",
+            setting=True,
+            severity="info",
+            actions=(
+                RuleAction(
+                    playbook="power_limit.yml",
+                    vars={"limits": "{{ limits }}", "reason": "{{ reason }}"},
+                ),
+            ),
+        ),
+        _rule(
             "chatops-drain",
             "chatops",
             'command == "drain"',

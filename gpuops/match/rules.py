@@ -85,6 +85,7 @@ class Rule:
     states: tuple[str, ...] = ()  # node states the rule applies in
     escalate: bool = False  # firing hands the node to a person (needs_human)
     by_person: bool = False  # a person asked (ChatOps): no silence, cooldown, ladder or cap
+    setting: bool = False  # keeps a setting (the power controller), not counted as a fix
 
     @property
     def temporal(self) -> str:

@@ -42,7 +42,9 @@ log = logging.getLogger(__name__)
 # Drops that hand a node to a person.
 ESCALATIONS = frozenset({Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP, Reason.BREAKER_OPEN})
 # Decisions that are about a fault (the others say the match did not apply here).
-NOT_FAULTS = frozenset({Reason.NOT_APPLICABLE, Reason.UNKNOWN_NODE, Reason.STALE})
+NOT_FAULTS = frozenset(
+    {Reason.NOT_APPLICABLE, Reason.UNKNOWN_NODE, Reason.STALE, Reason.POWER_BUDGET}
+)
 VALIDATION_PASSED = "validation-passed"
 QUIET_FACTOR = 12  # with resolve_after_s 5 min: an hour without a match
 
