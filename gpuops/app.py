@@ -267,7 +267,12 @@ class App:
     def commands(self) -> Commands:
         """The command set people use, bound to this engine (drift checks run here)."""
         return Commands(
-            self.bus, self.clock, self.inventory, self.settings.chatops, self.run_drift_check
+            self.bus,
+            self.clock,
+            self.inventory,
+            self.settings.chatops,
+            self.run_drift_check,
+            self.settings.power,
         )
 
     def scheduler(self) -> DriftScheduler:

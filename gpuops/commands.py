@@ -32,6 +32,9 @@ from gpuops.heartbeat import EngineState, Heartbeats, engine_state
 from gpuops.inventory import Inventory
 from gpuops.match.durations import format_duration
 from gpuops.models import new_event, subject_for
+from gpuops.power.command import USAGE as POWER_USAGE
+from gpuops.power.command import do_power
+from gpuops.power.config import PowerSettings
 from gpuops.record.audit import Auditor, read_audit
 from gpuops.record.episodes import Episode, episode_line, read_open
 from gpuops.record.nodestate import NodeState, NodeStates
@@ -113,10 +116,12 @@ class Commands:
         inventory: Inventory | None,
         settings: ChatopsSettings,
         drift_check: Callable[[str], Awaitable[str]] | None = None,
+        power: PowerSettings | None = None,
     ) -> None:
         """`inventory` None: the CLI's read-only use (status), which needs no inventory file."""
         self.bus, self.clock, self.inventory, self.settings = bus, clock, inventory, settings
-        control = NatsKV(bus.kv["control"])
+        self.power = power or PowerSettings()
+        self.control = control = NatsKV(bus.kv["control"])
         self.auditor = Auditor(JetStreamPublisher(bus.js))
         self.approvals = ApprovalStore(control)
         self.silences = SilenceStore(control)
@@ -393,6 +398,7 @@ COMMANDS: dict[str, Command] = {
         Command("breaker", Commands.do_breaker, "breaker reset|half-open", _G),
         Command("drift-check", Commands.do_drift_check, "drift-check [GROUP]", _G),
         Command("dry-run", Commands.do_dry_run, "dry-run on|off", _G),
+        Command("power", do_power, POWER_USAGE, _G),
         Command("help", Commands.do_help, "help", _R),
     )
 }

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from gpuops.cli import agent_cmds, engine_cmds, operator_cmds, sim_cmds, site_cmds
+from gpuops.cli import agent_cmds, engine_cmds, operator_cmds, power_cmds, sim_cmds, site_cmds
 from gpuops.errors import EngineError
 
 
@@ -68,6 +68,6 @@ def main(
     ctx.obj = {"config": config, "state_dir": state_dir}
 
 
-for _module in (engine_cmds, operator_cmds, sim_cmds, agent_cmds, site_cmds):
+for _module in (engine_cmds, operator_cmds, power_cmds, sim_cmds, agent_cmds, site_cmds):
     for _command in _module.COMMANDS:
         main.add_command(_command)

@@ -46,6 +46,6 @@ def format_watts(watts: float) -> str:
     """A short human form: 32000 -> '32.0 kW', 650 -> '650 W'."""
     if abs(watts) >= 1e6:
         return f"{watts / 1e6:.2f} MW"
-    if abs(watts) >= 1e4:
+    if abs(watts) >= 1e3:
         return f"{watts / 1e3:.1f} kW"
     return f"{watts:.0f} W"

@@ -25,6 +25,7 @@ from gpuops.match.durations import parse_duration
 from gpuops.models import new_event
 from gpuops.sim import state as node_state
 from gpuops.sim import work
+from gpuops.sim.power_model import POWER_CAP, h200_model
 from gpuops.sim.shims import TOOLS
 from gpuops.sim.state import H200
 
@@ -52,6 +53,17 @@ def stable_hash(*parts: object) -> int:
 def node_name(i: int) -> str:
     """The name of the i-th simulated node (1-based)."""
     return f"node-{i:03d}"
+
+
+RACK_SIZE = 4  # nodes per rack in the simulated inventory (groups rack-a1, rack-a2, ...)
+
+
+def racks(nodes: list[str]) -> dict[str, list[str]]:
+    """The fleet's racks: `rack-a1` holds the first RACK_SIZE nodes, and so on."""
+    return {
+        f"rack-a{i // RACK_SIZE + 1}": nodes[i : i + RACK_SIZE]
+        for i in range(0, len(nodes), RACK_SIZE)
+    }
 
 
 @dataclass
@@ -110,7 +122,11 @@ class SimFleet:
                     "drain_timeout_s": 120,
                     **(group_vars or {}),
                 },
-                "children": {"sim": {"hosts": hosts}, "h200": {"hosts": dict.fromkeys(hosts)}},
+                "children": {
+                    "sim": {"hosts": hosts},
+                    "h200": {"hosts": dict.fromkeys(hosts)},
+                    **{r: {"hosts": dict.fromkeys(ns)} for r, ns in racks(self.nodes).items()},
+                },
             }
         }
         target.mkdir(parents=True, exist_ok=True)
@@ -145,6 +161,11 @@ class SimFleet:
                 s["drain_reason"] = str(params.get("reason", "earlier remediation"))
             elif fault == "busy":  # a job holds the GPU (for MIG and reset refusals)
                 g["processes"] = [int(params.get("pid", 4242))]
+            elif fault == "load":  # steady work on the GPU(s), on the power model
+                name = str(params.get("workload", "training"))
+                h200_model().workload(name)  # an unknown name fails here, not in telemetry
+                for target in s["gpus"] if params.get("all_gpus", True) else [g]:
+                    target["load"] = name
             elif fault in ("job", "pod"):
                 _add_work(s, fault, params)
             elif fault == "ecc":
@@ -263,6 +284,13 @@ def _gpu_sample(
         mem_temp = min(96.0, mem_temp + heat * 0.8)
         if temp >= H200["temp_slowdown_c"] - 2:
             reasons |= 0x20
+    load = g.get("load")
+    clock, util = rec["sm_mhz"], rec["util"]["gpu"]
+    if load is not None and not s["drained"] and s["power"] == "on":
+        point = h200_model().at(h200_model().workload(load), limit)
+        power = point.power_w + rng.uniform(-1.5, 1.5)
+        clock, util = round(point.clock_mhz), point.util
+        reasons = (reasons & ~POWER_CAP) | (POWER_CAP if point.limited else 0)
     sbe = g["faults"].get("ecc", {}).get("sbe", 0)
     return {
         "index": g["index"],
@@ -280,11 +308,11 @@ def _gpu_sample(
         "power_min_limit_w": H200["power_min_limit_w"],
         "power_max_limit_w": H200["power_max_limit_w"],
         "energy_j": rec["energy_mj"] / 1000.0,
-        "sm_clock_mhz": rec["sm_mhz"],
+        "sm_clock_mhz": clock,
         "mem_clock_mhz": rec["mem_mhz"],
         "app_clock_sm_mhz": g["app_clock_sm_mhz"],
         "max_clock_sm_mhz": 1980,
-        "util_gpu": rec["util"]["gpu"],
+        "util_gpu": util,
         "util_mem": rec["util"]["memory"],
         "mem_used_bytes": rec["mem"]["used"],
         "mem_total_bytes": rec["mem"]["total"],

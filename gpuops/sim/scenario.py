@@ -23,6 +23,7 @@ FAULTS = (
     "busy",
     "job",
     "pod",
+    "load",  # steady work on the power model: {workload: training|inference|idle}
 )
 # Running work rather than a fault: a Slurm job or a Kubernetes pod, with what each takes.
 WORK_PARAMS = {

@@ -35,7 +35,7 @@ CASES = {
     "uncatalogued_playbook.yml": "5: rule hot: unknown playbook 'tasks/drain.yml' (not in",
     "unknown_variable.yml": (
         "5: rule low: playbook power_limit.yml does not accept variable 'wats' "
-        "(accepts: reason, watts)"
+        "(accepts: limits, reason, watts)"
     ),
     "unknown_rung_variable.yml": (
         "5: ladder lost: playbook reboot.yml does not accept variable 'force' (accepts: reason)"
