@@ -25,12 +25,14 @@ from gpuops.act.driftcheck import drift_check, publish_report
 from gpuops.app import App, load_world
 from gpuops.bus.conn import open_bus
 from gpuops.clock import ScaledClock
+from gpuops.commands import Caller
 from gpuops.models import AuditRecord, Reason
+from gpuops.power.units import format_watts, parse_watts
 from gpuops.record.metrics import by_label, total
 from gpuops.settings import NatsSettings, SafetySettings, Settings
 from gpuops.sim.driver import SimDriver
-from gpuops.sim.fleet import SimFleet
-from gpuops.sim.scenario import Fault, load_scenario
+from gpuops.sim.fleet import SimFleet, racks
+from gpuops.sim.scenario import Fault, Said, Scenario, load_scenario
 
 # Which rule answers each fault, and how to tell the node recovered.
 RULE_FOR = {
@@ -43,6 +45,39 @@ RULE_FOR = {
     "ecc": "ecc-dbe-event",
 }
 DRIFT_CHECK_AT = 40.0
+NOT_FAULTS = frozenset({"load", "job", "pod"})  # work the scenario starts, not faults
+POWER_EVERY_S = 10.0  # how often the timeline shows a budgeted rack's power
+
+
+@dataclass
+class Peak:
+    """A budget a person set on a rack during the scenario, and what became of it."""
+
+    group: str
+    watts: float
+    nodes: list[str]
+    set_at: float
+    over_at_set: float = 0.0
+    under_at: float | None = None
+    ended_at: float | None = None
+    restored_at: float | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Under budget while it held, and back at policy after."""
+        return self.under_at is not None and self.restored_at is not None
+
+
+def _draw(fleet: SimFleet, nodes: list[str]) -> float:
+    total = 0.0
+    for node in nodes:
+        sample = fleet.telemetry(node, time.time()) or {"data": {"gpus": []}}
+        total += sum(g["power_w"] for g in sample["data"]["gpus"])
+    return total
+
+
+def _limits(fleet: SimFleet, nodes: list[str]) -> list[float]:
+    return [g["power_limit_w"] for n in nodes for g in fleet.state(n)["gpus"]]
 
 
 def _recovered(fleet: SimFleet, f: Fault) -> bool:
@@ -118,9 +153,14 @@ class _Demo:
     def __init__(self, fleet: SimFleet, console: Console, quiet: bool, t0: float) -> None:
         self.fleet, self.console, self.quiet, self.t0 = fleet, console, quiet, t0
         self.tracks: list[Track] = []
+        self.peaks: list[Peak] = []
+        self.said = 0  # the scenario's commands given so far
+        self.commands = 0  # ... of these
+        self.shown_power = float("-inf")
 
     def injected(self, fault: Fault, at: float) -> None:
-        self.tracks.append(Track(fault, at))
+        if fault.fault not in NOT_FAULTS:
+            self.tracks.append(Track(fault, at))
         self.say(at, "fault", f"{fault.fault} on {fault.node}/{fault.gpu} {fault.params or ''}")
 
     def on_record(self, r: AuditRecord) -> None:
@@ -140,11 +180,49 @@ class _Demo:
         if r.type == "decision" and not _worth_saying(r):
             return  # a repeat of a fault already decided: the audit has it, people need not
         if r.type in ("decision", "run") or (
-            r.type == "note" and r.summary.startswith(("running", "episode"))
+            r.type == "note" and r.summary.startswith(("running", "episode", "power"))
         ):
             self.say(r.at, r.type, r.summary)
 
+    def budget(self, said: Said, reply: str, at: float) -> None:
+        """A person's `power budget GROUP WATTS DURATION`: follow the rack from here."""
+        self.say(at, "budget", reply)
+        words = said.command.split()
+        group = words[2]
+        nodes = racks(self.fleet.nodes).get(group, [])
+        if words[3] == "--end" or not nodes:
+            return
+        peak = Peak(group, parse_watts(words[3]), nodes, at)
+        peak.over_at_set = _draw(self.fleet, nodes) - peak.watts
+        self.peaks.append(peak)
+
+    def poll_power(self, now: float) -> None:
+        for p in self.peaks:
+            draw = _draw(self.fleet, p.nodes)
+            limits = _limits(self.fleet, p.nodes)
+            if p.under_at is None and draw <= p.watts and sum(limits) <= p.watts:
+                p.under_at = now
+                self.say(
+                    now,
+                    "power",
+                    f"{p.group} under budget: {format_watts(draw)} "
+                    f"<= {format_watts(p.watts)} ({min(limits):.0f}-{max(limits):.0f} W)",
+                )
+            elif p.under_at is not None and p.restored_at is None and set(limits) == {700.0}:
+                p.restored_at = now
+                self.say(now, "power", f"{p.group} back at policy: every GPU at 700 W")
+            elif now - self.shown_power >= POWER_EVERY_S and p.restored_at is None:
+                self.say(
+                    now,
+                    "power",
+                    f"{p.group} draws {format_watts(draw)} (budget "
+                    f"{format_watts(p.watts)}), limits {format_watts(sum(limits))}",
+                )
+        if now - self.shown_power >= POWER_EVERY_S:
+            self.shown_power = now
+
     def poll(self, now: float) -> None:
+        self.poll_power(now)
         for t in self.tracks:
             if t.recovered_at is None and t.run == "successful" and _recovered(self.fleet, t.fault):
                 t.recovered_at = now
@@ -195,6 +273,7 @@ async def run_demo(
     plan = load_scenario(scenario, fleet.nodes)
     clock = ScaledClock(speed)
     demo = _Demo(fleet, console, json_summary, clock.now())
+    demo.commands = len(plan.commands)
     if not json_summary:
         console.print(
             f"[bold]gpuops demo[/bold]: {nodes} nodes x 8 H200, {len(rules.rules)} rules, "
@@ -210,13 +289,19 @@ async def run_demo(
             demo,
             clock,
             wall0 + timeout_s,
-            len(plan.faults),
+            _faults(plan),
             lambda: _drift_check(app, inventory, settings, clock, demo),
+            lambda: _say(app, demo, plan, clock),
         )
         states = await _node_states(app, demo, wall0 + timeout_s)
         app.stop.set()
         await asyncio.gather(engine, feeder)
-    ok = len(demo.tracks) == len(plan.faults) and all(t.settled for t in demo.tracks)
+    ok = (
+        len(demo.tracks) == _faults(plan)
+        and all(t.settled for t in demo.tracks)
+        and len(demo.peaks) == sum(1 for c in plan.commands if "--end" not in c.command)
+        and all(p.settled for p in demo.peaks)
+    )
     summary = _summary(states, demo, app, driver, time.monotonic() - wall0, ok, checked)
     if json_summary:
         console.print_json(json.dumps(summary))
@@ -225,6 +310,23 @@ async def run_demo(
     if state_dir is None:
         shutil.rmtree(root, ignore_errors=True)
     return ok
+
+
+def _faults(plan: Scenario) -> int:
+    return sum(1 for f in plan.faults if f.fault not in NOT_FAULTS)
+
+
+async def _say(app: App, demo: _Demo, plan: Scenario, clock: ScaledClock) -> None:
+    """The scenario's commands that are due, given as a person would (CLI, user demo)."""
+    now = clock.now()
+    while demo.said < len(plan.commands) and now - demo.t0 >= plan.commands[demo.said].at:
+        said = plan.commands[demo.said]
+        demo.said += 1
+        reply = await app.commands().execute(said.command, Caller("demo"))
+        if said.command.startswith("power budget"):
+            demo.budget(said, reply, now)
+        else:
+            demo.say(now, "command", f"{said.command}: {reply.splitlines()[0]}")
 
 
 async def _drift_check(
@@ -254,14 +356,17 @@ async def _node_states(app: App, demo: _Demo, deadline: float) -> dict[str, str]
 
 
 async def _until_done(
-    demo: _Demo, clock: ScaledClock, deadline: float, expected: int, check: Any
+    demo: _Demo, clock: ScaledClock, deadline: float, expected: int, check: Any, say: Any
 ) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     while time.monotonic() < deadline:
+        await say()
         if not summary and clock.now() - demo.t0 >= DRIFT_CHECK_AT:
             summary = await check()
         demo.poll(clock.now())
-        if summary and len(demo.tracks) == expected and all(t.settled for t in demo.tracks):
+        faults_done = len(demo.tracks) == expected and all(t.settled for t in demo.tracks)
+        peaks_done = demo.said == demo.commands and all(p.settled for p in demo.peaks)
+        if summary and faults_done and peaks_done:
             break
         await asyncio.sleep(0.2)
     return summary
@@ -304,6 +409,16 @@ def _summary(
         "node_states": states,
         "drift_check": drift,
         "faults": rows,
+        "budgets": [
+            {
+                "group": p.group,
+                "budget_w": p.watts,
+                "over_at_set_w": round(p.over_at_set, 1),
+                "under_after_s": _delta(p.set_at, p.under_at),
+                "restored_after_s": _delta(p.set_at, p.restored_at),
+            }
+            for p in demo.peaks
+        ],
     }
 
 
@@ -354,6 +469,14 @@ def _print_summary(console: Console, s: dict[str, Any]) -> None:
             s["node_states"].get(r["node"], "?"),
         )
     console.print(table)
+    for b in s.get("budgets", []):
+        console.print(
+            f"budget {b['group']} {format_watts(b['budget_w'])}: "
+            f"{format_watts(b['over_at_set_w'])} over when set, under it after "
+            f"{_secs(b['under_after_s'])}, back at policy {_secs(b['restored_after_s'])} "
+            "after it was set",
+            highlight=False,
+        )
     verdict = (
         "[green]every fault handled[/green]" if s["ok"] else "[red]not every fault handled[/red]"
     )

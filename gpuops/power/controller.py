@@ -141,6 +141,12 @@ class PowerController:
             return gpu.sent_w
         return gpu.reading.limit_w
 
+    def _shows(self, key: Key, watts: float, now: float) -> bool:
+        """Telemetry reports `watts` and no change of the controller is on its way."""
+        gpu = self.gpus[key]
+        pending = gpu.sent_w is not None and now - gpu.sent_at < self.settings.pending_s
+        return not pending and abs(gpu.reading.limit_w - watts) < 0.5
+
     def policy_w(self, key: Key) -> float:
         """The GPU's limit outside budgets."""
         r = self.gpus[key].reading
@@ -174,7 +180,7 @@ class PowerController:
             if any(k in member for k in keys):
                 continue
             new.update({k: self.policy_w(k) for k in keys})
-            if all(abs(self.gpus[k].reading.limit_w - self.policy_w(k)) < 0.5 for k in keys):
+            if all(self._shows(k, self.policy_w(k), now) for k in keys):
                 released.append(node)  # telemetry shows it: the node is no longer ours
                 self.managed.discard(node)
         return Plan(now, groups, self._changes(new, member, now), released)

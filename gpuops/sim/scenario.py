@@ -44,12 +44,21 @@ class Fault:
 
 
 @dataclass(frozen=True, slots=True)
+class Said:
+    """A command a person gives at a simulated time (`power budget rack-a4 14kW 3m`)."""
+
+    at: float
+    command: str
+
+
+@dataclass(frozen=True, slots=True)
 class Scenario:
-    """A named timeline of faults."""
+    """A named timeline of faults, and of commands people give."""
 
     name: str
     description: str
     faults: tuple[Fault, ...]
+    commands: tuple[Said, ...] = ()
 
 
 def load_scenario(name_or_path: str, nodes: list[str]) -> Scenario:
@@ -61,17 +70,23 @@ def load_scenario(name_or_path: str, nodes: list[str]) -> Scenario:
         shipped = resources.files("gpuops.sim").joinpath(f"scenarios/{name_or_path}.yml")
         if not shipped.is_file():
             raise ConfigError(
-                f"no scenario {name_or_path!r} (shipped: demo, storm; or a .yml path)"
+                f"no scenario {name_or_path!r} (shipped: demo, storm, peak; or a .yml path)"
             )
         text = shipped.read_text(encoding="utf-8")
     doc = yaml.safe_load(text)
     faults: list[Fault] = []
     for raw in doc.get("faults", []):
         faults.extend(_faults(raw, nodes))
+    said = [
+        Said(parse_duration(c.get("at", 0)), str(c["command"]))
+        for c in doc.get("commands", [])
+        if isinstance(c, dict) and c.get("command")
+    ]
     return Scenario(
         str(doc.get("name", name_or_path)),
         str(doc.get("description", "")),
         tuple(sorted(faults, key=lambda f: f.at)),
+        tuple(sorted(said, key=lambda c: c.at)),
     )
 
 

@@ -147,3 +147,15 @@ def test_a_change_counts_from_when_it_was_sent_until_telemetry_shows_it() -> Non
     rack.feed(c, T0 + 10)
     assert c.plan([_budget(1000.0, ["n1"])], T0 + 10).changes == [], "not sent twice"
     assert isinstance(plan.changes[0], NodeChange)
+
+
+def test_a_budget_that_ends_before_its_cut_ran_restores_policy_before_letting_go() -> None:
+    rack = Rack({"n1": [100.0] * 2})
+    c = PowerController(PowerSettings())
+    rack.feed(c, T0)
+    cut = c.plan([_budget(1000.0, ["n1"])], T0)
+    c.sent(cut.changes[0], T0)  # decided; its run has not happened yet
+    rack.feed(c, T0 + 30)  # still 700 W: the node looks at policy, but the cut is coming
+    plan = c.plan([], T0 + 30)
+    assert plan.released == [] and c.managed == {"n1"}
+    assert [set(ch.limits.values()) for ch in plan.changes] == [{700.0}], "restore sent"
