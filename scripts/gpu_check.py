@@ -3,6 +3,12 @@ event schema, plus the NVML event listener's timeout path and per-sample cost.
 
 Usage on a GPU node:  python3 scripts/gpu_check.py OUTDIR
 Writes OUTDIR/agent_once.jsonl and OUTDIR/gpu_check.json; exits 1 if a check fails.
+
+    python3 scripts/gpu_check.py OUTDIR --power-sweep   (root: it sets power limits)
+A power-limit sweep of GPU 0 under a bf16 matmul (PyTorch or CuPy): at each limit from
+300 to 700 W, the SM clock, board power and matmul TFLOP/s, printed as a table and written
+to OUTDIR/power_sweep.json with the fitted `alpha` and `ref_w`/`ref_clock_mhz` of
+gpuops/sim/data/power_model.yml. The limit the GPU had is set back at the end.
 """
 
 from __future__ import annotations
@@ -75,5 +81,114 @@ def main(out: Path) -> int:
     return 0 if ok else 1
 
 
+SWEEP_LIMITS_W = tuple(range(300, 701, 50))
+SWEEP_SECONDS = 8.0
+MATMUL_N = 8192
+
+
+def _matmul() -> tuple[object, object]:
+    """A bf16 matmul step on GPU 0 and a synchronize, with whichever library is there."""
+    try:
+        import torch
+
+        a = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(MATMUL_N, MATMUL_N, device="cuda", dtype=torch.bfloat16)
+        return (lambda: a @ b), torch.cuda.synchronize
+    except ImportError:
+        import cupy
+
+        a = cupy.random.rand(MATMUL_N, MATMUL_N, dtype=cupy.float32).astype(cupy.float16)
+        b = cupy.random.rand(MATMUL_N, MATMUL_N, dtype=cupy.float32).astype(cupy.float16)
+        return (lambda: a @ b), cupy.cuda.Device(0).synchronize
+
+
+def _at_limit(pynvml: object, handle: object, watts: int, step: object, sync: object) -> dict:
+    """Run the matmul for SWEEP_SECONDS under `watts`; power and clock of the second half."""
+    nv: object = pynvml
+    nv.nvmlDeviceSetPowerManagementLimit(handle, watts * 1000)  # type: ignore[attr-defined]
+    samples, done, t0 = [], 0, time.perf_counter()
+    while (now := time.perf_counter()) - t0 < SWEEP_SECONDS:
+        for _ in range(4):
+            step()  # type: ignore[operator]
+        sync()  # type: ignore[operator]
+        done += 4
+        if now - t0 >= SWEEP_SECONDS / 2:
+            samples.append(
+                (
+                    now,
+                    done,
+                    nv.nvmlDeviceGetPowerUsage(handle) / 1000.0,  # type: ignore[attr-defined]
+                    nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM),  # type: ignore[attr-defined]
+                    nv.nvmlDeviceGetCurrentClocksEventReasons(handle),  # type: ignore[attr-defined]
+                )
+            )
+    (ta, na, *_), (tb, nb, *_) = samples[0], samples[-1]
+    flops = 2 * MATMUL_N**3 * (nb - na) / max(tb - ta, 1e-9)
+    return {
+        "limit_w": watts,
+        "power_w": round(sum(x[2] for x in samples) / len(samples), 1),
+        "sm_clock_mhz": round(sum(x[3] for x in samples) / len(samples)),
+        "tflops": round(flops / 1e12, 1),
+        "clocks_event_reasons": sorted({int(x[4]) for x in samples}),
+    }
+
+
+def fit_model(rows: list[dict], idle_w: float) -> dict[str, float]:
+    """alpha in P = idle + k * f^alpha, least squares in logs over the power-capped rows;
+    ref_w/ref_clock_mhz: the highest limit's point."""
+    import math
+
+    pts = [
+        (math.log(r["sm_clock_mhz"]), math.log(r["power_w"] - idle_w))
+        for r in rows
+        if r["power_w"] > idle_w and r["sm_clock_mhz"] > 0
+    ]
+    if len(pts) < 2:
+        return {}
+    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    alpha = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
+    top = max(rows, key=lambda r: r["limit_w"])
+    return {
+        "alpha": round(alpha, 3),
+        "ref_w": top["power_w"],
+        "ref_clock_mhz": top["sm_clock_mhz"],
+        "idle_w": idle_w,
+    }
+
+
+def power_sweep(out: Path) -> int:
+    """Sweep GPU 0's power limit under a bf16 matmul; the table, and OUTDIR/power_sweep.json."""
+    import pynvml
+
+    out.mkdir(parents=True, exist_ok=True)
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    before = pynvml.nvmlDeviceGetPowerManagementLimit(handle)
+    lo, hi = pynvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)
+    idle_w = pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
+    step, sync = _matmul()
+    rows = []
+    try:
+        for watts in SWEEP_LIMITS_W:
+            if lo <= watts * 1000 <= hi:
+                rows.append(_at_limit(pynvml, handle, watts, step, sync))
+    finally:
+        pynvml.nvmlDeviceSetPowerManagementLimit(handle, before)
+        pynvml.nvmlShutdown()
+    print(f"{'limit W':>8} {'power W':>8} {'SM MHz':>7} {'TFLOP/s':>8}  reasons")
+    for r in rows:
+        print(
+            f"{r['limit_w']:>8} {r['power_w']:>8} {r['sm_clock_mhz']:>7} {r['tflops']:>8}  "
+            f"{r['clocks_event_reasons']}"
+        )
+    report = {"idle_w": idle_w, "rows": rows, "model": fit_model(rows, idle_w)}
+    print(f"fitted for gpuops/sim/data/power_model.yml: {report['model']}")
+    (out / "power_sweep.json").write_text(json.dumps(report, indent=1))
+    return 0 if rows else 1
+
+
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1] if len(sys.argv) > 1 else "gpu-check")))
+    _args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    _out = Path(_args[0] if _args else "gpu-check")
+    sys.exit(power_sweep(_out) if "--power-sweep" in sys.argv[1:] else main(_out))
