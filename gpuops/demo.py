@@ -97,7 +97,14 @@ def _recovered(fleet: SimFleet, f: Fault) -> bool:
 
 # Drops that only say "already being handled": the demo shows episodes, not samples.
 QUIET_DROPS = frozenset(
-    r.value for r in (Reason.COOLDOWN, Reason.LOCKED, Reason.SUPERSEDED, Reason.SILENCED)
+    r.value
+    for r in (
+        Reason.COOLDOWN,
+        Reason.LOCKED,
+        Reason.SUPERSEDED,
+        Reason.SILENCED,
+        Reason.POWER_BUDGET,
+    )
 )
 
 
