@@ -61,15 +61,31 @@ def facts_of(event: Event) -> list[Fact]:
     """What rules see of an event: one fact per GPU for telemetry, else one."""
     if isinstance(event, TelemetryEvent):
         out = []
-        for gpu in event.data.gpus:
+        bandwidth = [g.dram_bw_util for g in event.data.gpus]
+        if sum(v is not None for v in bandwidth) < 2:
+            bandwidth = []  # no GPU has two reporting peers: skip the medians (hot path)
+        for i, gpu in enumerate(event.data.gpus):
             fact = dict(gpu.__dict__)
             fact["node"] = event.node
             fact["gpu"] = gpu.index
+            fact["dram_bw_util_peer_median"] = peer_median(bandwidth, i) if bandwidth else None
             out.append(fact)
         return out
     fact = dict(event.data.__dict__)
     fact["node"] = event.node
     return [fact]
+
+
+def peer_median(values: list[float | None], i: int) -> float | None:
+    """The median of the others' values (not `values[i]`); None with fewer than 2 others.
+
+    One peer is no consensus: with two GPUs the slow one would look as odd as the fast.
+    """
+    others = sorted(v for j, v in enumerate(values) if j != i and v is not None)
+    if len(others) < 2:
+        return None
+    mid = len(others) // 2
+    return others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
 
 
 class Matcher:
