@@ -15,6 +15,8 @@ from types import ModuleType
 from typing import Any
 
 from gpuops.agent.backend import HealthSignal
+from gpuops.agent.gpm import Gpm
+from gpuops.agent.nvlink import NvLinks
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +36,14 @@ class NvmlBackend:
         ]
         self.lost: set[int] = set()
         self._events: Any = None
+        self.gpm = Gpm(self.nv, self._get)
+        self.nvlinks = NvLinks(self.nv, self._get, self._field)
 
     def gpu_count(self) -> int:
         return len(self.handles)
 
     def close(self) -> None:
+        self.gpm.close()
         try:
             self.nv.nvmlShutdown()
         except self.nv.NVMLError as exc:
@@ -77,6 +82,7 @@ class NvmlBackend:
                 gpus.append(self._sample_gpu(index, handle))
                 self.lost.discard(index)
             except _Lost as exc:
+                self.gpm.forget(index)
                 if index not in self.lost:
                     self.lost.add(index)
                     signals.append(HealthSignal("gpu_lost", {"gpu": index, "error": str(exc)}))
@@ -96,6 +102,8 @@ class NvmlBackend:
         out.update(self._ecc(h))
         out.update(self._pcie(h))
         out.update(self._modes(h))
+        out.update(self.nvlinks.read(index, h))
+        out.update(self.gpm.read(index, h))
         return {k: v for k, v in out.items() if v is not None}
 
     def _thermal(self, h: Any) -> dict[str, Any]:
