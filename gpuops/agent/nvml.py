@@ -193,6 +193,18 @@ class NvmlBackend:
             "compute_mode": get(nv.nvmlDeviceGetComputeMode, h),
         }
 
+    def pci_bus_ids(self) -> dict[tuple[int, int, int], int]:
+        """GPU index by PCI (domain, bus, device); a GPU that does not answer is left out."""
+        out = {}
+        for index, handle in enumerate(self.handles):
+            try:
+                info = self._get(self.nv.nvmlDeviceGetPciInfo, handle)
+            except _Lost:
+                continue
+            if info is not None:
+                out[(int(info.domain), int(info.bus), int(info.device))] = index
+        return out
+
     # --- events -----------------------------------------------------------------------
 
     def _event_set(self) -> Any:
