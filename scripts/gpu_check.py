@@ -70,16 +70,17 @@ def main(out: Path) -> int:
         backend.sample()
     report["sample_ms_per_node"] = round((time.perf_counter() - t0) / 20 * 1000, 2)
     try:
-        report["interconnect"] = interconnect(backend)
+        links = interconnect(backend)
     except Exception as exc:  # report what failed; the checks above still count
-        report["interconnect"] = {"error": repr(exc), "gpm_ok": False}
+        links = {"error": repr(exc), "gpm_ok": False}
+    report["interconnect"] = links
     backend.close()
     ok = (
         done.returncode == 0
         and telemetry is not None
         and all(not e["schema_errors"] for e in report["events"])  # type: ignore[union-attr]
         and all(p["outcome"] == "pass" for p in report["probes"])
-        and report["interconnect"]["gpm_ok"]  # type: ignore[index]
+        and bool(links["gpm_ok"])
     )  # type: ignore[union-attr]
     report["ok"] = ok
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
@@ -211,11 +212,12 @@ def interconnect(backend: NvmlBackend) -> dict[str, object]:
         },
         "kmsg": kmsg_readable(),
     }
-    out["gpm_supported"] = {str(k): v for k, v in backend.gpm.supported.items()}  # now known
-    matmul, copy = out["gpm_matmul"], out["gpm_copy"]
-    assert isinstance(matmul, dict) and isinstance(copy, dict)
+    supported = {str(k): v for k, v in backend.gpm.supported.items()}  # known by now
+    out["gpm_supported"] = supported
+    matmul = out["gpm_matmul"]
+    assert isinstance(matmul, dict)
     # On Hopper the fields must come back after two samples; under the loads they move.
-    out["gpm_ok"] = not any(out["gpm_supported"].values()) or all(  # type: ignore[union-attr]
+    out["gpm_ok"] = not any(supported.values()) or all(
         matmul.get(f) is not None for f in GPM_FIELDS
     )
     return out
