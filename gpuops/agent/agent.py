@@ -52,6 +52,10 @@ class AgentSettings:
     # The same XID from NVML's event path and the kernel log, or the driver's several
     # lines for one XID, arrive within seconds: report a (gpu, xid) once per window.
     xid_dedupe_s: float = 30.0
+    # A steady, healthy InfiniBand summary is repeated this often; a change, or a port
+    # down, goes out every interval (the events stream keeps a week: 8 ports every 10 s
+    # on every node would fill it with nothing new).
+    ib_every_s: float = 300.0
 
 
 def event(
@@ -84,6 +88,8 @@ class Agent:
         self._xid_seen: dict[tuple[Any, Any], float] = {}
         self.xid_duplicates = 0
         self.kmsg = KmsgParser(backend.pci_bus_ids)
+        self._ib_last: tuple[Any, ...] | None = None
+        self._ib_sent_at = float("-inf")
 
     async def run(self, stop: asyncio.Event) -> None:
         """All loops until `stop`; they sample and spool from the start, connected or not."""
@@ -186,16 +192,25 @@ class Agent:
             self.sent["telemetry"] = self.sent.get("telemetry", 0) + 1
 
     async def publish_ib(self) -> None:
-        """The node's InfiniBand ports, like telemetry: not spooled, the next one replaces it."""
+        """The node's InfiniBand ports: on a change or a port down, else every `ib_every_s`.
+
+        Like telemetry it is not spooled: the next one replaces a lost one.
+        """
         if self.s.ib_root is None or not self.nc.is_connected:
             return
         data = await asyncio.to_thread(read_ib, self.s.ib_root)
         if data is None:
             return  # no InfiniBand here: nothing to say, and not a fault
-        payload = event("ib", self.s.node, self.clock.now(), data)
+        now = self.clock.now()
+        summary = tuple(v for k, v in sorted(data.items()) if k != "detail")
+        steady = summary == self._ib_last and not data["ports_down"]
+        if steady and now - self._ib_sent_at < self.s.ib_every_s:
+            return
+        payload = event("ib", self.s.node, now, data)
         with contextlib.suppress(NatsError):
             await self.nc.publish(subject_for("ib", self.s.node), json.dumps(payload).encode())
             self.sent["ib"] = self.sent.get("ib", 0) + 1
+            self._ib_last, self._ib_sent_at = summary, now
 
     async def publish_heartbeat(self) -> None:
         """I am alive (and how many spooled events I had to drop)."""

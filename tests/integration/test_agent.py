@@ -210,3 +210,39 @@ async def test_agent_publishes_ib_events_and_kernel_log_errors_without_double_xi
         await asyncio.wait_for(task, 10)
         await nc.close()
         server.stop()
+
+
+async def test_a_steady_healthy_ib_summary_is_not_repeated_every_interval(tmp_path: Path) -> None:
+    from gpuops.clock import ManualClock
+    from tests.unit.agent.test_infiniband import make_port
+
+    server = EmbeddedNats(tmp_path / "nats").start()
+    nc = await nats.connect(server.url)
+    ib_root = tmp_path / "infiniband"
+    port = make_port(ib_root, "mlx5_0")
+    clock = ManualClock()
+    settings = AgentSettings(
+        node="node-001", spool_path=tmp_path / "spool.jsonl", ib_root=ib_root, ib_every_s=300
+    )
+    agent = Agent(settings, NvmlBackend(FakeNvml()), nc, clock)
+    try:
+        for _ in range(3):
+            await agent.publish_ib()
+            clock.advance(10)
+        assert agent.sent["ib"] == 1, "unchanged and healthy: once"
+        (port / "counters" / "symbol_error").write_text("7\n")
+        await agent.publish_ib()
+        assert agent.sent["ib"] == 2, "a counter moved: at once"
+        (port / "state").write_text("1: DOWN\n")
+        for _ in range(3):
+            await agent.publish_ib()
+            clock.advance(10)
+        assert agent.sent["ib"] == 5, "a port down: every interval, so `for:` rules can hold"
+        (port / "state").write_text("4: ACTIVE\n")
+        await agent.publish_ib()
+        clock.advance(310)
+        await agent.publish_ib()
+        assert agent.sent["ib"] == 7, "back up at once, then the keepalive after ib_every_s"
+    finally:
+        await nc.close()
+        server.stop()
