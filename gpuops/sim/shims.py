@@ -223,8 +223,9 @@ def _reset(gpus: list[dict[str, Any]], pids: list[int]) -> int:
     if g["faults"].get("lost"):
         print(f"Unable to reset GPU {g['index']}: GPU is lost. Reboot the system.", file=sys.stderr)
         return 15
-    # A reset clears what lives in the GPU (stuck kernels, ECC state), not broken cooling.
-    for fault in ("zombie", "xid", "ecc"):
+    # A reset clears what lives in the GPU (stuck kernels, ECC state, NVLink training),
+    # not broken cooling.
+    for fault in ("zombie", "xid", "ecc", "nvlink_down"):
         g["faults"].pop(fault, None)
     g["resets"] += 1
     print(f"GPU {g['index']} was successfully reset.")
