@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
+import yarl
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 from prometheus_client import CollectorRegistry, Counter
@@ -156,6 +157,16 @@ def parse_query_answer(body: bytes, cap: int, over: Tally[str], target: str = ""
     return out
 
 
+def _check_url(url: str) -> None:
+    """An http(s) URL with a host, or a ConfigError naming it."""
+    try:
+        parsed = yarl.URL(url)
+    except ValueError as exc:
+        raise ConfigError(f"not a URL: {url!r} ({exc})") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"not an http(s) URL with a host: {url!r}")
+
+
 # --- the source -----------------------------------------------------------------------
 
 
@@ -185,6 +196,8 @@ class PromSource:
                 "no target: give --target URL (dcgm-exporter) or --prometheus URL, or set "
                 "sources.prometheus.targets"
             )
+        for url in self._names(settings):
+            _check_url(url)
         self.s = settings
         self.publisher = publisher
         self.clock = clock
@@ -216,7 +229,7 @@ class PromSource:
                 reads.append(self._read_target(session, self.s.prometheus, True))
             answers = await asyncio.gather(*reads)
         series: list[Series] = []
-        for target, (got, over, why) in zip(self._names(), answers, strict=True):
+        for target, (got, over, why) in zip(self._names(self.s), answers, strict=True):
             report.dropped.update(over)
             self.metrics.scrapes.labels(target, why or "ok").inc()
             if why is not None:
@@ -224,8 +237,9 @@ class PromSource:
             series += got
         return series
 
-    def _names(self) -> list[str]:
-        return [*self.s.targets, *([self.s.prometheus] if self.s.prometheus else [])]
+    @staticmethod
+    def _names(s: PrometheusSourceSettings) -> list[str]:
+        return [*s.targets, *([s.prometheus] if s.prometheus else [])]
 
     async def _read_target(
         self, session: aiohttp.ClientSession, url: str, query: bool
@@ -244,7 +258,7 @@ class PromSource:
             text = body.decode("utf-8", errors="strict")
             return parse_exposition(text, self.s.max_series, over, url), over, None
         except SourceError as exc:
-            log.warning("scrape %s: %s", url, exc)
+            log.warning("scrape %s", exc)
             return [], over, exc.reason
         except UnicodeDecodeError as exc:
             log.warning("scrape %s: not UTF-8 (%s)", url, exc)
