@@ -11,9 +11,13 @@ real-Prometheus test; a unit test keeps the two equal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+
+from aiohttp import web
 
 SNAPSHOT = json.loads(
     (Path(__file__).parent / "fixtures" / "nvml" / "h200_snapshot.json").read_text()
@@ -166,6 +170,27 @@ def exposition(
             value = overrides.get(gpu, {}).get(name, idle)
             lines.append(f"{name}{{{labels(node, gpu)}}} {_value(value)}")
     return "\n".join(lines) + "\n"
+
+
+@contextlib.asynccontextmanager
+async def serve(pages: dict[str, str], extra: Sequence[web.RouteDef] = ()) -> AsyncIterator[int]:
+    """Serve `pages` (path -> text, read at each request, so tests change them) on a
+    loopback port, as dcgm-exporter serves /metrics; yields the port."""
+
+    async def page(request: web.Request) -> web.Response:
+        if request.path not in pages:
+            raise web.HTTPNotFound()
+        return web.Response(text=pages[request.path], content_type="text/plain")
+
+    app = web.Application()
+    app.add_routes([*extra, web.get("/{path:.*}", page)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield int(runner.addresses[0][1])
+    finally:
+        await runner.cleanup()
 
 
 if __name__ == "__main__":

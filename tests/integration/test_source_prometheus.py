@@ -27,7 +27,7 @@ from gpuops.models import EVENT_ADAPTER
 from gpuops.settings import PrometheusSourceSettings
 from gpuops.sources.prometheus import PromSource, SourceMetrics
 from tests.conftest import wait_for
-from tests.dcgm_exposition import exposition
+from tests.dcgm_exposition import exposition, serve
 
 pytestmark = pytest.mark.integration
 NODE = "gpu-node-07"
@@ -49,9 +49,6 @@ class Exporter:
 async def exporter() -> AsyncIterator[Exporter]:
     ex = Exporter()
 
-    async def page(request: web.Request) -> web.Response:
-        return web.Response(text=ex.pages[request.path], content_type="text/plain")
-
     async def slow(request: web.Request) -> web.Response:
         await asyncio.sleep(2)  # the source gives up after its 1 s timeout
         return web.Response(text="")
@@ -69,17 +66,10 @@ async def exporter() -> AsyncIterator[Exporter]:
     async def failing(request: web.Request) -> web.Response:
         return web.Response(text="oops", status=500)
 
-    app = web.Application()
-    app.add_routes([web.get("/metrics", page), web.get("/node2", page)])
-    app.add_routes([web.get("/slow", slow), web.get("/huge", huge)])
-    app.add_routes([web.get("/html", html), web.get("/500", failing)])
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    ex.port = runner.addresses[0][1]
-    yield ex
-    await runner.cleanup()
+    broken = [web.get("/slow", slow), web.get("/huge", huge), web.get("/html", html)]
+    async with serve(ex.pages, [*broken, web.get("/500", failing)]) as port:
+        ex.port = port
+        yield ex
 
 
 def _source(
