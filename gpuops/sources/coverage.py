@@ -3,8 +3,9 @@
 A condition that reads a null field is false (gpuops/match/expr.py), so a rule reading a
 field the source never fills never fires; nor does a rule on a kind the source never
 sends. A rule whose `absent` waits for such a kind is worse: it fires on every node.
-Drift, unreachable and ChatOps events come from gpuops's own checks and from people,
-whatever the source, so their rules are not the source's concern.
+Drift, unreachable, ChatOps and Alertmanager events come from gpuops's own checks, from
+people and from Alertmanager, whatever feeds the telemetry, so their rules are not the
+source's concern.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _gap(rule: Rule) -> tuple[Level, str] | None:
                 f"its `absent` waits for {rule.on} events, which dcgm-exporter never sends, so "
                 "it fires on every node: disable it (enabled: false) where no agent runs"
             )
-        return "cannot-fire", f"dcgm-exporter never sends {rule.on} events (the agent does)"
+        return "cannot-fire", f"dcgm-exporter never sends {rule.on} events"
     if rule.on != "telemetry":
         return None
     fields = rule_fields(rule)

@@ -170,8 +170,9 @@ LINK_LABELS = ("link", "nvlink")
 MIG_LABEL = "GPU_I_ID"
 # The event kinds this source publishes (an agent's other kinds never come from it).
 KINDS = frozenset({"telemetry", "xid"})
-# The kinds that gpuops's own checks and people produce, whatever feeds the telemetry.
-INDEPENDENT_KINDS = frozenset({"drift", "unreachable", "chatops"})
+# The kinds that gpuops's own checks, people and Alertmanager produce, whatever feeds
+# the telemetry.
+INDEPENDENT_KINDS = frozenset({"drift", "unreachable", "chatops", "alert"})
 
 
 def metric_names() -> tuple[str, ...]:
@@ -211,3 +212,29 @@ def convert(values: dict[str, float]) -> dict[str, Any]:
 def first_label(labels: dict[str, str], names: tuple[str, ...]) -> str | None:
     """The first non-empty label of `names` (dcgm-exporter writes "" for none)."""
     return next((labels[n] for n in names if labels.get(n)), None)
+
+
+_HOW: dict[Callable[[float], Any], str] = {
+    _num: "as is",
+    _int: "integer",
+    _bool: "non-zero is true",
+    _percent: "x 100 (percent of peak)",
+    _mib: "x 2^20 (bytes)",
+    _milli: "/ 1000 (J)",
+}
+
+
+def markdown_table() -> str:
+    """The mapping as docs/sources.md shows it (a unit test keeps the two equal)."""
+    rows = [
+        "| GpuSample field | DCGM field (the first published) | DCGM unit | conversion | default |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for m in MAPPING:
+        names = " or ".join(f"`{n}`" for n in m.metrics)
+        if m.sum_of:
+            parts = " + ".join(f"`{n}`" for n in (*m.sum_of, *m.sum_optional))
+            names += f", else {parts}"
+        how = _HOW[m.convert] + ("; summed over links" if m.per_link else "")
+        rows.append(f"| `{m.field}` | {names} | {m.unit} | {how} | {'yes' if m.default else ''} |")
+    return "\n".join(rows) + "\n"

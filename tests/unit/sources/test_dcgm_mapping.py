@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -222,3 +223,16 @@ def test_labels_beyond_what_a_sample_holds_are_cut() -> None:
     assert event is not None
     labels = event["data"]["gpus"][0]["labels"]
     assert len(labels) == 64 and max(len(v) for v in labels.values()) == 1024
+
+
+def test_docs_show_the_mapping_table_and_a_counters_csv_with_every_field() -> None:
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "sources.md").read_text()
+    assert dcgm.markdown_table() in docs
+    csv = docs.split("```csv\n", 1)[1].split("```", 1)[0]
+    listed = {line.split(",")[0] for line in csv.splitlines() if not line.startswith("#")}
+    wanted = set(dcgm.metric_names()) - {
+        "DCGM_FI_DEV_FB_TOTAL",  # used + free + reserved give it
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",  # an alternative of POWER_MGMT_LIMIT
+        "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",  # the old name of CLOCKS_EVENT_REASONS
+    }
+    assert listed == wanted
