@@ -191,11 +191,14 @@ class PrometheusSourceSettings(BaseModel):
     prometheus: str | None = Field(default=None, description="a Prometheus server's base URL")
     interval_s: float = Field(default=10.0, gt=0)
     timeout_s: float = Field(default=5.0, gt=0, le=300, description="per target and scrape")
-    max_bytes: int = Field(default=16 << 20, ge=1024, description="largest answer read")
+    # A Prometheus query answer is about 170 KB per 8-GPU node with every mapped field.
+    max_bytes: int = Field(default=64 << 20, ge=1024, description="largest answer read")
     max_series: int = Field(default=100_000, ge=1, description="series kept per answer")
     # dcgm-exporter's own label; with none, `instance` without its port names the node.
     node_label: str = "Hostname"
     gpu_label: str = "gpu"
+    # Label matchers added to the Prometheus query, to shard a fleet over several sources.
+    selector: str = Field(default="", max_length=1000, description='e.g. job="dcgm",rack=~"a.*"')
     spool_max: int = Field(default=10_000, ge=1, description="xid events held while NATS is away")
 
 

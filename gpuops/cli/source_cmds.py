@@ -18,6 +18,7 @@ def ingest() -> None:
 @ingest.command("prometheus")
 @click.option("--target", "targets", multiple=True, help="a dcgm-exporter /metrics URL (repeat)")
 @click.option("--prometheus", help="a Prometheus server's URL, asked with /api/v1/query")
+@click.option("--selector", help='label matchers for the Prometheus query, e.g. job="dcgm"')
 @click.option("--interval", type=float, help="seconds between scrapes (default 10)")
 @click.option("--timeout", type=float, help="seconds each target may take (default 5)")
 @click.option("--node-label", help="the label naming the node (default Hostname, else instance)")
@@ -32,6 +33,7 @@ def prometheus(ctx: click.Context, /, **opts: Any) -> None:
     over = {
         "targets": opts["targets"] or None,
         "prometheus": opts["prometheus"],
+        "selector": opts["selector"],
         "interval_s": opts["interval"],
         "timeout_s": opts["timeout"],
         "node_label": opts["node_label"],

@@ -48,7 +48,12 @@ from gpuops.sources.readings import Series, XidWatch, group, telemetry_event
 log = logging.getLogger(__name__)
 
 WANTED = frozenset(dcgm.metric_names())
-QUERY = '{__name__=~"' + "|".join(dcgm.metric_names()) + '"}'
+
+
+def promql(selector: str = "") -> str:
+    """The PromQL selector of every mapped metric, narrowed by `selector`'s matchers."""
+    names = '__name__=~"' + "|".join(dcgm.metric_names()) + '"'
+    return "{" + names + (f",{selector}" if selector else "") + "}"
 
 
 class SourceMetrics:
@@ -167,6 +172,20 @@ def _check_url(url: str) -> None:
         raise ConfigError(f"not an http(s) URL with a host: {url!r}")
 
 
+# At most this many targets are read at once (a fleet of exporters is read in waves).
+MAX_CONNECTIONS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class _Body:
+    """A target's answer as read, before parsing; `why` says why there is none."""
+
+    url: str
+    query: bool
+    body: bytes = b""
+    why: str | None = None
+
+
 # --- the source -----------------------------------------------------------------------
 
 
@@ -223,11 +242,16 @@ class PromSource:
 
     async def _read_all(self, report: ScrapeReport) -> list[Series]:
         timeout = aiohttp.ClientTimeout(total=self.s.timeout_s)
+        gate = asyncio.Semaphore(MAX_CONNECTIONS)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            reads = [self._read_target(session, url, False) for url in self.s.targets]
+            reads = [self._fetch(session, gate, url, False) for url in self.s.targets]
             if self.s.prometheus:
-                reads.append(self._read_target(session, self.s.prometheus, True))
-            answers = await asyncio.gather(*reads)
+                reads.append(self._fetch(session, gate, self.s.prometheus, True))
+            bodies = await asyncio.gather(*reads)
+        # Parsing is CPU (prometheus-client's parser is pure Python): all bodies are in
+        # before it starts, so no target's timeout runs while another one is parsed, and
+        # it runs off the event loop.
+        answers = await asyncio.to_thread(self._parse_all, bodies)
         series: list[Series] = []
         for target, (got, over, why) in zip(self._names(self.s), answers, strict=True):
             report.dropped.update(over)
@@ -241,34 +265,53 @@ class PromSource:
     def _names(s: PrometheusSourceSettings) -> list[str]:
         return [*s.targets, *([s.prometheus] if s.prometheus else [])]
 
-    async def _read_target(
-        self, session: aiohttp.ClientSession, url: str, query: bool
-    ) -> tuple[list[Series], Tally[str], str | None]:
-        """(series, dropped over the cap, failure reason or None): never raises."""
-        over: Tally[str] = Tally()
+    async def _fetch(
+        self, session: aiohttp.ClientSession, gate: asyncio.Semaphore, url: str, query: bool
+    ) -> _Body:
+        """One target's answer, or why there is none: never raises."""
         try:
-            if query:
-                endpoint = url.rstrip("/") + "/api/v1/query"
-                async with session.get(endpoint, params={"query": QUERY}) as resp:
-                    body = await read_capped(resp, self.s.max_bytes, url)
-                return parse_query_answer(body, self.s.max_series, over, url), over, None
-            headers = {"Accept": "text/plain;version=0.0.4"}
-            async with session.get(url, headers=headers) as resp:
-                body = await read_capped(resp, self.s.max_bytes, url)
-            text = body.decode("utf-8", errors="strict")
-            return parse_exposition(text, self.s.max_series, over, url), over, None
+            async with gate:
+                if query:
+                    endpoint = url.rstrip("/") + "/api/v1/query"
+                    params = {"query": promql(self.s.selector)}
+                    async with session.get(endpoint, params=params) as resp:
+                        return _Body(url, query, await read_capped(resp, self.s.max_bytes, url))
+                headers = {"Accept": "text/plain;version=0.0.4"}
+                async with session.get(url, headers=headers) as resp:
+                    return _Body(url, query, await read_capped(resp, self.s.max_bytes, url))
         except SourceError as exc:
             log.warning("scrape %s", exc)
-            return [], over, exc.reason
-        except UnicodeDecodeError as exc:
-            log.warning("scrape %s: not UTF-8 (%s)", url, exc)
-            return [], over, "garbage"
+            return _Body(url, query, why=exc.reason)
         except TimeoutError:
             log.warning("scrape %s: no answer within %.1f s", url, self.s.timeout_s)
-            return [], over, "timeout"
+            return _Body(url, query, why="timeout")
         except (aiohttp.ClientError, OSError) as exc:
             log.warning("scrape %s: down (%s)", url, exc)
-            return [], over, "down"
+            return _Body(url, query, why="down")
+
+    def _parse_all(self, bodies: list[_Body]) -> list[tuple[list[Series], Tally[str], str | None]]:
+        """(series, dropped over the cap, failure reason or None) per target, in order."""
+        out: list[tuple[list[Series], Tally[str], str | None]] = []
+        for b in bodies:
+            over: Tally[str] = Tally()
+            if b.why is not None:
+                out.append(([], over, b.why))
+                continue
+            try:
+                if b.query:
+                    got = parse_query_answer(b.body, self.s.max_series, over, b.url)
+                else:
+                    text = b.body.decode("utf-8", errors="strict")
+                    got = parse_exposition(text, self.s.max_series, over, b.url)
+            except SourceError as exc:
+                log.warning("scrape %s", exc)
+                out.append(([], over, exc.reason))
+            except UnicodeDecodeError as exc:
+                log.warning("scrape %s: not UTF-8 (%s)", b.url, exc)
+                out.append(([], over, "garbage"))
+            else:
+                out.append((got, over, None))
+        return out
 
     # --- publishing ---------------------------------------------------------------
 

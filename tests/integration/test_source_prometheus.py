@@ -246,7 +246,9 @@ async def test_a_real_prometheus_query_becomes_telemetry_on_real_nats(
 
     sub = await bus.nc.subscribe("gpuops.telemetry.>", cb=keep)
     clock = ManualClock(1_800_000_000.0)
-    source = _source(tmp_path, JetStreamPublisher(bus.js), clock, prometheus=prometheus)
+    source = _source(
+        tmp_path, JetStreamPublisher(bus.js), clock, prometheus=prometheus, selector='job="dcgm"'
+    )
     report = await source.scrape_once()
     assert report.failed == {}
     await wait_for(lambda: len(seen) == 1, 10)

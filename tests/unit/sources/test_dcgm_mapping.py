@@ -12,7 +12,7 @@ from gpuops.agent.nvml import NvmlBackend
 from gpuops.errors import SourceError
 from gpuops.models import GpuSample
 from gpuops.sources import dcgm
-from gpuops.sources.prometheus import parse_exposition, parse_query_answer
+from gpuops.sources.prometheus import parse_exposition, parse_query_answer, promql
 from gpuops.sources.readings import (
     Series,
     XidWatch,
@@ -194,6 +194,12 @@ def test_garbage_is_refused_and_the_series_cap_holds() -> None:
     everything = len(parse_exposition(exposition(), 100_000, Counter()))
     assert len(parse_exposition(exposition(), 50, over)) == 50
     assert over["over_cap"] == everything - 50 > 0
+
+
+def test_the_query_asks_for_every_mapped_metric_narrowed_by_the_selector() -> None:
+    assert promql().startswith('{__name__=~"DCGM_FI_DEV_GPU_TEMP|') and promql().endswith('"}')
+    assert all(name in promql() for name in dcgm.metric_names())
+    assert promql('job="dcgm",rack=~"a.*"').endswith('XID_ERRORS",job="dcgm",rack=~"a.*"}')
 
 
 def test_a_prometheus_query_answer_is_read() -> None:
