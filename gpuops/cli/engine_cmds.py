@@ -70,7 +70,12 @@ async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
     type=click.Path(path_type=Path),
     help="check playbooks exist here",
 )
-def validate(paths: tuple[Path, ...], playbooks_dir: Path | None) -> None:
+@click.option(
+    "--source",
+    type=click.Choice(["dcgm"]),
+    help="also warn which rules cannot fire when this source feeds the engine (exit 0)",
+)
+def validate(paths: tuple[Path, ...], playbooks_dir: Path | None, source: str | None) -> None:
     """Check rule files (default: the site's rules/, else the shipped ones); print
     `file:line: rule NAME: message` per error, exit 1 on any."""
     from gpuops.match.loader import load_rules
@@ -87,6 +92,15 @@ def validate(paths: tuple[Path, ...], playbooks_dir: Path | None) -> None:
             click.echo(line)
         sys.exit(1)
     click.echo(f"ok: {len(rules.rules)} rules in {len(rules.sources)} files")
+    if source:
+        from gpuops.sources.coverage import NOTES, gaps
+
+        found = gaps(rules, source)
+        for gap in found:
+            click.echo(f"warning: {gap}")
+        for note in NOTES[source]:
+            click.echo(f"note: {note}")
+        click.echo(f"{source}: {len(found)} of {len(rules.rules)} rules not fully served")
 
 
 def _rules(rules_dir: Path | None) -> RuleSet:
