@@ -426,6 +426,9 @@ EVENT_KINDS: tuple[str, ...] = tuple(DATA_MODELS)
 # Facts the matcher computes when it expands an event (gpuops.match.matcher.facts_of),
 # beside the event's own fields: a GPU compared with the other GPUs of its node.
 DERIVED_FACTS: dict[str, dict[str, type]] = {"telemetry": {"dram_bw_util_peer_median": float}}
+# The event field each derived fact is computed from: a source that fills the field
+# serves the fact too.
+DERIVED_FROM: dict[str, str] = {"dram_bw_util_peer_median": "dram_bw_util"}
 
 
 def fact_fields(kind: str) -> frozenset[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuops.match.rules import Rule, RuleSet
+from gpuops.models import DERIVED_FROM
 from gpuops.sources import dcgm
 
 Level = Literal["cannot-fire", "fires-everywhere", "needs-counters"]
@@ -56,7 +57,8 @@ def rule_fields(rule: Rule) -> frozenset[str]:
         names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in called}
     if rule.increase is not None:
         names.add(rule.increase.field)
-    return frozenset(names - _ALWAYS)
+    # A fact the matcher derives is served where the field it comes from is.
+    return frozenset(DERIVED_FROM.get(n, n) for n in names - _ALWAYS)
 
 
 def gaps(rules: RuleSet, source: str = "dcgm") -> list[Gap]:
