@@ -14,7 +14,7 @@ import click
 from rich.table import Table
 
 from gpuops.cli.terminal import cells, err, out, run_async, settings_from
-from gpuops.errors import RuleError
+from gpuops.errors import EngineError, RuleError
 
 if TYPE_CHECKING:
     from gpuops.clock import Clock
@@ -70,9 +70,15 @@ async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
     type=click.Path(path_type=Path),
     help="check playbooks exist here",
 )
-def validate(paths: tuple[Path, ...], playbooks_dir: Path | None) -> None:
+@click.option(
+    "--inventory",
+    type=click.Path(path_type=Path),
+    help="check group keys and inventory variables (group_by: [rack]) against it",
+)
+def validate(paths: tuple[Path, ...], playbooks_dir: Path | None, inventory: Path | None) -> None:
     """Check rule files (default: the site's rules/, else the shipped ones); print
     `file:line: rule NAME: message` per error, exit 1 on any."""
+    from gpuops.inventory import load_inventory
     from gpuops.match.loader import load_rules
     from gpuops.shipped import locate
 
@@ -81,8 +87,9 @@ def validate(paths: tuple[Path, ...], playbooks_dir: Path | None) -> None:
     targets = list(paths) or [locate("rules").path]
     books = playbooks_dir or locate("playbooks").path
     try:
-        rules = load_rules(targets, books if books.is_dir() else None)
-    except RuleError as exc:
+        inv = load_inventory(inventory) if inventory is not None else None
+        rules = load_rules(targets, books if books.is_dir() else None, inv)
+    except EngineError as exc:
         for line in str(exc).splitlines():
             click.echo(line)
         sys.exit(1)
