@@ -175,6 +175,17 @@ def bench() -> None:
     """Benchmarks that print figures (never timed tests)."""
 
 
+@bench.command("windows")
+@click.option("--gpus", type=int, default=10_000, show_default=True)
+@click.option("--window", default="24h", show_default=True, help="the aggregate window")
+def bench_windows(gpus: int, window: str) -> None:
+    """Per-GPU state, RSS and samples/s of a p95 and an avg over a long window."""
+    from gpuops.match.benchwin import bench_windows as run_bench
+
+    for line in run_bench(gpus=gpus, window=window):
+        click.echo(line)
+
+
 @bench.command("rules")
 @click.option("--rules", "n_rules", type=int, default=50, show_default=True)
 @click.option("--gpus", type=int, default=10_000, show_default=True)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_left
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from itertools import accumulate, compress
 from typing import Any, TypeGuard
 
 BUCKETS = 32  # time buckets per window: the window is W - W/32 to W long
@@ -45,12 +47,25 @@ class Series:
     window is the `BUCKETS` buckets that end with the newest one (`head`).
     """
 
-    __slots__ = ("base", "count", "exp", "head", "hi", "hist", "lo", "total", "width", "window")
+    __slots__ = (
+        "base",
+        "count",
+        "exp",
+        "head",
+        "hi",
+        "hist",
+        "lo",
+        "n",
+        "total",
+        "width",
+        "window",
+    )
 
     def __init__(self, window: float, quantiles: bool) -> None:
         self.window = window
         self.width = window / BUCKETS
         self.head: int | None = None
+        self.n = 0  # samples in the window
         self.count = array("I", bytes(4 * BUCKETS))
         self.total = array("d", bytes(8 * BUCKETS))
         self.lo = array("d", bytes(8 * BUCKETS))
@@ -78,6 +93,7 @@ class Series:
         elif value > self.hi[slot]:
             self.hi[slot] = value
         self.count[slot] = n + 1
+        self.n += 1
         self.total[slot] += value
         if self.hist is not None:
             self._bin(slot, value)
@@ -93,12 +109,13 @@ class Series:
         for old in gone:
             self._clear(old % BUCKETS)
         self.head = b
-        if self.hist is not None and not any(self.count):
+        if self.hist is not None and not self.n:
             self.exp = None  # nothing held: the next values choose a fine grid again
 
     def _clear(self, slot: int) -> None:
         if not self.count[slot]:
             return
+        self.n -= self.count[slot]
         self.count[slot] = 0
         self.total[slot] = 0.0
         hist = self.hist
@@ -138,7 +155,8 @@ class Series:
         old, old_base = hist, self.base
         code = "I" if sum(old[sums:]) > _U16 else old.typecode  # merged bins add up
         new = array(code, bytes(array(code).itemsize * len(old)))
-        for row in range(0, len(old), BINS):
+        for r in [r for r in range(BUCKETS) if self.count[r]] + [BUCKETS]:
+            row = r * BINS
             for i in range(BINS):
                 if old[row + i]:
                     new[row + ((old_base + i) >> d) - base] += old[row + i]
@@ -147,33 +165,30 @@ class Series:
 
     def value(self, fn: str) -> float | None:
         """`fn` over the window; None when the window holds no sample."""
-        slots = [i for i in range(BUCKETS) if self.count[i]]
-        if not slots:
+        n = self.n
+        if not n:
             return None
         if fn == "count":
-            return float(sum(self.count[i] for i in slots))
-        if fn == "sum":
-            return math.fsum(self.total[i] for i in slots)
-        if fn == "avg":
-            return math.fsum(self.total[i] for i in slots) / sum(self.count[i] for i in slots)
-        low, high = min(self.lo[i] for i in slots), max(self.hi[i] for i in slots)
+            return float(n)
+        if fn == "sum" or fn == "avg":
+            total = math.fsum(self.total)  # empty buckets hold 0.0
+            return total if fn == "sum" else total / n
+        low = min(compress(self.lo, self.count))
+        high = max(compress(self.hi, self.count))
         if fn == "min":
             return low
         if fn == "max":
             return high
-        return min(high, max(low, self._quantile(QUANTILES[fn], slots)))
+        return min(high, max(low, self._quantile(QUANTILES[fn])))
 
-    def _quantile(self, q: float, slots: list[int]) -> float:
+    def _quantile(self, q: float) -> float:
         """The nearest-rank q-quantile of the bins: the midpoint of the bin holding it."""
         hist = self.hist
         assert hist is not None and self.exp is not None
-        rank = max(1, math.ceil(q * sum(self.count[i] for i in slots)))
-        sums, seen = BUCKETS * BINS, 0
-        for i in range(BINS):
-            seen += hist[sums + i]
-            if seen >= rank:
-                return math.ldexp(self.base + i + 0.5, self.exp)
-        return math.ldexp(self.base + BINS - 0.5, self.exp)
+        rank = max(1, math.ceil(q * self.n))
+        cumulative = list(accumulate(hist[BUCKETS * BINS :]))
+        i = min(bisect_left(cumulative, rank), BINS - 1)
+        return math.ldexp(self.base + i + 0.5, self.exp)
 
     @property
     def bin_width(self) -> float:
@@ -223,7 +238,16 @@ class Aggregates:
     (a rack's GPUs) and lateness is per member.
     """
 
-    __slots__ = ("aggs", "group_fields", "keys", "max_gap", "per_member", "series_specs")
+    __slots__ = (
+        "aggs",
+        "group_fields",
+        "keys",
+        "max_gap",
+        "per_member",
+        "series_fields",
+        "series_of",
+        "series_specs",
+    )
 
     def __init__(self, aggs: tuple[Aggregate, ...], per_member: bool, max_gap: float) -> None:
         self.aggs = aggs
@@ -236,7 +260,16 @@ class Aggregates:
                 spec = (a.field, a.window_s)
                 specs[spec] = specs.get(spec, False) or a.fn in QUANTILES
         self.series_specs = tuple(specs.items())
+        self.series_fields = tuple(field for (field, _), _ in self.series_specs)
+        order = [spec for spec, _ in self.series_specs]
         self.group_fields = tuple(dict.fromkeys(a.field for a in aggs if a.window_s is None))
+        # Per aggregate: its series' index, or -1 - its index in the members' values.
+        self.series_of = tuple(
+            order.index((a.field, a.window_s))
+            if a.window_s is not None
+            else -1 - self.group_fields.index(a.field)
+            for a in aggs
+        )
 
     def observe(
         self, key: Hashable, member: Hashable, t: float, fact: dict[str, Any]
@@ -251,7 +284,7 @@ class Aggregates:
         if state is None:
             state = self.keys[key] = KeyState([Series(w, q) for (_, w), q in self.series_specs])
         late = t < state.newest if self.per_member else self._late(state, member, t, fact)
-        for ((field, _), _), one in zip(self.series_specs, state.series, strict=True):
+        for field, one in zip(self.series_fields, state.series, strict=True):
             v = fact.get(field)
             if _number(v):
                 one.add(t, v)
@@ -269,15 +302,14 @@ class Aggregates:
         return False
 
     def _write(self, state: KeyState, t: float, fact: dict[str, Any]) -> None:
-        by_spec = {spec: s for (spec, _), s in zip(self.series_specs, state.series, strict=True)}
         fresh: list[tuple[Any, ...]] | None = None
-        for a in self.aggs:
-            if a.window_s is not None:
-                fact[a.name] = by_spec[(a.field, a.window_s)].value(a.fn)
+        for a, at in zip(self.aggs, self.series_of, strict=True):
+            if at >= 0:
+                fact[a.name] = state.series[at].value(a.fn)
                 continue
             if fresh is None:
                 fresh = [v for tm, v in state.members.values() if t - tm <= self.max_gap]
-            i = self.group_fields.index(a.field)
+            i = -1 - at
             values = [float(v[i]) for v in fresh if _number(v[i])]
             fact[a.name] = group_value(a.fn, values)
 
