@@ -96,14 +96,18 @@ def validate(paths: tuple[Path, ...], playbooks_dir: Path | None, inventory: Pat
     click.echo(f"ok: {len(rules.rules)} rules in {len(rules.sources)} files")
 
 
-def _rules(rules_dir: Path | None) -> RuleSet:
+def _rules(rules_dir: Path | None, inventory: Path | None = None) -> RuleSet:
+    from gpuops.inventory import load_inventory
     from gpuops.match.loader import load_rules
     from gpuops.shipped import locate
 
     books = locate("playbooks").path
     try:
-        return load_rules([rules_dir or locate("rules").path], books if books.is_dir() else None)
-    except RuleError as exc:
+        inv = load_inventory(inventory) if inventory is not None else None
+        return load_rules(
+            [rules_dir or locate("rules").path], books if books.is_dir() else None, inv
+        )
+    except EngineError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
 
@@ -111,13 +115,18 @@ def _rules(rules_dir: Path | None) -> RuleSet:
 @click.command("test-rules")
 @click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
 @click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/")
-def test_rules(paths: tuple[Path, ...], rules_dir: Path | None) -> None:
+@click.option(
+    "--inventory",
+    type=click.Path(path_type=Path),
+    help="check rules that read the inventory against it (cases give hosts' variables)",
+)
+def test_rules(paths: tuple[Path, ...], rules_dir: Path | None, inventory: Path | None) -> None:
     """Run rule tests (YAML cases of events and expected actions; default: the site's
     tests/rules/, else the shipped ones); exit 1 on any failure."""
     from gpuops.ruletest import load_cases, run_cases
     from gpuops.shipped import locate
 
-    rules = _rules(rules_dir)
+    rules = _rules(rules_dir, inventory)
     if not paths:
         click.echo(f"running {locate('tests/rules').describe()}")
     paths = paths or (locate("tests/rules").path,)
