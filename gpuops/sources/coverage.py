@@ -14,6 +14,7 @@ import ast
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuops.match.expr import parse_condition
 from gpuops.match.rules import Rule, RuleSet
 from gpuops.models import DERIVED_FROM
 from gpuops.sources import dcgm
@@ -52,7 +53,7 @@ def rule_fields(rule: Rule) -> frozenset[str]:
     """The fact fields a rule reads: names in `when` (not the functions) and `increase`."""
     names: set[str] = set()
     if rule.when:
-        tree = ast.parse(rule.when, mode="eval")
+        tree = parse_condition(rule.when)
         called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
         names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in called}
     if rule.increase is not None:

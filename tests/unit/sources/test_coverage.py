@@ -75,3 +75,29 @@ def test_rule_fields_are_the_names_read_not_the_functions_called(tmp_path: Path)
 def test_an_unknown_source_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown source 'snmp'"):
         gaps(load_rules([ROOT / "rules"]), "snmp")
+
+
+def test_window_functions_and_derived_facts_are_judged_by_the_fields_they_read(
+    tmp_path: Path,
+) -> None:
+    body = """rules:
+  - name: underused
+    on: telemetry
+    group_by: [node, gpu]
+    when: p95(util_gpu, 24h) < 10
+  - name: hot-for-a-day
+    on: telemetry
+    group_by: [node, gpu]
+    when: max(temp_slowdown_c, 1h) > 0
+  - name: bandwidth
+    on: telemetry
+    group_by: [node, gpu]
+    when: dram_bw_util < dram_bw_util_peer_median / 2
+"""
+    assert _rules(tmp_path, body) == [
+        ("hot-for-a-day", "needs-counters"),
+        ("bandwidth", "needs-counters"),
+    ]
+    assert gaps(load_rules([ROOT / "rules"])) and "gpu-underused" not in {
+        g.rule for g in gaps(load_rules([ROOT / "rules"]))
+    }
