@@ -380,6 +380,9 @@ DATA_MODELS: dict[str, type[BaseModel]] = {
     "alert": AlertData,
 }
 EVENT_KINDS: tuple[str, ...] = tuple(DATA_MODELS)
+# Kinds that state a condition rather than report an occurrence: a rule's episode on them
+# ends when its condition goes false for the key that fired (a GPU cooled, an alert resolved).
+STATEFUL_KINDS = frozenset({"telemetry", "alert"})
 
 
 def fact_fields(kind: str) -> frozenset[str]:

@@ -5,6 +5,7 @@ Every error names the file, line and rule; all errors of a load are reported tog
 
 from __future__ import annotations
 
+import ast
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -277,6 +278,12 @@ def build_rule(raw: LineDict, file: str, playbooks_dir: Path | None) -> Rule:
         except ValueError as exc:
             raise fail(f"when: {exc}", "when") from exc
         condition = condition_from(expr, f"<rule {name}>")
+    if kind == "alert" and "status" not in _names(raw.get("when")):
+        raise fail(
+            'an alert rule says which status it acts on (when: ... and status == "firing"): '
+            "a resolved alert would fire it too",
+            "when" if "when" in raw else None,
+        )
     increase = _increase(raw.get("increase"), types, fail)
     actions = tuple(_action(a, fields, playbooks_dir, fail) for a in raw.get("actions", []))
     if "ladder" in raw and any(a.playbook for a in actions):
@@ -306,6 +313,14 @@ def build_rule(raw: LineDict, file: str, playbooks_dir: Path | None) -> Rule:
         ladder_name=raw.get("ladder"),
         actions=actions,
     )
+
+
+def _names(when: Any) -> set[str]:
+    """The field names a (vetted) condition reads."""
+    if not isinstance(when, str):
+        return set()
+    tree = ast.parse(when.strip(), mode="eval")
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
 def _dur(raw: LineDict, key: str, fail: Any) -> float | None:
