@@ -182,6 +182,34 @@ class ExecutorSettings(BaseModel):
     evidence_max_bytes: int = Field(default=1 << 30, ge=1 << 20)
 
 
+class AlertmanagerSettings(BaseModel):
+    """The Alertmanager webhook receiver, `POST /ingest/alertmanager` (docs/sources.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    token: SecretStr | None = Field(
+        default=None,
+        description="the bearer token Alertmanager sends; unset, the route refuses every post",
+    )
+    node_labels: tuple[str, ...] = Field(
+        default=("Hostname", "instance", "node"),
+        min_length=1,
+        description="the first of these labels an alert has names its node (instance: no port)",
+    )
+    gpu_label: str = Field(default="gpu", min_length=1)
+    # Alertmanager batches a group's alerts into one post: more than the app's 64 KiB, bounded.
+    max_body_bytes: int = Field(default=4 << 20, ge=64 << 10, le=64 << 20)
+    max_alerts: int = Field(default=1000, ge=1, le=100_000)
+
+
+class SourcesSettings(BaseModel):
+    """Sources of events besides gpuops's own agent."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    alertmanager: AlertmanagerSettings = AlertmanagerSettings()
+
+
 class Settings(BaseModel):
     """Everything the engine needs to run; built once, never mutated."""
 
@@ -199,6 +227,7 @@ class Settings(BaseModel):
     notifications: NotificationSettings = NotificationSettings()
     chatops: ChatopsSettings = ChatopsSettings()
     drift: DriftSettings = DriftSettings()
+    sources: SourcesSettings = SourcesSettings()
     http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
     run_timeout_s: float = Field(default=900.0, gt=0)
     # A run whose executor has not renewed its claim for this long is taken as interrupted
