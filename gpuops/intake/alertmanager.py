@@ -56,8 +56,6 @@ log = logging.getLogger(__name__)
 
 PATH = "/ingest/alertmanager"
 SOURCE = "alertmanager"
-# Alertmanager's "no end yet" (a firing alert's endsAt); Go's zero time.
-_NO_TIME_BEFORE = 1.0
 
 
 class Rejection(StrEnum):
@@ -193,7 +191,8 @@ def to_event(alert: WebhookAlert, settings: AlertmanagerSettings, now: float) ->
     name = alert.labels.get("alertname", "")
     if not name:
         raise DeadAlert("schema", "no alertname label")
-    ends = alert.ends_at if alert.ends_at and alert.ends_at.timestamp() > _NO_TIME_BEFORE else None
+    # A firing alert's endsAt is Alertmanager's timeout guess, or Go's zero time: no end.
+    ends = alert.ends_at if alert.status == "resolved" else None
     raw = {
         "id": event_id(alert.fingerprint, alert.status, alert.starts_at),
         "kind": "alert",

@@ -74,7 +74,7 @@ def test_an_alert_becomes_an_alert_event_with_its_labels_kept() -> None:
     }
     assert data.annotations == {"summary": "XID on GPU"}
     assert data.starts_at == datetime(2026, 3, 1, 10, 0, 0, 123000, tzinfo=UTC)
-    assert data.ends_at is None, "Alertmanager's zero time means no end yet"
+    assert data.ends_at is None, "a firing alert has no end yet"
     assert event.id == event_id("0f3b2c1d", "firing", data.starts_at)
 
 
