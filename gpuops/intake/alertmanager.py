@@ -104,7 +104,8 @@ class WebhookAlert(_Payload):
     )
     starts_at: AwareDatetime = Field(alias="startsAt")
     ends_at: AwareDatetime | None = Field(default=None, alias="endsAt")
-    fingerprint: str = Field(min_length=1, max_length=128)
+    # Alertmanager's are 16 hex digits; one KV key each, so nothing a key cannot hold.
+    fingerprint: str = Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")
 
 
 class Webhook(_Payload):

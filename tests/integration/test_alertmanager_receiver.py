@@ -174,9 +174,10 @@ async def test_an_alert_without_a_node_is_a_dead_letter_and_the_batch_goes_on(
         alert(None, "f2", job="dcgm"),
         alert("node-002", "f3", annotations="ok"),
         {"status": "firing", "labels": {"Hostname": "node-002"}},  # no times, no fingerprint
+        {**alert("node-002", "f4"), "fingerprint": "a.>"},  # could not be a KV key
     )
     status, reply = await post(receiver, batch)
-    assert (status, reply) == (200, {"alerts": 4, "published": 2, "dead_letter": 2})
+    assert (status, reply) == (200, {"alerts": 5, "published": 2, "dead_letter": 3})
     assert await stored(receiver.bus) == {
         "gpuops.events.alert.node-001": 1,
         "gpuops.events.alert.node-002": 1,
@@ -193,11 +194,11 @@ async def test_an_alert_without_a_node_is_a_dead_letter_and_the_batch_goes_on(
     }
     assert await stored(receiver.bus, DLQ, "gpuops.dlq.>") == {
         "gpuops.dlq.no_node": 1,
-        "gpuops.dlq.schema": 1,
+        "gpuops.dlq.schema": 2,
     }
     letter = json.loads((await receiver.bus.js.get_last_msg(DLQ, "gpuops.dlq.no_node")).data)
     assert letter["reason"] == "no_node" and json.loads(letter["payload"])["fingerprint"] == "f2"
-    assert by_label(receiver.metrics.dead_letters) == {"no_node": 1.0, "schema": 1.0}
+    assert by_label(receiver.metrics.dead_letters) == {"no_node": 1.0, "schema": 2.0}
 
 
 async def test_a_repeat_after_the_duplicate_window_is_acknowledged_and_not_published(
