@@ -158,11 +158,24 @@ async def test_an_oversize_body_or_batch_is_refused_and_counted(receiver: Receiv
     big = notification(*(alert("node-001", f"f{i}", pad="x" * 1000) for i in range(70)))
     status, reply = await post(receiver, big)
     assert (status, reply) == (413, {"error": "too_large", "why": "body over 65536 bytes"})
+
+    # Sent in chunks with no Content-Length: the reading itself stops at the limit.
+    async def chunks() -> AsyncIterator[bytes]:
+        data = json.dumps(big).encode()
+        for at in range(0, len(data), 8192):
+            yield data[at : at + 8192]
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(receiver.url, data=chunks(), headers=headers) as chunked,
+    ):
+        assert (chunked.status, (await chunked.json())["error"]) == (413, "too_large")
     many = notification(*(alert("node-001", f"f{i}") for i in range(51)))
     status, reply = await post(receiver, many)
     assert (status, reply["error"]) == (413, "too_many_alerts")
     assert "limit 50: set max_alerts in Alertmanager's webhook_configs" in reply["why"]
-    assert by_label(receiver.route.rejections) == {"too_large": 1.0, "too_many_alerts": 1.0}
+    assert by_label(receiver.route.rejections) == {"too_large": 2.0, "too_many_alerts": 1.0}
     assert await stored(receiver.bus) == {}
 
 

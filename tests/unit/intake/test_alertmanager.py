@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,7 @@ from gpuops.intake.alertmanager import (
     to_event,
 )
 from gpuops.models import AlertEvent
-from gpuops.settings import AlertmanagerSettings
+from gpuops.settings import AlertmanagerSettings, load_settings
 
 NAMES = AlertmanagerSettings().node_labels
 STARTS = "2026-03-01T10:00:00.123Z"
@@ -125,3 +126,12 @@ def test_a_repeat_is_a_duplicate_and_an_older_notification_stale() -> None:
     resolved = seen.model_copy(update={"status": "resolved"})
     assert judge(resolved, "resolved", 100.0) is Outcome.DUPLICATE
     assert judge(resolved, "firing", 100.0) is Outcome.STALE, "a retry after its resolution"
+
+
+def test_the_token_comes_from_the_environment_and_is_kept_secret(tmp_path: Path) -> None:
+    environ = {"GPUOPS_SOURCES__ALERTMANAGER__TOKEN": "am-token-3f"}
+    (tmp_path / "gpuops.yml").write_text("sources: {alertmanager: {gpu_label: gpu}}\n")
+    settings = load_settings(tmp_path / "gpuops.yml", {}, environ).sources.alertmanager
+    assert settings.token is not None and settings.token.get_secret_value() == "am-token-3f"
+    assert "am-token-3f" not in repr(settings)
+    assert settings.node_labels == ("Hostname", "instance", "node") and settings.gpu_label == "gpu"
