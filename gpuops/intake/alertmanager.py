@@ -41,6 +41,7 @@ from gpuops import subjects
 from gpuops.bus.publish import Publisher
 from gpuops.bus.store import KV, Store
 from gpuops.clock import Clock, rfc3339
+from gpuops.errors import EventError
 from gpuops.intake.chatops import same_secret
 from gpuops.intake.decode import dead_letter
 from gpuops.models import (
@@ -175,23 +176,15 @@ def gpu_of(value: str | None) -> int | None:
     return None
 
 
-class DeadAlert(Exception):
-    """An alert that cannot become an event; `reason` names the dead-letter subject."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason, self.message = reason, message
-
-
 def to_event(alert: WebhookAlert, settings: AlertmanagerSettings, now: float) -> Event:
-    """The `alert` event for one alert; DeadAlert when its node or name is missing or bad."""
+    """The `alert` event for one alert; EventError when its node or name is missing or bad."""
     node = node_of(alert.labels, settings.node_labels)
     if node is None:
         wanted = ", ".join(settings.node_labels)
-        raise DeadAlert("no_node", f"no node label: the alert has none of {wanted}")
+        raise EventError("no_node", f"no node label: the alert has none of {wanted}")
     name = alert.labels.get("alertname", "")
     if not name:
-        raise DeadAlert("schema", "no alertname label")
+        raise EventError("schema", "no alertname label")
     # A firing alert's endsAt is Alertmanager's timeout guess, or Go's zero time: no end.
     ends = alert.ends_at if alert.status == "resolved" else None
     raw = {
@@ -216,15 +209,15 @@ def to_event(alert: WebhookAlert, settings: AlertmanagerSettings, now: float) ->
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         reason = "bad_node" if any(e["loc"][-1] == "node" for e in exc.errors()) else "schema"
-        raise DeadAlert(reason, f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
+        raise EventError(reason, f"{'.'.join(map(str, first['loc']))}: {first['msg']}") from exc
 
 
-class Refused(Exception):
+class Refused(EventError):
     """A post refused whole, with what to tell the sender."""
 
-    def __init__(self, reason: Rejection, message: str) -> None:
-        super().__init__(message)
-        self.reason, self.message = reason, message
+    def __init__(self, rejection: Rejection, message: str) -> None:
+        super().__init__(rejection.value, message)
+        self.rejection = rejection
 
 
 def _read_payload(body: bytes, max_alerts: int) -> Webhook:
@@ -327,10 +320,10 @@ class AlertmanagerReceiver:
         return b"".join(chunks)
 
     def _refuse(self, request: web.Request, exc: Refused) -> web.Response:
-        self.rejections.labels(exc.reason.value).inc()
+        self.rejections.labels(exc.reason).inc()
         log.warning("Alertmanager post from %s refused: %s", request.remote, exc.message)
-        status = STATUS.get(exc.reason, 401)
-        return web.json_response({"error": exc.reason.value, "why": exc.message}, status=status)
+        status = STATUS.get(exc.rejection, 401)
+        return web.json_response({"error": exc.reason, "why": exc.message}, status=status)
 
     async def _one(self, raw: dict[str, Any]) -> Outcome:
         """Publish one alert unless it is a repeat; a dead letter when it cannot be read."""
@@ -340,8 +333,8 @@ class AlertmanagerReceiver:
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             why = f"{'.'.join(map(str, first['loc'])) or 'alert'}: {first['msg']}"
-            return await self._dead(raw, DeadAlert("schema", why))
-        except DeadAlert as dead:
+            return await self._dead(raw, EventError("schema", why))
+        except EventError as dead:
             return await self._dead(raw, dead)
         starts = alert.starts_at.timestamp()
         seen, _ = await self.seen.get(alert.fingerprint)
@@ -361,7 +354,7 @@ class AlertmanagerReceiver:
         self.alerts.labels(outcome.value).inc()
         return outcome
 
-    async def _dead(self, raw: dict[str, Any], dead: DeadAlert) -> Outcome:
+    async def _dead(self, raw: dict[str, Any], dead: EventError) -> Outcome:
         body = json.dumps(raw, sort_keys=True, default=str).encode()
         log.warning("Alertmanager alert dead-lettered (%s): %s", dead.reason, dead.message)
         letter = dead_letter(dead.reason, dead.message, body, f"http:{PATH}", self.clock.now())

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from gpuops.errors import EventError
 from gpuops.intake.alertmanager import (
     AlertSeen,
-    DeadAlert,
     Outcome,
     WebhookAlert,
     event_id,
@@ -111,7 +111,7 @@ def test_ids_are_the_same_for_a_repeat_and_differ_by_status_and_occurrence() -> 
 def test_an_alert_that_cannot_be_an_event_says_why(
     labels: dict[str, str], reason: str, why: str
 ) -> None:
-    with pytest.raises(DeadAlert) as dead:
+    with pytest.raises(EventError) as dead:
         to_event(webhook_alert(**labels), AlertmanagerSettings(), 5.0)
     assert dead.value.reason == reason and dead.value.message.startswith(why)
 
