@@ -22,7 +22,7 @@ from gpuops.match.expr import condition_from, fact_expression, template_names
 from gpuops.match.rules import Increase, Ladder, Rule, RuleAction, RuleSet, Rung
 from gpuops.match.schema import RULES_FILE_SCHEMA
 from gpuops.match.yamlsrc import LineDict, load_yaml
-from gpuops.models import DATA_MODELS, fact_fields
+from gpuops.models import DATA_MODELS, DERIVED_FACTS, fact_fields
 
 _VALIDATOR = jsonschema.Draft202012Validator(RULES_FILE_SCHEMA)
 _GPU_KINDS = frozenset(k for k in DATA_MODELS if "gpu" in fact_fields(k))
@@ -42,6 +42,7 @@ def _field_types(kind: str) -> dict[str, tuple[type, ...]]:
         out[name] = tuple(a for a in args if isinstance(a, type))
     if kind == "telemetry":
         out["gpu"] = (int,)
+    out.update({name: (t,) for name, t in DERIVED_FACTS.get(kind, {}).items()})
     return out
 
 

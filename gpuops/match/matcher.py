@@ -11,6 +11,7 @@ ever move its own key.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
@@ -61,15 +62,40 @@ def facts_of(event: Event) -> list[Fact]:
     """What rules see of an event: one fact per GPU for telemetry, else one."""
     if isinstance(event, TelemetryEvent):
         out = []
-        for gpu in event.data.gpus:
+        bandwidth = [g.dram_bw_util for g in event.data.gpus]
+        ordered = sorted(v for v in bandwidth if v is not None)
+        if len(ordered) < 2:
+            bandwidth = []  # no GPU has two reporting peers: skip the medians (hot path)
+        for i, gpu in enumerate(event.data.gpus):
             fact = dict(gpu.__dict__)
             fact["node"] = event.node
             fact["gpu"] = gpu.index
+            fact["dram_bw_util_peer_median"] = (
+                peer_median(bandwidth, i, ordered) if bandwidth else None
+            )
             out.append(fact)
         return out
     fact = dict(event.data.__dict__)
     fact["node"] = event.node
     return [fact]
+
+
+def peer_median(
+    values: list[float | None], i: int, ordered: list[float] | None = None
+) -> float | None:
+    """The median of the others' values (not `values[i]`); None with fewer than 2 others.
+
+    One peer is no consensus: with two GPUs the slow one would look as odd as the fast.
+    `ordered` (the non-null values, sorted) saves sorting again for every GPU of a sample.
+    """
+    others = list(ordered) if ordered is not None else sorted(v for v in values if v is not None)
+    own = values[i]
+    if own is not None:
+        del others[bisect.bisect_left(others, own)]
+    if len(others) < 2:
+        return None
+    mid = len(others) // 2
+    return others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
 
 
 class Matcher:
