@@ -38,6 +38,7 @@ from gpuops.errors import EngineError
 from gpuops.heartbeat import EVERY_S as HEARTBEAT_EVERY_S
 from gpuops.heartbeat import Heartbeats, this_process
 from gpuops.http import HttpServer
+from gpuops.intake.alertmanager import AlertmanagerReceiver
 from gpuops.intake.answers import settle_approvals
 from gpuops.intake.chatops import Chatops
 from gpuops.intake.consumer import Intake
@@ -298,9 +299,23 @@ class App:
         chatops = Chatops(
             self.commands(), self.settings.chatops, self.engine.auditor, self.clock, registry
         )
-        server = HttpServer(registry, self.health, mounts=[chatops.mount])
+        mounts = [chatops.mount]
+        if self.intakes:  # what the receiver publishes is this engine's to decide
+            mounts.append(self.alertmanager().mount)
+        server = HttpServer(registry, self.health, mounts=mounts)
         self.http_port = await server.start(self.settings.http or "127.0.0.1:0")
         return server
+
+    def alertmanager(self) -> AlertmanagerReceiver:
+        """The Alertmanager webhook receiver, publishing on this engine's bus."""
+        return AlertmanagerReceiver(
+            self.settings.sources.alertmanager,
+            JetStreamPublisher(self.bus.js),
+            self.engine.buckets.history,
+            self.clock,
+            self.engine.metrics.registry,
+            on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),
+        )
 
     async def run_drift_check(self, group: str) -> str:
         """One drift check now over `group`; its events go on the bus for the drift rules."""
@@ -370,7 +385,9 @@ class App:
     async def reload(self) -> bool:
         """Load and check the rules; on any error keep the last good set and say why."""
         try:
-            rules = load_rules([self.settings.rules_dir], self.settings.playbooks_dir)
+            rules = load_rules(
+                [self.settings.rules_dir], self.settings.playbooks_dir, self.inventory
+            )
         except Exception as exc:  # a rule file must never take the engine down
             why = str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
             log.error("rules not reloaded, keeping the last good set:\n%s", why)
@@ -398,7 +415,6 @@ def _mtimes(settings: Settings) -> dict[str, float]:
 
 
 def load_world(settings: Settings) -> tuple[RuleSet, Inventory]:
-    """Rules and inventory, checked before anything connects."""
-    return load_rules([settings.rules_dir], settings.playbooks_dir), load_inventory(
-        settings.inventory
-    )
+    """Rules and inventory, checked before anything connects (rules by the inventory)."""
+    inventory = load_inventory(settings.inventory)
+    return load_rules([settings.rules_dir], settings.playbooks_dir, inventory), inventory

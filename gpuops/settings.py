@@ -183,6 +183,55 @@ class ExecutorSettings(BaseModel):
     evidence_max_bytes: int = Field(default=1 << 30, ge=1 << 20)
 
 
+class PrometheusSourceSettings(BaseModel):
+    """`gpuops ingest prometheus`: where to read DCGM fields, how often, and its bounds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    targets: tuple[str, ...] = Field(default=(), description="dcgm-exporter /metrics URLs")
+    prometheus: str | None = Field(default=None, description="a Prometheus server's base URL")
+    interval_s: float = Field(default=10.0, gt=0)
+    timeout_s: float = Field(default=5.0, gt=0, le=300, description="per target and scrape")
+    # A Prometheus query answer is about 170 KB per 8-GPU node with every mapped field.
+    max_bytes: int = Field(default=64 << 20, ge=1024, description="largest answer read")
+    max_series: int = Field(default=100_000, ge=1, description="series kept per answer")
+    # dcgm-exporter's own label; with none, `instance` without its port names the node.
+    node_label: str = "Hostname"
+    gpu_label: str = "gpu"
+    # Label matchers added to the Prometheus query, to shard a fleet over several sources.
+    selector: str = Field(default="", max_length=1000, description='e.g. job="dcgm",rack=~"a.*"')
+    spool_max: int = Field(default=10_000, ge=1, description="xid events held while NATS is away")
+
+
+class AlertmanagerSettings(BaseModel):
+    """The Alertmanager webhook receiver, `POST /ingest/alertmanager` (docs/sources.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    token: SecretStr | None = Field(
+        default=None,
+        description="the bearer token Alertmanager sends; unset, the route refuses every post",
+    )
+    node_labels: tuple[str, ...] = Field(
+        default=("Hostname", "instance", "node"),
+        min_length=1,
+        description="the first of these labels an alert has names its node (instance: no port)",
+    )
+    gpu_label: str = Field(default="gpu", min_length=1)
+    # Alertmanager batches a group's alerts into one post: more than the app's 64 KiB, bounded.
+    max_body_bytes: int = Field(default=4 << 20, ge=64 << 10, le=64 << 20)
+    max_alerts: int = Field(default=1000, ge=1, le=100_000)
+
+
+class SourcesSettings(BaseModel):
+    """Sources of events besides gpuops's own agent (docs/sources.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prometheus: PrometheusSourceSettings = PrometheusSourceSettings()
+    alertmanager: AlertmanagerSettings = AlertmanagerSettings()
+
+
 class Settings(BaseModel):
     """Everything the engine needs to run; built once, never mutated."""
 
@@ -201,6 +250,7 @@ class Settings(BaseModel):
     chatops: ChatopsSettings = ChatopsSettings()
     drift: DriftSettings = DriftSettings()
     power: PowerSettings = PowerSettings()  # budgets and the controller (docs/power.md)
+    sources: SourcesSettings = SourcesSettings()
     http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
     run_timeout_s: float = Field(default=900.0, gt=0)
     # A run whose executor has not renewed its claim for this long is taken as interrupted

@@ -4,6 +4,10 @@ Calling a compiled condition per rule costs a Python call each; at 10,000 GPUs a
 rules that call is most of the time. So the vetted condition trees of all rules of a
 kind are spliced into one function, in rule order, with a window's hit or miss handler
 called only when something happens (the rare path).
+
+Rules with aggregates or inventory variables take a slower path, one call per sample:
+their aggregates must see every sample (not only those whose condition holds), and
+their facts are copied to receive the aggregate values and the node's variables.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuops.match.aggregates import Aggregates
 from gpuops.match.expr import compile_sandboxed
 from gpuops.match.rules import Rule
 from gpuops.match.windows import HeldFor, Instant, Window
@@ -34,11 +39,68 @@ class Entry:
     window: Window
     key: KeyFn
     field: str | None
-    fired: set[Hashable] | None = None  # keys fired and not yet false (telemetry rules)
+    fired: set[Hashable] | None = None  # keys fired and not yet false (telemetry, alert rules)
+    agg: Aggregates | None = None  # aggregate state, for rules whose condition has some
+    extra: Mapping[str, Mapping[str, Any]] | None = None  # node -> its inventory variables
+    # Alert rules: `fired` holds (key, fingerprint), so only the resolution of an alert
+    # that fired clears it; another alert on the same node, false for this rule, does not.
+    alert: bool = False
+
+    @property
+    def slow(self) -> bool:
+        """Evaluated by its own handler on every sample (aggregates, inventory facts)."""
+        return self.agg is not None or self.extra is not None
+
+
+def _member(f: Fact) -> Hashable:
+    """What a group's member is: one GPU of a node (telemetry), else the node."""
+    gpu = f.get("gpu")
+    return f.get("node") if gpu is None else (f.get("node"), gpu)
+
+
+def _slow(e: Entry, make: MakeMatch, cleared: list[Cleared] | None) -> Callable[..., None]:
+    """The whole evaluation of one rule that needs aggregates or inventory facts.
+
+    A key of None is a node outside every group of the key (no `rack` variable): the
+    rule does not see it. A late sample moves the aggregates and nothing else.
+    """
+    rule, window, key, field, fired = e.rule, e.window, e.key, e.field, e.fired
+    agg, extra, cond = e.agg, e.extra or {}, e.rule.condition
+    observe = window.observe
+
+    def run(f: Fact, t: float, eid: str, out: list[Match]) -> None:
+        k = key(f)
+        if k is None:
+            return
+        g = dict(f)
+        more = extra.get(g.get("node", ""))
+        if more:
+            g.update(more)
+        at = t
+        if agg is not None:
+            seen = agg.observe(k, _member(f), t, g)
+            if seen is None:
+                return
+            at = seen
+        if cond is None or cond(g):
+            if observe(k, at, True, g.get(field) if field else None):
+                out.append(make(rule, k, g, t, eid))
+                if fired is not None:
+                    fired.add(k)
+            return
+        observe(k, at, False)
+        if fired and k in fired and cleared is not None:
+            fired.discard(k)
+            gpu = f.get("gpu")
+            cleared.append(
+                (rule.name, str(f.get("node", "")), gpu if isinstance(gpu, int) else None, t)
+            )
+
+    return run
 
 
 def _hit(e: Entry, make: MakeMatch) -> Callable[..., None]:
-    rule, window, key, field, fired = e.rule, e.window, e.key, e.field, e.fired
+    rule, window, key, field, fired, alert = e.rule, e.window, e.key, e.field, e.fired, e.alert
     if isinstance(window, Instant) and fired is None:
 
         def fire(f: Fact, t: float, eid: str, out: list[Match]) -> None:
@@ -52,7 +114,7 @@ def _hit(e: Entry, make: MakeMatch) -> Callable[..., None]:
         if observe(k, t, True, f.get(field) if field else None):
             out.append(make(rule, k, f, t, eid))
             if fired is not None:
-                fired.add(k)
+                fired.add((k, f.get("fingerprint")) if alert else k)
 
     return hit
 
@@ -61,6 +123,8 @@ def _clear(e: Entry, cleared: list[Cleared]) -> Callable[[Fact, float], None]:
     """The miss handler of a rule whose firing keys are watched for their first false sample."""
     name, key, fired = e.rule.name, e.key, e.fired
     assert fired is not None
+    if e.alert:
+        return _clear_alert(e, cleared)
 
     def clear(f: Fact, t: float) -> None:
         k = key(f)
@@ -68,6 +132,30 @@ def _clear(e: Entry, cleared: list[Cleared]) -> Callable[[Fact, float], None]:
             fired.discard(k)
             gpu = f.get("gpu")
             cleared.append((name, str(f.get("node", "")), gpu if isinstance(gpu, int) else None, t))
+
+    return clear
+
+
+def _clear_alert(e: Entry, cleared: list[Cleared]) -> Callable[[Fact, float], None]:
+    """An alert that fired went false (resolved): the key clears with its last such alert.
+
+    A key held by several alerts (two GPUs' alerts under a per-node rule) clears when the
+    last of them resolves; a per-GPU key names its GPU, a per-node key none (all of them).
+    """
+    name, key, fired = e.rule.name, e.key, e.fired
+    assert fired is not None
+    per_gpu = "gpu" in e.rule.group_by
+
+    def clear(f: Fact, t: float) -> None:
+        k = key(f)
+        one = (k, f.get("fingerprint"))
+        if one not in fired:
+            return
+        fired.discard(one)
+        if any(held[0] == k for held in fired):  # type: ignore[index]
+            return
+        gpu = f.get("gpu") if per_gpu else None
+        cleared.append((name, str(f.get("node", "")), gpu if isinstance(gpu, int) else None, t))
 
     return clear
 
@@ -85,6 +173,10 @@ def compile_kind(
     names: dict[str, Any] = {}
     for i, e in enumerate(entries):
         rule, window, key = e.rule, e.window, e.key
+        if e.slow:
+            names[f"_slow{i}"] = _slow(e, make, cleared)
+            lines.append(f"    _slow{i}(f, t, eid, out)")
+            continue
         names[f"_hit{i}"] = _hit(e, make)
         watch = e.fired is not None and cleared is not None
         if watch:

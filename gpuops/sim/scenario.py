@@ -24,6 +24,10 @@ FAULTS = (
     "job",
     "pod",
     "load",  # steady work on the power model: {workload: training|inference|idle}
+    "bw_collapse",  # the interconnect and bandwidth faults: gpuops/sim/interconnect.py
+    "nvlink_down",
+    "ib_down",
+    "ib_errors",
 )
 # Running work rather than a fault: a Slurm job or a Kubernetes pod, with what each takes.
 WORK_PARAMS = {
