@@ -90,8 +90,9 @@ class PowerSettings(BaseModel):
     # Telemetry older than this is not trusted: the GPU is left as it is and counted at
     # its last known limit.
     stale_s: float = Field(default=120.0, gt=0)
-    # A change the controller sent counts as done for this long before telemetry shows it.
-    pending_s: float = Field(default=300.0, gt=0)
+    # A change the controller sent counts as done for this long before telemetry shows it
+    # (and a node is not let go meanwhile): a run lasts at most run_timeout_s (900 s).
+    pending_s: float = Field(default=900.0, gt=0)
     # Overrides from the CLI or ChatOps last at most this long.
     max_override_s: float = Field(default=7 * 86400.0, gt=0)
     # Rules that restore or report power limits: they leave budgeted GPUs to the
