@@ -49,6 +49,7 @@ from gpuops.match.loader import load_rules, rule_files
 from gpuops.match.rules import RuleSet
 from gpuops.pipeline import Pipeline
 from gpuops.record.audit import Auditor
+from gpuops.record.density import render as render_density
 from gpuops.settings import Settings
 from gpuops.signing import load_key
 
@@ -274,6 +275,20 @@ class App:
             self.settings.chatops,
             self.run_drift_check,
             self.settings.power,
+            density=self.density_report,
+        )
+
+    def density_report(self, threshold: float) -> str:
+        """The GPUs under `threshold`% p95 utilisation over the day, with a layout each
+        (a host in the inventory's development pool, `pool: development`, is time-sliced)."""
+        tracker = self.engine.pipeline.density
+        hostvars = self.inventory.hostvars
+
+        def development(node: str) -> bool:
+            return hostvars.get(node, {}).get("pool") == "development"
+
+        return render_density(
+            tracker.underused(threshold, development), threshold, len(tracker.gpus)
         )
 
     def scheduler(self) -> DriftScheduler:
@@ -356,6 +371,7 @@ class App:
                 last_sweep = now
                 await self.engine.recorder.sweep()
                 self.engine.matcher.sweep(now)
+                self.engine.pipeline.density.sweep(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), self.settings.tick_s)
 

@@ -117,6 +117,7 @@ class Commands:
         settings: ChatopsSettings,
         drift_check: Callable[[str], Awaitable[str]] | None = None,
         power: PowerSettings | None = None,
+        density: Callable[[float], str] | None = None,
     ) -> None:
         """`inventory` None: the CLI's read-only use (status), which needs no inventory file."""
         self.bus, self.clock, self.inventory, self.settings = bus, clock, inventory, settings
@@ -131,6 +132,7 @@ class Commands:
         self.episodes: Store[Episode] = Store(NatsKV(bus.kv["nodes"]), Episode, "episode")
         self.heartbeats = Heartbeats(control)
         self.drift_check = drift_check
+        self.density = density
 
     def _known(self, node: str) -> bool:
         return self.inventory is not None and node in self.inventory
@@ -382,6 +384,26 @@ class Commands:
             )
         return await self.drift_check(args[0] if args else "all")
 
+    async def do_density(self, args: list[str], caller: Caller) -> str:
+        if self.density is None:
+            raise CommandError(
+                "the engine keeps the utilisation: ask it (ChatOps) or `gpuops report density`"
+            )
+        return self.density(_percent(args[0]) if args else DENSITY_THRESHOLD)
+
+
+DENSITY_THRESHOLD = 10.0  # percent p95 utilisation over a day, as rules/density.yml
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.removesuffix("%"))
+    except ValueError:
+        raise CommandUsageError(f"{text!r} is not a percentage") from None
+    if not 0 < value <= 100:
+        raise CommandUsageError(f"{text!r}: a threshold is between 0 and 100%")
+    return value
+
 
 _R, _G = Access.READ_ONLY, Access.GRANTED
 COMMANDS: dict[str, Command] = {
@@ -399,6 +421,7 @@ COMMANDS: dict[str, Command] = {
         Command("drift-check", Commands.do_drift_check, "drift-check [GROUP]", _G),
         Command("dry-run", Commands.do_dry_run, "dry-run on|off", _G),
         Command("power", do_power, POWER_USAGE, _G),
+        Command("density", Commands.do_density, "density [THRESHOLD%]", _R),
         Command("help", Commands.do_help, "help", _R),
     )
 }

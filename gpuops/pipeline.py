@@ -20,6 +20,7 @@ from gpuops.inventory import Inventory
 from gpuops.match.matcher import Matcher
 from gpuops.models import Decision, Event, Intent, Match, action_subject
 from gpuops.record.audit import Auditor
+from gpuops.record.density import DensityTracker
 from gpuops.record.metrics import Metrics
 from gpuops.record.recorder import Recorder
 from gpuops.signing import sign
@@ -49,8 +50,10 @@ class Pipeline:
         inventory: Inventory,
         metrics: Metrics,
         signing_key: bytes,
+        density: DensityTracker | None = None,
     ) -> None:
         self.matcher = matcher
+        self.density = density or DensityTracker()
         self.decider = decider
         self.recorder = recorder
         self.publisher = publisher
@@ -76,6 +79,7 @@ class Pipeline:
             return
         for observe in self.observers:
             observe(event)
+        self.density.observe(event)
         for match in self.matcher.match(event):
             await self.handle_match(match)
         await self.settle_cleared()

@@ -353,4 +353,26 @@ def _fallback_subject(line: bytes) -> str | None:
     return subject_for(str(raw.get("kind", "unknown")), str(raw.get("node", "unknown")))
 
 
-COMMANDS = [status, *CHAT_COMMANDS, history, drift_check, publish]
+@click.group()
+def report() -> None:
+    """Reports the running engine keeps."""
+
+
+@report.command()
+@click.option(
+    "--threshold",
+    default="10%",
+    show_default=True,
+    help="p95 utilisation over the day under which a GPU is reported",
+)
+@click.option("--nats", help=NATS_HELP)
+@click.pass_context
+def density(ctx: click.Context, threshold: str, nats: str | None) -> None:
+    """GPUs whose p95 utilisation over a day stays under a threshold: per node and GPU, the
+    utilisation profile, peak memory, and a recommended MIG layout (or time-slicing for a
+    development pool: host variable `pool: development`)."""
+    settings = settings_from(ctx, nats=nats)
+    click.echo(run_async(ask(settings, "density", [threshold])))
+
+
+COMMANDS = [status, *CHAT_COMMANDS, history, drift_check, publish, report]
