@@ -61,8 +61,9 @@ class Pipeline:
         self.inventory = inventory
         self.metrics = metrics
         self.signing_key = signing_key
-        # Called with every event from a known host before matching (the power controller).
-        self.observers: list[Callable[[Event], None]] = []
+        # Called with every event from a known host before matching: the density report's
+        # day of utilisation, the power controller.
+        self.observers: list[Callable[[Event], None]] = [self.density.observe]
         self._unknown: dict[str, int] = {}
         self._unknown_reported = float("-inf")
 
@@ -79,7 +80,6 @@ class Pipeline:
             return
         for observe in self.observers:
             observe(event)
-        self.density.observe(event)
         for match in self.matcher.match(event):
             await self.handle_match(match)
         await self.settle_cleared()
