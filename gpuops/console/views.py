@@ -138,5 +138,13 @@ async def telemetry(js: JetStreamContext, node: str, since: float) -> dict[str, 
             columns[0].append(round(event.epoch, 1))
             for col, name in zip(columns[1:], CHART_FIELDS, strict=True):
                 col.append(getattr(gpu, name))
-    gpus = {str(i): [c[-MAX_SAMPLES:] for c in cols] for i, cols in sorted(series.items())}
-    return {"fields": list(CHART_FIELDS), "gpus": gpus}
+    gpus = {str(i): _by_time(cols)[-MAX_SAMPLES:] for i, cols in sorted(series.items())}
+    return {
+        "fields": list(CHART_FIELDS),
+        "gpus": {i: [list(c) for c in zip(*rows, strict=True)] for i, rows in gpus.items()},
+    }
+
+
+def _by_time(columns: list[list[float | None]]) -> list[tuple[float | None, ...]]:
+    """Rows in time order (the stream holds them in arrival order; a chart needs time)."""
+    return sorted(zip(*columns, strict=True), key=lambda row: row[0] or 0.0)

@@ -1,0 +1,154 @@
+"""The console in a real browser against a running engine on the simulated fleet."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuops.models import RunOutcome
+from gpuops.record.audit import read_audit
+from gpuops.sim.fleet import envelope
+from tests.browser.conftest import TOKEN, LiveEngine, shot
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+HOT_NODE, HOT_GPU = "node-001", 3
+HOT_RGB = (215, 25, 28)
+
+
+def _wait(predicate: Any, limit_s: float, what: str) -> Any:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"not within {limit_s}s: {what}")
+
+
+def _pixel(driver: Any, node: str, gpu: int) -> tuple[int, int, int]:
+    rgb = driver.execute_script(
+        "const [x, y] = window.gpuopsFleet.centre(arguments[0], arguments[1]);"
+        "const d = document.getElementById('heat').getContext('2d').getImageData(x, y, 1, 1).data;"
+        "return [d[0], d[1], d[2]];",
+        node,
+        gpu,
+    )
+    return (int(rgb[0]), int(rgb[1]), int(rgb[2]))
+
+
+def _answer(driver: Any, node: str, tmp_path: Path) -> bool:
+    """Fill in and approve the node's approval card; False to try again (none yet, or the
+    page reloaded itself under the test because a count changed)."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        cards = driver.find_elements("css selector", ".approval")
+        if not cards:
+            driver.refresh()
+            return False
+        assert node in cards[0].text and "drift-needs-approval" in cards[0].text
+        cards[0].find_element("name", "reason").send_keys("ECC back on, node idle")
+        shot(driver, tmp_path / "approval.png")
+        cards[0].find_element("css selector", "button.approve").click()
+    except StaleElementReferenceException:
+        return False
+    return True
+
+
+async def _overheat(live: LiveEngine) -> None:
+    """Seventy seconds of samples, ending now: node-001's GPU 3 at 88 C (slowdown 89)."""
+    now = time.time()
+    for second in range(-70, 1, 5):
+        for node in live.fleet.nodes:
+            event = live.fleet.telemetry(node, now + second)
+            assert event is not None
+            if node == HOT_NODE:
+                event["data"]["gpus"][HOT_GPU]["temp_c"] = 88.0
+            await live.publish(event)
+
+
+async def _runs(live: LiveEngine, node: str) -> list[RunOutcome]:
+    assert live.bus is not None
+    return [
+        RunOutcome.model_validate(r.body)
+        async for r in read_audit(live.bus.js, node)
+        if r.type == "run"
+    ]
+
+
+def _ready(driver: Any) -> bool:
+    return bool(driver.execute_script("return document.getElementById('heat').dataset.ready"))
+
+
+def test_heatmap_shows_the_overheating_gpu_in_the_hot_colour(
+    live: LiveEngine, browser: Any, tmp_path: Path
+) -> None:
+    live.call(_overheat(live))
+    browser.get(f"{live.url}/console/fleet?by=temp")
+    _wait(lambda: _ready(browser), 30, "the heatmap drew")
+    hot = _wait(
+        lambda: browser.execute_script("return document.getElementById('heat').dataset.hot"),
+        30,
+        "a hot cell",
+    )
+    assert hot.split(",") == [f"{HOT_NODE}/{HOT_GPU}"]
+    assert _pixel(browser, HOT_NODE, HOT_GPU) == HOT_RGB
+    cool = _pixel(browser, "node-002", HOT_GPU)
+    assert cool != HOT_RGB and cool[1] > cool[0], f"an idle GPU is drawn green-ish, not {cool}"
+    cells = browser.execute_script("return document.getElementById('heat').dataset.cells")
+    assert int(cells) == len(live.fleet.nodes) * 8
+    shot(browser, tmp_path / "fleet.png")
+
+
+def test_node_page_shows_the_timeline_of_a_remediation(
+    live: LiveEngine, browser: Any, tmp_path: Path
+) -> None:
+    live.call(_overheat(live))  # idempotent for the engine: one episode, one drain
+    runs = _wait(lambda: live.call(_runs(live, HOT_NODE)), 90, "the drain ran")
+    assert runs[0].playbook == "drain.yml" and runs[0].run_id
+    browser.get(f"{live.url}/console/node/{HOT_NODE}")
+    entries = browser.find_elements("css selector", "#timeline li.entry")
+    kinds = [(e.get_attribute("data-kind"), e.get_attribute("data-rule")) for e in entries]
+    assert ("fault", "gpu-overheat") in kinds, kinds
+    assert ("run", "gpu-overheat") in kinds, kinds
+    run = next(e for e in entries if e.get_attribute("data-kind") == "run")
+    assert "drain.yml successful" in run.text and "playbook revision" in run.text
+    state = browser.find_element("id", "state").text
+    assert state in ("needs_human", "quarantined", "remediating"), state
+    _wait(
+        lambda: browser.execute_script("return document.getElementById('charts').dataset.charts"),
+        30,
+        "the GPU charts drew",
+    )
+    shot(browser, tmp_path / "node.png")
+    link = run.find_element("css selector", "a.run-link")
+    assert link.get_attribute("href").endswith(f"/console/runs/{runs[0].run_id}")
+    link.click()
+    assert "PLAY [" in browser.find_element("tag name", "body").text
+
+
+def test_approving_in_the_page_runs_the_playbook(
+    live: LiveEngine, browser: Any, tmp_path: Path
+) -> None:
+    node = "node-003"
+    live.fleet.inject(node, "drift", 0, setting="ecc_mode", value=False)
+    drift = {"setting": "ecc_mode", "expected": True, "actual": False, "gpu": 0}
+    live.call(live.publish(envelope("drift", node, time.time(), drift)))
+    browser.get(f"{live.url}/console/login?next=/console/now")
+    browser.find_element("id", "token").send_keys(TOKEN)
+    browser.find_element("id", "login").click()
+    _wait(lambda: browser.current_url.endswith("/console/now"), 20, "logged in")
+    _wait(lambda: _answer(browser, node, tmp_path), 30, "the approval answered")
+    _wait(
+        lambda: "/console/now?" in browser.current_url,
+        20,
+        f"back on Now: {browser.page_source[:800]}",
+    )
+    message = browser.find_element("id", "message").text
+    assert message.startswith("approved "), message
+    runs = _wait(lambda: live.call(_runs(live, node)), 90, "baseline.yml ran")
+    assert [(r.playbook, r.status) for r in runs] == [("baseline.yml", "successful")]
+    assert live.fleet.state(node)["gpus"][0]["ecc_mode"] is True
