@@ -8,8 +8,13 @@ from typing import Any
 
 import pytest
 
-from gpuops.models import RunOutcome
+from gpuops.act.evidence import Evidence
+from gpuops.console import Console, Latest
+from gpuops.http import HttpServer
+from gpuops.inventory import Inventory
+from gpuops.models import EVENT_ADAPTER, RunOutcome
 from gpuops.record.audit import read_audit
+from gpuops.settings import ConsoleSettings
 from gpuops.sim.fleet import envelope
 from tests.browser.conftest import TOKEN, LiveEngine, shot
 
@@ -152,3 +157,55 @@ def test_approving_in_the_page_runs_the_playbook(
     runs = _wait(lambda: live.call(_runs(live, node)), 90, "baseline.yml ran")
     assert [(r.playbook, r.status) for r in runs] == [("baseline.yml", "successful")]
     assert live.fleet.state(node)["gpus"][0]["ecc_mode"] is True
+
+
+BIG_NODES, BIG_HOT = 1250, ("gpu-00777", 5)
+
+
+async def _big_console(live: LiveEngine) -> tuple[HttpServer, int]:
+    """A second console on the same bus over 1,250 nodes x 8 GPUs, each with a sample
+    (the simulator's H200 sample, temperatures spread below the threshold, one above)."""
+    assert live.app is not None
+    names = [f"gpu-{i:05d}" for i in range(BIG_NODES)]
+    half = len(names) // 2
+    groups = {"rack-a": frozenset(names[:half]), "rack-b": frozenset(names[half:])}
+    inventory = Inventory(live.root / "big", frozenset(names), groups, {})
+    latest = Latest(inventory)
+    template = live.fleet.telemetry("node-002", time.time())
+    assert template is not None
+    for i, name in enumerate(names):
+        event = {**template, "id": f"big-{i}", "node": name}
+        gpus = [{**g, "temp_c": 30.0 + (i * 8 + g["index"]) % 50} for g in template["data"]["gpus"]]
+        if name == BIG_HOT[0]:
+            gpus[BIG_HOT[1]]["temp_c"] = 95.0
+        event["data"] = {"gpus": gpus}
+        latest.observe(EVENT_ADAPTER.validate_python(event))
+    console = Console(live.app.commands(), ConsoleSettings(), latest, Evidence(live.root / "r"))
+    server = HttpServer(live.app.engine.metrics.registry, lambda: (True, {}), [console.mount])
+    return server, await server.start("127.0.0.1:0")
+
+
+def test_ten_thousand_gpus_render_on_one_canvas(
+    live: LiveEngine, browser: Any, tmp_path: Path
+) -> None:
+    server, port = live.call(_big_console(live))
+    try:
+        started = time.monotonic()
+        browser.get(f"http://127.0.0.1:{port}/console/fleet?by=temp")
+        _wait(lambda: _ready(browser), 60, "10,000 GPUs drawn")
+        wall_ms = (time.monotonic() - started) * 1000
+        heat = browser.find_element("id", "heat")
+        assert int(heat.get_attribute("data-cells")) == BIG_NODES * 8
+        assert heat.get_attribute("data-hot") == "/".join(map(str, BIG_HOT))
+        assert _pixel(browser, *BIG_HOT) == HOT_RGB
+        assert _pixel(browser, BIG_HOT[0], 0) != HOT_RGB
+        drawn = float(heat.get_attribute("data-drawn-ms"))
+        print(f"10,000 GPUs: page load to first draw {wall_ms:.0f} ms (script {drawn:.0f} ms)")
+        shot(browser, tmp_path / "fleet-10000.png")
+        browser.get(f"http://127.0.0.1:{port}/console/fleet?group=rack-b")
+        _wait(lambda: _ready(browser), 60, "rack-b drawn")
+        heat = browser.find_element("id", "heat")
+        assert int(heat.get_attribute("data-cells")) == BIG_NODES // 2 * 8
+        assert heat.get_attribute("data-hot") == "/".join(map(str, BIG_HOT))
+    finally:
+        live.call(server.stop())

@@ -44,7 +44,7 @@
   }
 
   function place() {
-    const width = Math.max(300, canvas.parentElement.clientWidth - 4);
+    const width = Math.max(300, canvas.parentElement.clientWidth - 16);
     const want = Math.max(1, nodes.length) * gpus;
     for (const cell of [16, 12, 9, 7, 5, 4, 3]) {
       const blockW = gpus * cell + 6, blockH = cell + 6;
