@@ -88,7 +88,7 @@ class Auth:
 
     def session_cookie(self, user: str, now: float | None = None) -> str:
         """The cookie value that logs `user` in until the session ends."""
-        expires = int((now or time.time()) + self.settings.session_s)
+        expires = int((time.time() if now is None else now) + self.settings.session_s)
         body = f"{user}|{expires}"
         return f"{body}|{self._sign('session', body)}"
 
