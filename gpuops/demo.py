@@ -8,6 +8,7 @@ check runs during the scenario, as the scheduler would run it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import tempfile
@@ -166,8 +167,14 @@ async def run_demo(
     state_dir: Path | None,
     console: Console,
     scenario: str = "demo",
+    http: str = "127.0.0.1:0",
+    linger_s: float = 0.0,
 ) -> bool:
-    """Run the scenario to the end; True when every fault was handled."""
+    """Run the scenario to the end; True when every fault was handled.
+
+    The engine serves the console (and /metrics) on `http` while the demo runs, and
+    `linger_s` longer after the summary, so a person can look around.
+    """
     wall0 = time.monotonic()
     root = (
         Path(tempfile.mkdtemp(prefix="gpuops-demo-")) if state_dir is None else state_dir / "demo"
@@ -190,6 +197,7 @@ async def run_demo(
         inventory=root / "sim" / "inventory",
         tick_s=0.2,
         safety=safety,
+        http=http,
     )
     rules, inventory = load_world(settings)
     plan = load_scenario(scenario, fleet.nodes)
@@ -206,6 +214,9 @@ async def run_demo(
         driver = SimDriver(fleet, bus, clock, plan, on_inject=demo.injected)
         engine = asyncio.create_task(app.run())
         feeder = asyncio.create_task(driver.run(app.stop))
+        url = await _console_url(app, http)
+        if not json_summary:
+            console.print(f"console: {url} (served while the demo runs)", highlight=False)
         checked = await _until_done(
             demo,
             clock,
@@ -214,6 +225,11 @@ async def run_demo(
             lambda: _drift_check(app, inventory, settings, clock, demo),
         )
         states = await _node_states(app, demo, wall0 + timeout_s)
+        if linger_s > 0:
+            if not json_summary:
+                console.print(f"console stays up for {linger_s:g}s at {url} (Ctrl-C ends it)")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(app.stop.wait(), linger_s)
         app.stop.set()
         await asyncio.gather(engine, feeder)
     ok = len(demo.tracks) == len(plan.faults) and all(t.settled for t in demo.tracks)
@@ -225,6 +241,17 @@ async def run_demo(
     if state_dir is None:
         shutil.rmtree(root, ignore_errors=True)
     return ok
+
+
+async def _console_url(app: App, http: str) -> str:
+    """The console's address once the engine listens (it picks the port for `:0`)."""
+    for _ in range(200):
+        if app.http_port:
+            break
+        await asyncio.sleep(0.05)
+    host = http.rpartition(":")[0] or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"http://{host}:{app.http_port}/console/fleet"
 
 
 async def _drift_check(

@@ -135,9 +135,20 @@ def sim_fault(root: Path, node: str, fault: str, gpu: int, params: tuple[str, ..
 @click.option(
     "--timeout", type=float, default=110.0, show_default=True, help="wall seconds at most"
 )
+@click.option(
+    "--http", default="127.0.0.1:0", show_default=True, help="console and /metrics (port 0: any)"
+)
+@click.option("--linger", type=float, default=0.0, help="keep the console up this long after")
 @click.pass_context
 def demo(
-    ctx: click.Context, nodes: int, scenario: str, speed: float, json_summary: bool, timeout: float
+    ctx: click.Context,
+    nodes: int,
+    scenario: str,
+    speed: float,
+    json_summary: bool,
+    timeout: float,
+    http: str,
+    linger: float,
 ) -> None:
     """Run the whole loop on a simulated fleet: faults, rules, playbooks, recovery."""
     from gpuops.demo import run_demo
@@ -151,6 +162,8 @@ def demo(
             state_dir=(ctx.obj or {}).get("state_dir"),
             console=out,
             scenario=scenario,
+            http=http,
+            linger_s=linger,
         )
     )
     sys.exit(0 if ok else 1)
