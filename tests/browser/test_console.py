@@ -106,6 +106,22 @@ def test_heatmap_shows_the_overheating_gpu_in_the_hot_colour(
     cells = browser.execute_script("return document.getElementById('heat').dataset.cells")
     assert int(cells) == len(live.fleet.nodes) * 8
     shot(browser, tmp_path / "fleet.png")
+    # A new sample reaches the open page through the event stream, without a reload.
+    browser.execute_script("document.getElementById('heat').dataset.loaded = 'first'")
+    event = live.fleet.telemetry("node-002", time.time())
+    assert event is not None
+    event["data"]["gpus"][5]["temp_c"] = 95.0
+    live.call(live.publish(event))
+    _wait(
+        lambda: (
+            "node-002/5"
+            in browser.execute_script("return document.getElementById('heat').dataset.hot")
+        ),
+        30,
+        "the live update drew node-002/5 hot",
+    )
+    loaded = browser.execute_script("return document.getElementById('heat').dataset.loaded")
+    assert loaded == "first", "the page was not reloaded"
 
 
 def test_node_page_shows_the_timeline_of_a_remediation(
@@ -135,6 +151,7 @@ def test_node_page_shows_the_timeline_of_a_remediation(
     assert "PLAY [" in browser.find_element("tag name", "body").text
 
 
+@pytest.mark.slow  # waits for a real baseline.yml run after the approval (15-20 s here)
 def test_approving_in_the_page_runs_the_playbook(
     live: LiveEngine, browser: Any, tmp_path: Path
 ) -> None:

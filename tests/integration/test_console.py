@@ -50,6 +50,11 @@ async def test_reading_is_open_acting_needs_a_granted_login_from_the_console(
         await app.engine.breaker.set_state(BreakerState.OPEN, "test storm", app.clock.now(), "t")
         await wait_for(lambda: app.http_port, 30)
         base = f"http://127.0.0.1:{app.http_port}"
+        # The gauges people graph: nodes by state, the breaker's state (refreshed by the tick).
+        metrics = app.engine.metrics
+        await wait_for(lambda: metrics.breaker_state.labels("open")._value.get() == 1.0, 30)
+        assert metrics.breaker_state.labels("closed")._value.get() == 0.0
+        assert metrics.node_states.labels("healthy")._value.get() == 2.0
         async with aiohttp.ClientSession(base, cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
             for page in ("/console/fleet", "/console/now", "/console/node/node-001"):
                 async with http.get(page) as r:
@@ -84,6 +89,11 @@ async def test_reading_is_open_acting_needs_a_granted_login_from_the_console(
                 assert r.status == 303 and "ok=1" in r.headers["Location"]
         state, _ = await app.engine.breaker.get()
         assert state.state is BreakerState.CLOSED and "alice" in state.why
+        await wait_for(lambda: metrics.breaker_state.labels("closed")._value.get() == 1.0, 30)
+        async with aiohttp.ClientSession() as http, http.get(f"{base}/metrics") as r:
+            text = await r.text()
+        assert 'gpuops_nodes{state="healthy"} 2.0' in text
+        assert 'gpuops_breaker_state{state="open"} 0.0' in text
     notes = [r.summary async for r in read_audit(bus.js) if r.type == "note"]
     assert any(n.startswith("alice@console: breaker reset") for n in notes), notes
     assert any("refused breaker from bob@console" in n for n in notes), notes
