@@ -389,7 +389,9 @@ class App:
     async def reload(self) -> bool:
         """Load and check the rules; on any error keep the last good set and say why."""
         try:
-            rules = load_rules([self.settings.rules_dir], self.settings.playbooks_dir)
+            rules = load_rules(
+                [self.settings.rules_dir], self.settings.playbooks_dir, self.inventory
+            )
         except Exception as exc:  # a rule file must never take the engine down
             why = str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
             log.error("rules not reloaded, keeping the last good set:\n%s", why)
@@ -417,7 +419,6 @@ def _mtimes(settings: Settings) -> dict[str, float]:
 
 
 def load_world(settings: Settings) -> tuple[RuleSet, Inventory]:
-    """Rules and inventory, checked before anything connects."""
-    return load_rules([settings.rules_dir], settings.playbooks_dir), load_inventory(
-        settings.inventory
-    )
+    """Rules and inventory, checked before anything connects (rules by the inventory)."""
+    inventory = load_inventory(settings.inventory)
+    return load_rules([settings.rules_dir], settings.playbooks_dir, inventory), inventory

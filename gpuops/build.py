@@ -170,7 +170,7 @@ def build_engine(
         s.approval_timeout_s,
         s.validation_timeout_s,
     )
-    matcher = Matcher(with_builtins(rules, catalog), clock)
+    matcher = Matcher(with_builtins(rules, catalog), clock, inventory=inventory)
     decider = Decider(stages, clock, settings.dry_run)
     pipeline = Pipeline(
         matcher, decider, recorder, publisher, clock, inventory, metrics, signing_key

@@ -7,6 +7,7 @@
      +-- EventError           an event could not be decoded or validated (reason)
      +-- BusError             NATS could not be reached, started or configured
      +-- ActionError          a playbook could not be prepared or run (playbook, node)
+     +-- SourceError          a telemetry source answered nothing usable (target, reason)
 
 Third-party errors are translated at the boundary with ``raise ... from exc`` so a
 caller only ever needs to catch ``EngineError``.
@@ -70,3 +71,13 @@ class ActionError(EngineError):
         super().__init__(message)
         self.playbook = playbook
         self.node = node
+
+
+class SourceError(EngineError):
+    """A scrape target was down, slow, too large or not what it should be; `reason` is the
+    metric label (down, timeout, too_large, http_status, garbage)."""
+
+    def __init__(self, reason: str, message: str, *, target: str = "") -> None:
+        super().__init__(f"{target}: {message}" if target else message)
+        self.reason = reason
+        self.target = target

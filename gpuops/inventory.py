@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ class Inventory:
     hosts: frozenset[str]
     groups: dict[str, frozenset[str]]
     hostvars: dict[str, dict[str, Any]]
+    children: dict[str, frozenset[str]] = field(default_factory=dict)  # group -> child groups
 
     def __contains__(self, node: object) -> bool:
         return node in self.hosts
@@ -59,7 +60,12 @@ def load_inventory(path: Path) -> Inventory:
         )
     check_subject_tokens(names, path)
     hostvars = {h.name: dict(variables.get_vars(host=h, include_hostvars=False)) for h in hosts}
-    return Inventory(path=path, hosts=names, groups=groups, hostvars=hostvars)
+    children = {
+        name: frozenset(c.name for c in group.child_groups)
+        for name, group in manager.groups.items()
+        if group.child_groups
+    }
+    return Inventory(path=path, hosts=names, groups=groups, hostvars=hostvars, children=children)
 
 
 def _why_no_hosts(path: Path, loader: Any) -> str:

@@ -242,6 +242,67 @@ class UnreachableData(_Open):
     check: str = ""
 
 
+# Counters every ConnectX port exposes under ports/<n>/counters (InfiniBand and RoCE).
+IB_COUNTERS: tuple[str, ...] = (
+    "symbol_error",
+    "link_downed",
+    "link_error_recovery",
+    "port_rcv_errors",
+    "port_rcv_remote_physical_errors",
+    "port_xmit_discards",
+    "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+)
+IB_MAX_PORTS = 64  # a node with more HCA ports than this is not a GPU node we know
+
+
+class IbPort(_Open):
+    """One InfiniBand (or RoCE) port as sysfs shows it, for people reading the event."""
+
+    device: str = Field(max_length=64)
+    port: int = Field(ge=0, le=MAX_MAGNITUDE)
+    state: str = Field(default="", max_length=32)  # ACTIVE, DOWN, INIT, ARMED
+    phys_state: str = Field(default="", max_length=32)  # LinkUp, Polling, Disabled, ...
+    rate: str = Field(default="", max_length=64)  # "400 Gb/sec (4X NDR)"
+    link_layer: str = Field(default="", max_length=32)
+    counters: dict[str, Int] = Field(default_factory=dict, max_length=64)
+
+
+class IbData(_Open):
+    """A node's InfiniBand ports in one sample: the summary rules use, and each port.
+
+    A port counts as down when it is not ACTIVE, unless it was disabled on purpose
+    (phys_state Disabled). Counters are summed over the ports that expose them (null
+    when none does); they only grow until a reset, so rules use `increase`.
+    """
+
+    ports: int = Field(default=0, ge=0, le=MAX_MAGNITUDE)
+    ports_active: int = Field(default=0, ge=0, le=MAX_MAGNITUDE)
+    ports_down: int = Field(default=0, ge=0, le=MAX_MAGNITUDE)
+    down_ports: list[Annotated[str, Field(max_length=80)]] = Field(
+        default_factory=list, max_length=IB_MAX_PORTS
+    )
+    symbol_error: Int | None = None
+    link_downed: Int | None = None
+    link_error_recovery: Int | None = None
+    port_rcv_errors: Int | None = None
+    port_rcv_remote_physical_errors: Int | None = None
+    port_xmit_discards: Int | None = None
+    local_link_integrity_errors: Int | None = None
+    excessive_buffer_overrun_errors: Int | None = None
+    detail: list[IbPort] = Field(default_factory=list, max_length=IB_MAX_PORTS)
+
+
+class SxidData(_Open):
+    """An NVSwitch error (SXid) from the kernel log."""
+
+    switch: str = Field(default="", max_length=64)  # nvidia-nvswitch3
+    pci: str = Field(default="", max_length=32)  # 0000:8a:00.0
+    sxid: int = Field(ge=0, le=MAX_MAGNITUDE)
+    fatal: bool | None = None  # the driver's "Fatal" / "Non-fatal" word, when it says
+    message: str = Field(default="", max_length=1024)
+
+
 class ChatopsData(_Open):
     """A command typed by a person in Slack or Mattermost."""
 
@@ -315,6 +376,16 @@ class UnreachableEvent(_Envelope):
     data: UnreachableData = UnreachableData()
 
 
+class IbEvent(_Envelope):
+    kind: Literal["ib"]
+    data: IbData
+
+
+class SxidEvent(_Envelope):
+    kind: Literal["sxid"]
+    data: SxidData
+
+
 class ChatopsEvent(_Envelope):
     kind: Literal["chatops"]
     data: ChatopsData
@@ -329,7 +400,9 @@ Event = Annotated[
     | HeartbeatEvent
     | DriftEvent
     | UnreachableEvent
-    | ChatopsEvent,
+    | ChatopsEvent
+    | IbEvent
+    | SxidEvent,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
@@ -344,13 +417,23 @@ DATA_MODELS: dict[str, type[BaseModel]] = {
     "drift": DriftData,
     "unreachable": UnreachableData,
     "chatops": ChatopsData,
+    "ib": IbData,
+    "sxid": SxidData,
 }
 EVENT_KINDS: tuple[str, ...] = tuple(DATA_MODELS)
 
 
+# Facts the matcher computes when it expands an event (gpuops.match.matcher.facts_of),
+# beside the event's own fields: a GPU compared with the other GPUs of its node.
+DERIVED_FACTS: dict[str, dict[str, type]] = {"telemetry": {"dram_bw_util_peer_median": float}}
+# The event field each derived fact is computed from: a source that fills the field
+# serves the fact too.
+DERIVED_FROM: dict[str, str] = {"dram_bw_util_peer_median": "dram_bw_util"}
+
+
 def fact_fields(kind: str) -> frozenset[str]:
     """Names a rule on `kind` may use: the data fields plus `node` (and `gpu` for telemetry)."""
-    names = set(DATA_MODELS[kind].model_fields) | {"node"}
+    names = set(DATA_MODELS[kind].model_fields) | {"node"} | set(DERIVED_FACTS.get(kind, {}))
     if kind == "telemetry":
         names.add("gpu")
     return frozenset(names)

@@ -16,6 +16,12 @@ A test file:
 
 Telemetry GPUs are laid over a healthy idle H200 sample, so a case names only what
 differs. `expect` items may carry `count` (exact number of would-be actions).
+
+A day of samples stays short: a repeated step may `cycle` fields through a list, the
+n-th event taking the n-th value (wrapping), e.g. one busy sample in 24:
+`repeat: {every: 5m, until: 25h}, cycle: {util_gpu: [60, 2, 3, ...]}`. A case may give
+`hosts: {node: {var: value}}`, the inventory variables rules grouped by a host variable
+(`group_by: [rack]`) or reading one (`budget_w`) see.
 """
 
 from __future__ import annotations
@@ -101,16 +107,25 @@ def _expand(step: dict[str, Any]) -> list[tuple[float, dict[str, Any] | None]]:
         until = parse_duration(step["repeat"]["until"])
         n = int((until - at) / every)
         times = [at + i * every for i in range(n + 1)]
-    return [(t, case_event(step, t)) for t in times]
+    cycle = step.get("cycle") or {}
+    return [(t, case_event(step, t, _cycled(cycle, i))) for i, t in enumerate(times)]
 
 
-def case_event(step: dict[str, Any], offset: float) -> dict[str, Any]:
-    """The event a rule-test step describes, `offset` seconds after T0."""
+def _cycled(cycle: dict[str, list[Any]], i: int) -> dict[str, Any]:
+    """The `i`-th event's values of the cycled fields."""
+    return {name: values[i % len(values)] for name, values in cycle.items()}
+
+
+def case_event(
+    step: dict[str, Any], offset: float, cycled: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The event a rule-test step describes, `offset` seconds after T0; `cycled` values
+    go over every GPU (telemetry) or into the data (other kinds)."""
     kind = step["kind"]
-    data = dict(step.get("data", {}))
+    data = {**step.get("data", {}), **(cycled or {})}
     if kind == "telemetry":
         gpus = step.get("gpus", [{"index": 0}])
-        data = {"gpus": [{**healthy_gpu(g["index"]), **g} for g in gpus]}
+        data = {"gpus": [{**healthy_gpu(g["index"]), **g, **(cycled or {})} for g in gpus]}
     return {
         "id": str(uuid.uuid4()),
         "kind": kind,
@@ -133,8 +148,9 @@ async def run_case(file: str, case: dict[str, Any], rules: RuleSet) -> CaseResul
     """Feed a case's events through the shadow pipeline and check its expectations."""
     result = CaseResult(file=file, name=str(case.get("name", "unnamed")))
     steps = sorted((p for s in case.get("events", []) for p in _expand(s)), key=lambda p: p[0])
-    nodes = case.get("nodes") or sorted({e["node"] for _, e in steps if e is not None})
-    shadow = Shadow(rules, nodes)
+    hosts = case.get("hosts") or {}
+    nodes = case.get("nodes") or sorted({e["node"] for _, e in steps if e is not None} | set(hosts))
+    shadow = Shadow(rules, nodes, hostvars=hosts)
     for offset, raw in steps:
         if raw is None:
             result.actions += await shadow.advance(T0 + offset)

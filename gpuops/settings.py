@@ -209,6 +209,34 @@ class ConsoleSettings(BaseModel):
     max_streams: int = Field(default=32, ge=1, le=1000, description="live pages at once")
 
 
+class PrometheusSourceSettings(BaseModel):
+    """`gpuops ingest prometheus`: where to read DCGM fields, how often, and its bounds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    targets: tuple[str, ...] = Field(default=(), description="dcgm-exporter /metrics URLs")
+    prometheus: str | None = Field(default=None, description="a Prometheus server's base URL")
+    interval_s: float = Field(default=10.0, gt=0)
+    timeout_s: float = Field(default=5.0, gt=0, le=300, description="per target and scrape")
+    # A Prometheus query answer is about 170 KB per 8-GPU node with every mapped field.
+    max_bytes: int = Field(default=64 << 20, ge=1024, description="largest answer read")
+    max_series: int = Field(default=100_000, ge=1, description="series kept per answer")
+    # dcgm-exporter's own label; with none, `instance` without its port names the node.
+    node_label: str = "Hostname"
+    gpu_label: str = "gpu"
+    # Label matchers added to the Prometheus query, to shard a fleet over several sources.
+    selector: str = Field(default="", max_length=1000, description='e.g. job="dcgm",rack=~"a.*"')
+    spool_max: int = Field(default=10_000, ge=1, description="xid events held while NATS is away")
+
+
+class SourcesSettings(BaseModel):
+    """Telemetry sources other than the agent."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prometheus: PrometheusSourceSettings = PrometheusSourceSettings()
+
+
 class Settings(BaseModel):
     """Everything the engine needs to run; built once, never mutated."""
 
@@ -234,6 +262,7 @@ class Settings(BaseModel):
     run_claim_stale_s: float = Field(default=90.0, ge=2)
     max_parallel_runs: int = Field(default=4, ge=1, le=256, description="runs in flight")
     executor: ExecutorSettings = ExecutorSettings()
+    sources: SourcesSettings = SourcesSettings()
     intake_batch: int = Field(default=256, ge=1, le=10_000)
     tick_s: float = Field(default=1.0, gt=0)
     rules_poll_s: float = Field(default=2.0, gt=0, description="how often rule files are checked")

@@ -10,9 +10,10 @@ simulated fleet's outcome), which releases the node's lock and moves its state.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpuops.build import Buckets, build_engine
 from gpuops.bus.publish import MemoryPublisher
@@ -88,6 +89,7 @@ class Shadow:
         nodes: Iterable[str],
         settings: Settings | None = None,
         playbooks_dir: Path | None = None,
+        hostvars: Mapping[str, dict[str, Any]] | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self.clock = ManualClock(0.0)
@@ -96,7 +98,7 @@ class Shadow:
         self.engine = build_engine(
             self.settings,
             rules=rules,
-            inventory=Inventory(Path("<shadow>"), self.hosts, {}, {}),
+            inventory=Inventory(Path("<shadow>"), self.hosts, {}, dict(hostvars or {})),
             catalog=load_catalog(playbooks_dir or self.settings.playbooks_dir),
             buckets=Buckets.memory(),
             publisher=self.publisher,

@@ -2,11 +2,18 @@
 
 Only the device is fake: the error classes and constants are pynvml's own, so the
 backend's error handling is exercised against the real library's types. Calls the
-H200 answered "Not Supported" raise NotSupported here too.
+H200 answered "Not Supported" raise NotSupported here too (NVLink: the recorded board has
+none; a test gives GPUs links through `nvlinks`).
+
+GPM is the real protocol over fake counters: samples are real pynvml sample pointers,
+the metrics request is pynvml's own ctypes structure, and a metric answers the figure a
+test set in `gpm` (per GPU, by metric id) when the later of the two samples was taken.
+Comparing a sample with itself or with a later one is refused, as NVML refuses it.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 from collections import deque
 from pathlib import Path
@@ -33,6 +40,21 @@ class FakeNvml:
         for name in dir(pynvml):
             if name.startswith(("NVML_", "nvmlEventType")) or name.startswith("NVMLError"):
                 setattr(self, name, getattr(pynvml, name))
+        self.c_nvmlGpmMetricsGet_t = pynvml.c_nvmlGpmMetricsGet_t
+        # GPM: support as recorded; figures per GPU index, by NVML_GPM_METRIC_* id.
+        self.gpm_supported = bool(self.dev["gpm_supported"]["isSupportedDevice"])
+        self.gpm_in_driver = True  # False: a driver without the GPM functions
+        self.gpm: dict[int, dict[int, float]] = {}
+        self._samples: dict[int, tuple[Any, int, int, dict[int, float]]] = {}
+        self._sample_seq = 0
+        self.samples_freed = 0
+        # NVLink: per GPU index, its links {"active", "crc", "replay", "recovery"}.
+        self.nvlinks: dict[int, list[dict[str, Any]]] = {}
+        self.nvlink_counters_supported = True  # False: per-link counters refused (newer drivers)
+        self.extra_fields: dict[str, int] = {}  # NVML_FI_* values beyond the recorded ones
+        # PCI location per GPU index (domain, bus, device); default: the recorded one, then next.
+        pci = self.dev["pci"]
+        self.pci = {i: (pci["domain"], pci["bus"], pci["device"] + i) for i in range(gpus)}
 
     def _dev(self, h: int) -> dict[str, Any]:
         self.calls += 1
@@ -79,7 +101,7 @@ class FakeNvml:
         return int(self._value(th[key]))
 
     def nvmlDeviceGetFieldValues(self, h: int, ids: list[int]) -> list[Any]:
-        fields = self._dev(h)["field_values_ok"]
+        fields = {**self._dev(h)["field_values_ok"], **self.extra_fields}
         out = []
         for fid in ids:
             name = next(
@@ -203,3 +225,74 @@ class FakeNvml:
         if not self.events:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
         return self.events.popleft()
+
+    # --- PCI, NVLink ------------------------------------------------------------------
+
+    def nvmlDeviceGetPciInfo(self, h: int) -> Any:
+        self._dev(h)
+        domain, bus, device = self.pci[h]
+        bus_id = f"{domain:08x}:{bus:02x}:{device:02x}.0".encode()
+        return SimpleNamespace(domain=domain, bus=bus, device=device, busId=bus_id)
+
+    def _link(self, h: int, link: int) -> dict[str, Any]:
+        self._dev(h)
+        links = self.nvlinks.get(h, [])
+        if link >= len(links):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return links[link]
+
+    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
+        return pynvml.NVML_FEATURE_ENABLED if self._link(h, link)["active"] else 0
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: int, link: int, counter: int) -> int:
+        info = self._link(h, link)
+        if not self.nvlink_counters_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        key = {
+            pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc",
+            pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+            pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+        }[counter]
+        return int(info.get(key, 0))
+
+    # --- GPM ----------------------------------------------------------------------------
+
+    def _gpm_call(self) -> None:
+        if not self.gpm_in_driver:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    def nvmlGpmQueryDeviceSupport(self, h: int) -> Any:
+        self._gpm_call()
+        self._dev(h)
+        return SimpleNamespace(version=1, isSupportedDevice=int(self.gpm_supported))
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._gpm_call()
+        return ctypes.pointer(pynvml.struct_c_nvmlGpmSample_t())
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self._samples.pop(ctypes.addressof(sample.contents), None)
+        self.samples_freed += 1
+
+    def nvmlGpmSampleGet(self, h: int, sample: Any) -> Any:
+        self._dev(h)
+        if not self.gpm_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._sample_seq += 1
+        figures = dict(self.gpm.get(h, {}))
+        self._samples[ctypes.addressof(sample.contents)] = (sample, h, self._sample_seq, figures)
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        first = self._samples.get(ctypes.addressof(request.sample1.contents))
+        second = self._samples.get(ctypes.addressof(request.sample2.contents))
+        if first is None or second is None or first[1] != second[1] or first[2] >= second[2]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        figures = second[3]
+        for i in range(request.numMetrics):
+            metric = request.metrics[i]
+            if metric.metricId in figures:
+                metric.nvmlReturn, metric.value = 0, figures[metric.metricId]
+            else:
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return request

@@ -25,6 +25,8 @@ from nats.js.errors import Error as JsError
 
 from gpuops import __version__, subjects
 from gpuops.agent.backend import GpuBackend, HealthSignal
+from gpuops.agent.infiniband import read_ib
+from gpuops.agent.kmsg import KmsgParser, KmsgReader
 from gpuops.agent.probe import run_probe
 from gpuops.agent.spool import Spool, Spooled
 from gpuops.clock import Clock
@@ -45,11 +47,22 @@ class AgentSettings:
     probe_command: tuple[str, ...] = ()
     spool_path: Path = Path("/var/lib/gpuops/agent-spool.jsonl")
     spool_max: int = 10_000
+    ib_root: Path | None = None  # /sys/class/infiniband: an `ib` event per interval
+    kmsg_path: Path | None = None  # /dev/kmsg: XIDs and SXids from the kernel log
+    # The same XID from NVML's event path and the kernel log, or the driver's several
+    # lines for one XID, arrive within seconds: report a (gpu, xid) once per window.
+    xid_dedupe_s: float = 30.0
+    # A steady, healthy InfiniBand summary is repeated this often; a change, or a port
+    # down, goes out every interval (the events stream keeps a week: 8 ports every 10 s
+    # on every node would fill it with nothing new).
+    ib_every_s: float = 300.0
 
 
-def event(kind: str, node: str, t: float, data: dict[str, Any]) -> dict[str, Any]:
-    """An event in format v1 from this agent."""
-    return new_event(kind, node, t, data, "agent")
+def event(
+    kind: str, node: str, t: float, data: dict[str, Any], source: str = "agent"
+) -> dict[str, Any]:
+    """An event in format v1 from this agent (source `agent`, or `kmsg` from the kernel log)."""
+    return new_event(kind, node, t, data, source)
 
 
 def default_node() -> str:
@@ -72,6 +85,11 @@ class Agent:
         self.seq = 0
         self.sent: dict[str, int] = {}
         self._signals: asyncio.Queue[HealthSignal] = asyncio.Queue()
+        self._xid_seen: dict[tuple[Any, Any], float] = {}
+        self.xid_duplicates = 0
+        self.kmsg = KmsgParser(backend.pci_bus_ids)
+        self._ib_last: tuple[Any, ...] | None = None
+        self._ib_sent_at = float("-inf")
 
     async def run(self, stop: asyncio.Event) -> None:
         """All loops until `stop`; they sample and spool from the start, connected or not."""
@@ -81,9 +99,19 @@ class Agent:
             target=self._listen, args=(loop, halt), daemon=True, name="nvml-events"
         )
         listener.start()
+        if self.s.kmsg_path is not None:
+
+            def emit(signal: HealthSignal) -> None:
+                loop.call_soon_threadsafe(self._signals.put_nowait, signal)
+
+            reader = KmsgReader(self.s.kmsg_path, self.kmsg)
+            threading.Thread(
+                target=reader.follow, args=(halt, emit), daemon=True, name="kmsg"
+            ).start()
         try:
             await asyncio.gather(
                 self._every(self.s.interval_s, self.publish_telemetry, stop),
+                self._every(self.s.interval_s, self.publish_ib, stop),
                 self._every(self.s.heartbeat_s, self.publish_heartbeat, stop),
                 self._every(self.s.probe_every_s, self.probe, stop),
                 self._every(2.0, self.flush_spool, stop),
@@ -132,7 +160,22 @@ class Agent:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 signal = await asyncio.wait_for(self._signals.get(), 0.5)
-                await self.publish_health(signal.kind, signal.data)
+                if not self._duplicate(signal):
+                    await self.publish_health(signal.kind, signal.data, signal.source)
+
+    def _duplicate(self, signal: HealthSignal) -> bool:
+        """An XID for a (gpu, xid) already reported within `xid_dedupe_s`, by either path."""
+        if signal.kind != "xid":
+            return False
+        now, window = self.clock.now(), self.s.xid_dedupe_s
+        self._xid_seen = {k: t for k, t in self._xid_seen.items() if now - t < window}
+        key = (signal.data.get("gpu"), signal.data.get("xid"))
+        if key in self._xid_seen:
+            self.xid_duplicates += 1
+            log.info("XID %s on GPU %s from %s already reported", key[1], key[0], signal.source)
+            return True
+        self._xid_seen[key] = now
+        return False
 
     async def publish_telemetry(self) -> None:
         """One sample of every GPU; a GPU found lost goes out as a health event at once."""
@@ -147,6 +190,27 @@ class Agent:
                 subject_for("telemetry", self.s.node), json.dumps(payload).encode()
             )
             self.sent["telemetry"] = self.sent.get("telemetry", 0) + 1
+
+    async def publish_ib(self) -> None:
+        """The node's InfiniBand ports: on a change or a port down, else every `ib_every_s`.
+
+        Like telemetry it is not spooled: the next one replaces a lost one.
+        """
+        if self.s.ib_root is None or not self.nc.is_connected:
+            return
+        data = await asyncio.to_thread(read_ib, self.s.ib_root)
+        if data is None:
+            return  # no InfiniBand here: nothing to say, and not a fault
+        now = self.clock.now()
+        summary = tuple(v for k, v in sorted(data.items()) if k != "detail")
+        steady = summary == self._ib_last and not data["ports_down"]
+        if steady and now - self._ib_sent_at < self.s.ib_every_s:
+            return
+        payload = event("ib", self.s.node, now, data)
+        with contextlib.suppress(NatsError):
+            await self.nc.publish(subject_for("ib", self.s.node), json.dumps(payload).encode())
+            self.sent["ib"] = self.sent.get("ib", 0) + 1
+            self._ib_last, self._ib_sent_at = summary, now
 
     async def publish_heartbeat(self) -> None:
         """I am alive (and how many spooled events I had to drop)."""
@@ -175,9 +239,9 @@ class Agent:
         if msg.reply:
             await self.nc.publish(msg.reply, b"probed")
 
-    async def publish_health(self, kind: str, data: dict[str, Any]) -> None:
+    async def publish_health(self, kind: str, data: dict[str, Any], source: str = "agent") -> None:
         """Publish with a message id and an awaited ack; spool if that fails."""
-        payload = event(kind, self.s.node, self.clock.now(), data)
+        payload = event(kind, self.s.node, self.clock.now(), data, source)
         item = Spooled(subject_for(kind, self.s.node), json.dumps(payload), payload["id"])
         if len(self.spool) or not await self._send(item):
             self.spool.push(item)  # keep order: nothing overtakes what is already spooled

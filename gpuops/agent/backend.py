@@ -8,10 +8,11 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True, slots=True)
 class HealthSignal:
-    """Something the GPU said that must go out at once (XID, ECC event, GPU lost)."""
+    """Something the GPU said that must go out at once (XID, ECC event, GPU lost, SXid)."""
 
-    kind: str  # xid | ecc | gpu_lost
+    kind: str  # xid | ecc | gpu_lost | sxid
     data: dict[str, Any]
+    source: str = "agent"  # the event's `source`: agent (NVML), kmsg (the kernel log)
 
 
 class GpuBackend(Protocol):
@@ -27,6 +28,10 @@ class GpuBackend(Protocol):
 
     def wait_events(self, timeout_ms: int) -> list[HealthSignal]:
         """Block up to `timeout_ms` for XID and ECC events."""
+        ...
+
+    def pci_bus_ids(self) -> dict[tuple[int, int, int], int]:
+        """GPU index by PCI (domain, bus, device), to place kernel-log XIDs."""
         ...
 
     def close(self) -> None:

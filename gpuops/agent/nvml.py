@@ -15,6 +15,8 @@ from types import ModuleType
 from typing import Any
 
 from gpuops.agent.backend import HealthSignal
+from gpuops.agent.gpm import Gpm
+from gpuops.agent.nvlink import NvLinks
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +36,14 @@ class NvmlBackend:
         ]
         self.lost: set[int] = set()
         self._events: Any = None
+        self.gpm = Gpm(self.nv, self._get)
+        self.nvlinks = NvLinks(self.nv, self._get, self._field)
 
     def gpu_count(self) -> int:
         return len(self.handles)
 
     def close(self) -> None:
+        self.gpm.close()
         try:
             self.nv.nvmlShutdown()
         except self.nv.NVMLError as exc:
@@ -77,6 +82,7 @@ class NvmlBackend:
                 gpus.append(self._sample_gpu(index, handle))
                 self.lost.discard(index)
             except _Lost as exc:
+                self.gpm.forget(index)
                 if index not in self.lost:
                     self.lost.add(index)
                     signals.append(HealthSignal("gpu_lost", {"gpu": index, "error": str(exc)}))
@@ -96,6 +102,8 @@ class NvmlBackend:
         out.update(self._ecc(h))
         out.update(self._pcie(h))
         out.update(self._modes(h))
+        out.update(self.nvlinks.read(index, h))
+        out.update(self.gpm.read(index, h))
         return {k: v for k, v in out.items() if v is not None}
 
     def _thermal(self, h: Any) -> dict[str, Any]:
@@ -184,6 +192,18 @@ class NvmlBackend:
             "mig_mode": None if mig is None else bool(mig[0]),
             "compute_mode": get(nv.nvmlDeviceGetComputeMode, h),
         }
+
+    def pci_bus_ids(self) -> dict[tuple[int, int, int], int]:
+        """GPU index by PCI (domain, bus, device); a GPU that does not answer is left out."""
+        out = {}
+        for index, handle in enumerate(self.handles):
+            try:
+                info = self._get(self.nv.nvmlDeviceGetPciInfo, handle)
+            except _Lost:
+                continue
+            if info is not None:
+                out[(int(info.domain), int(info.bus), int(info.device))] = index
+        return out
 
     # --- events -----------------------------------------------------------------------
 

@@ -15,6 +15,9 @@ from nats.errors import Error as NatsError
 
 from gpuops.agent.agent import Agent, AgentSettings, default_node, event
 from gpuops.agent.backend import GpuBackend
+from gpuops.agent.infiniband import DEFAULT_ROOT as IB_ROOT
+from gpuops.agent.infiniband import read_ib
+from gpuops.agent.kmsg import DEFAULT_PATH as KMSG_PATH
 from gpuops.agent.probe import run_probe
 from gpuops.bus.conn import agent_endpoint, connect_forever
 from gpuops.clock import SystemClock
@@ -38,6 +41,19 @@ def make_backend(opts: dict[str, Any]) -> GpuBackend:
         raise ConfigError(f"NVML is not available on this host: {exc}") from exc
 
 
+def node_paths(opts: dict[str, Any], node: str) -> tuple[Path | None, Path | None]:
+    """The InfiniBand sysfs root and the kernel log: given, off, or the backend's default."""
+    if opts.get("backend") == "sim" and opts.get("sim_root"):
+        node_dir = Path(opts["sim_root"]) / "nodes" / node
+        defaults = (node_dir / "sys" / "class" / "infiniband", node_dir / "kmsg")
+    else:
+        defaults = (IB_ROOT, KMSG_PATH)
+    chosen = []
+    for given, default in zip((opts.get("ib_root"), opts.get("kmsg")), defaults, strict=True):
+        chosen.append(None if given == "off" else Path(given) if given else default)
+    return chosen[0], chosen[1]
+
+
 def agent_once(opts: dict[str, Any]) -> list[dict[str, Any]]:
     """One telemetry event and a probe result per GPU, without NATS (checks, debugging)."""
     node = opts.get("node") or default_node()
@@ -47,6 +63,9 @@ def agent_once(opts: dict[str, Any]) -> list[dict[str, Any]]:
         now = time.time()
         out = [event("telemetry", node, now, {"gpus": gpus})]
         out += [event(s.kind, node, now, s.data) for s in signals]
+        ib_root = node_paths(opts, node)[0]
+        ib = read_ib(ib_root) if ib_root is not None else None
+        out += [event("ib", node, now, ib)] if ib is not None else []
         command = shlex.split(opts["probe_command"]) if opts.get("probe_command") else None
         for result in run_probe(list(range(backend.gpu_count())), opts["probe_timeout"], command):
             keep = {
@@ -74,6 +93,8 @@ async def run_agent(settings: Settings, opts: dict[str, Any]) -> None:
         if opts.get("probe_command")
         else (),
         spool_path=opts.get("spool") or settings.state_dir / f"agent-{node}-spool.jsonl",
+        ib_root=node_paths(opts, node)[0],
+        kmsg_path=node_paths(opts, node)[1],
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

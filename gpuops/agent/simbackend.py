@@ -10,6 +10,8 @@ from gpuops.agent.backend import HealthSignal
 from gpuops.sim import state as node_state
 from gpuops.sim.fleet import SimFleet
 
+SIM_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB, 0x1B, 0x2B, 0x3B, 0x5E)
+
 
 class SimBackend:
     """Reads one node of a simulated fleet (created by `gpuops simulate`)."""
@@ -44,6 +46,10 @@ class SimBackend:
         if not pending:
             time.sleep(timeout_ms / 1000.0)
         return [HealthSignal(e["kind"], e["data"]) for e in pending]
+
+    def pci_bus_ids(self) -> dict[tuple[int, int, int], int]:
+        """Where the GPUs of an 8-GPU HGX board sit on the PCI bus (the sim has no bus)."""
+        return {(0, bus, 0): i for i, bus in enumerate(SIM_PCI_BUSES[: self.fleet.gpus])}
 
     def close(self) -> None:
         return None

@@ -31,6 +31,12 @@ def _tls(cfg: NatsSettings) -> ssl.SSLContext | None:
     return ctx
 
 
+def servers(url: str) -> list[str]:
+    """The seed servers of a NATS URL: one, or several separated by commas (the members of
+    a cluster; once connected, the client also learns the others from the cluster)."""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
 def connect_options(cfg: NatsSettings, credentials: Credentials | None = None) -> dict[str, Any]:
     """Keyword arguments for nats.connect (secrets unwrapped only here).
 
@@ -93,7 +99,9 @@ async def first_connect(
             # Each try (two connects, 0.2 s apart) ends within what is left. nats-py annotates the
             # timeout as int but hands it to asyncio.wait_for, which takes any seconds.
             wait: Any = min(2.0, max(left / 4, 0.2))
-            await nc.connect(url, name=name, error_cb=errors.record, connect_timeout=wait, **opts)
+            await nc.connect(
+                servers(url), name=name, error_cb=errors.record, connect_timeout=wait, **opts
+            )
         except (OSError, ValueError, NatsError, TimeoutError) as exc:
             await _drop(nc)
             cause = errors.last if isinstance(exc, NoServersError) and errors.last else exc
@@ -159,7 +167,7 @@ async def connect_forever(
     """Connect `nc`, retrying until it works or the task is cancelled; reconnects after."""
     opts = connect_options(cfg, credentials)
     await nc.connect(
-        url,
+        servers(url),
         name=name,
         error_cb=_first_errors(url),
         connect_timeout=2,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -20,7 +21,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, BucketNotFoundError
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 from nats.js.errors import Error as JsError
 from nats.js.kv import KeyValue
 
@@ -209,13 +210,36 @@ def _limits(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# A cluster that has just formed may refuse a replicated stream for a moment (its peers
+# not all known yet: "insufficient resources", "no suitable peers"); creating one is
+# tried again for this long before the refusal is reported.
+PLACEMENT_WAIT_S = 30.0
+
+
 async def ensure_streams(js: JetStreamContext, cfg: NatsSettings | None = None) -> None:
     """Create each stream, or bring an existing one to this configuration."""
     for config in stream_configs(cfg):
+        await _ensure_stream(js, config)
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    deadline = asyncio.get_running_loop().time() + PLACEMENT_WAIT_S
+    while True:
         try:
             await js.add_stream(config)
-        except BadRequestError:
-            await js.update_stream(config)
+            return
+        except BadRequestError as refused:
+            try:
+                await js.update_stream(config)  # it exists with another configuration
+                return
+            except NotFoundError:
+                # It does not exist: the add was refused for another reason.
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise BusError(
+                        f"cannot create stream {config.name}: {refused.description}"
+                    ) from refused
+                log.info("stream %s refused (%s); trying again", config.name, refused.description)
+                await asyncio.sleep(0.5)
 
 
 async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig, replicas: int) -> KeyValue:

@@ -162,6 +162,15 @@ class EmbeddedNats:
             thread.join(timeout=20)
         self._terminate()
 
+    def kill(self) -> None:
+        """SIGKILL an unsupervised server, as a crash (fault tests): no goodbye to its
+        clients or routes. `start()` brings it back on its port and store."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            raise BusError("the nats-server is not running")
+        proc.kill()
+        proc.wait()
+
     def _launch(self) -> None:
         """Start one server process and wait for its ready line."""
         self.store_dir.mkdir(parents=True, exist_ok=True)

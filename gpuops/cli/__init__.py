@@ -3,8 +3,8 @@
 The commands live in modules by audience, each a list of click commands added here:
 engine_cmds (run the engine, check and try rules), operator_cmds (status, history,
 approvals, silences, the breaker, drains, drift checks, publishing events),
-sim_cmds (the simulated fleet and the demo), agent_cmds (the node agent) and site_cmds
-(init a site, export events, --version).
+sim_cmds (the simulated fleet and the demo), agent_cmds (the node agent), source_cmds
+(ingest from dcgm-exporter / Prometheus) and site_cmds (init a site, export events, --version).
 """
 
 from __future__ import annotations
@@ -16,7 +16,14 @@ from typing import Any
 
 import click
 
-from gpuops.cli import agent_cmds, engine_cmds, operator_cmds, sim_cmds, site_cmds
+from gpuops.cli import (
+    agent_cmds,
+    engine_cmds,
+    operator_cmds,
+    sim_cmds,
+    site_cmds,
+    source_cmds,
+)
 from gpuops.errors import EngineError
 
 
@@ -68,6 +75,6 @@ def main(
     ctx.obj = {"config": config, "state_dir": state_dir}
 
 
-for _module in (engine_cmds, operator_cmds, sim_cmds, agent_cmds, site_cmds):
+for _module in (engine_cmds, operator_cmds, sim_cmds, agent_cmds, site_cmds, source_cmds):
     for _command in _module.COMMANDS:
         main.add_command(_command)

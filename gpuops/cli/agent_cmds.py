@@ -24,6 +24,16 @@ from gpuops.errors import EngineError
 @click.option("--probe-timeout", type=float, default=60.0, show_default=True)
 @click.option("--probe-command", help="run this instead of the built-in probe ({gpu} is replaced)")
 @click.option("--spool", type=click.Path(path_type=Path), help="spool file for health events")
+@click.option(
+    "--ib-root",
+    help="InfiniBand sysfs root, 'off' for none [default: /sys/class/infiniband; "
+    "backend sim: the node's own tree]",
+)
+@click.option(
+    "--kmsg",
+    help="kernel log to follow for XID/SXid lines, 'off' for none [default: /dev/kmsg; "
+    "backend sim: the node's kmsg file]",
+)
 @click.option("--once", is_flag=True, help="one telemetry event and probe results, no NATS")
 @click.option("--json", "as_json", is_flag=True, help="with --once: JSON lines on stdout")
 @click.pass_context

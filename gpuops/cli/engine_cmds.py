@@ -14,7 +14,7 @@ import click
 from rich.table import Table
 
 from gpuops.cli.terminal import cells, err, out, run_async, settings_from
-from gpuops.errors import RuleError
+from gpuops.errors import EngineError, RuleError
 
 if TYPE_CHECKING:
     from gpuops.clock import Clock
@@ -70,9 +70,25 @@ async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
     type=click.Path(path_type=Path),
     help="check playbooks exist here",
 )
-def validate(paths: tuple[Path, ...], playbooks_dir: Path | None) -> None:
+@click.option(
+    "--source",
+    type=click.Choice(["dcgm"]),
+    help="also warn which rules cannot fire when this source feeds the engine (exit 0)",
+)
+@click.option(
+    "--inventory",
+    type=click.Path(path_type=Path),
+    help="check group keys and inventory variables (group_by: [rack]) against it",
+)
+def validate(
+    paths: tuple[Path, ...],
+    playbooks_dir: Path | None,
+    source: str | None,
+    inventory: Path | None,
+) -> None:
     """Check rule files (default: the site's rules/, else the shipped ones); print
     `file:line: rule NAME: message` per error, exit 1 on any."""
+    from gpuops.inventory import load_inventory
     from gpuops.match.loader import load_rules
     from gpuops.shipped import locate
 
@@ -81,22 +97,36 @@ def validate(paths: tuple[Path, ...], playbooks_dir: Path | None) -> None:
     targets = list(paths) or [locate("rules").path]
     books = playbooks_dir or locate("playbooks").path
     try:
-        rules = load_rules(targets, books if books.is_dir() else None)
-    except RuleError as exc:
+        inv = load_inventory(inventory) if inventory is not None else None
+        rules = load_rules(targets, books if books.is_dir() else None, inv)
+    except EngineError as exc:
         for line in str(exc).splitlines():
             click.echo(line)
         sys.exit(1)
     click.echo(f"ok: {len(rules.rules)} rules in {len(rules.sources)} files")
+    if source:
+        from gpuops.sources.coverage import NOTES, gaps
+
+        found = gaps(rules, source)
+        for gap in found:
+            click.echo(f"warning: {gap}")
+        for note in NOTES[source]:
+            click.echo(f"note: {note}")
+        click.echo(f"{source}: {len(found)} of {len(rules.rules)} rules not fully served")
 
 
-def _rules(rules_dir: Path | None) -> RuleSet:
+def _rules(rules_dir: Path | None, inventory: Path | None = None) -> RuleSet:
+    from gpuops.inventory import load_inventory
     from gpuops.match.loader import load_rules
     from gpuops.shipped import locate
 
     books = locate("playbooks").path
     try:
-        return load_rules([rules_dir or locate("rules").path], books if books.is_dir() else None)
-    except RuleError as exc:
+        inv = load_inventory(inventory) if inventory is not None else None
+        return load_rules(
+            [rules_dir or locate("rules").path], books if books.is_dir() else None, inv
+        )
+    except EngineError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
 
@@ -104,13 +134,18 @@ def _rules(rules_dir: Path | None) -> RuleSet:
 @click.command("test-rules")
 @click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
 @click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/")
-def test_rules(paths: tuple[Path, ...], rules_dir: Path | None) -> None:
+@click.option(
+    "--inventory",
+    type=click.Path(path_type=Path),
+    help="check rules that read the inventory against it (cases give hosts' variables)",
+)
+def test_rules(paths: tuple[Path, ...], rules_dir: Path | None, inventory: Path | None) -> None:
     """Run rule tests (YAML cases of events and expected actions; default: the site's
     tests/rules/, else the shipped ones); exit 1 on any failure."""
     from gpuops.ruletest import load_cases, run_cases
     from gpuops.shipped import locate
 
-    rules = _rules(rules_dir)
+    rules = _rules(rules_dir, inventory)
     if not paths:
         click.echo(f"running {locate('tests/rules').describe()}")
     paths = paths or (locate("tests/rules").path,)
@@ -166,6 +201,17 @@ def replay(file: Path, rules_dir: Path | None, inventory: Path | None, as_json: 
 @click.group()
 def bench() -> None:
     """Benchmarks that print figures (never timed tests)."""
+
+
+@bench.command("windows")
+@click.option("--gpus", type=int, default=10_000, show_default=True)
+@click.option("--window", default="24h", show_default=True, help="the aggregate window")
+def bench_windows(gpus: int, window: str) -> None:
+    """Per-GPU state, RSS and samples/s of a p95 and an avg over a long window."""
+    from gpuops.match.benchwin import bench_windows as run_bench
+
+    for line in run_bench(gpus=gpus, window=window):
+        click.echo(line)
 
 
 @bench.command("rules")

@@ -4,6 +4,10 @@ Calling a compiled condition per rule costs a Python call each; at 10,000 GPUs a
 rules that call is most of the time. So the vetted condition trees of all rules of a
 kind are spliced into one function, in rule order, with a window's hit or miss handler
 called only when something happens (the rare path).
+
+Rules with aggregates or inventory variables take a slower path, one call per sample:
+their aggregates must see every sample (not only those whose condition holds), and
+their facts are copied to receive the aggregate values and the node's variables.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuops.match.aggregates import Aggregates
 from gpuops.match.expr import compile_sandboxed
 from gpuops.match.rules import Rule
 from gpuops.match.windows import HeldFor, Instant, Window
@@ -35,6 +40,60 @@ class Entry:
     key: KeyFn
     field: str | None
     fired: set[Hashable] | None = None  # keys fired and not yet false (telemetry rules)
+    agg: Aggregates | None = None  # aggregate state, for rules whose condition has some
+    extra: Mapping[str, Mapping[str, Any]] | None = None  # node -> its inventory variables
+
+    @property
+    def slow(self) -> bool:
+        """Evaluated by its own handler on every sample (aggregates, inventory facts)."""
+        return self.agg is not None or self.extra is not None
+
+
+def _member(f: Fact) -> Hashable:
+    """What a group's member is: one GPU of a node (telemetry), else the node."""
+    gpu = f.get("gpu")
+    return f.get("node") if gpu is None else (f.get("node"), gpu)
+
+
+def _slow(e: Entry, make: MakeMatch, cleared: list[Cleared] | None) -> Callable[..., None]:
+    """The whole evaluation of one rule that needs aggregates or inventory facts.
+
+    A key of None is a node outside every group of the key (no `rack` variable): the
+    rule does not see it. A late sample moves the aggregates and nothing else.
+    """
+    rule, window, key, field, fired = e.rule, e.window, e.key, e.field, e.fired
+    agg, extra, cond = e.agg, e.extra or {}, e.rule.condition
+    observe = window.observe
+
+    def run(f: Fact, t: float, eid: str, out: list[Match]) -> None:
+        k = key(f)
+        if k is None:
+            return
+        g = dict(f)
+        more = extra.get(g.get("node", ""))
+        if more:
+            g.update(more)
+        at = t
+        if agg is not None:
+            seen = agg.observe(k, _member(f), t, g)
+            if seen is None:
+                return
+            at = seen
+        if cond is None or cond(g):
+            if observe(k, at, True, g.get(field) if field else None):
+                out.append(make(rule, k, g, t, eid))
+                if fired is not None:
+                    fired.add(k)
+            return
+        observe(k, at, False)
+        if fired and k in fired and cleared is not None:
+            fired.discard(k)
+            gpu = f.get("gpu")
+            cleared.append(
+                (rule.name, str(f.get("node", "")), gpu if isinstance(gpu, int) else None, t)
+            )
+
+    return run
 
 
 def _hit(e: Entry, make: MakeMatch) -> Callable[..., None]:
@@ -85,6 +144,10 @@ def compile_kind(
     names: dict[str, Any] = {}
     for i, e in enumerate(entries):
         rule, window, key = e.rule, e.window, e.key
+        if e.slow:
+            names[f"_slow{i}"] = _slow(e, make, cleared)
+            lines.append(f"    _slow{i}(f, t, eid, out)")
+            continue
         names[f"_hit{i}"] = _hit(e, make)
         watch = e.fired is not None and cleared is not None
         if watch:

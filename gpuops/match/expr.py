@@ -12,9 +12,17 @@ from __future__ import annotations
 import ast
 import copy
 import difflib
+import io
+import itertools
 import re
+import tokenize
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from gpuops.match.aggregates import FUNCTIONS as AGGREGATES
+from gpuops.match.aggregates import MAX_WINDOW_S, Aggregate
+from gpuops.match.durations import PATTERN as DURATION_PATTERN
+from gpuops.match.durations import format_duration, parse_duration
 
 Fact = Mapping[str, Any]
 Condition = Callable[[Fact], bool]
@@ -97,10 +105,35 @@ _EXPLAIN: dict[type[ast.AST], str] = {
 }
 
 
+def is_aggregate(node: ast.Call) -> bool:
+    """A call to a window or group function (`min`/`max` only in their aggregate shapes).
+
+    `max(a, b)` of two fields or numbers stays the plain function; `max(power_w)` (one
+    field) is a group aggregate and `max(temp_c, 10m)` (a duration) a window function.
+    """
+    if not isinstance(node.func, ast.Name) or node.func.id not in AGGREGATES:
+        return False
+    if node.func.id not in ("min", "max"):
+        return True
+    args = node.args
+    if node.keywords:
+        return False
+    if len(args) == 1:
+        return isinstance(args[0], ast.Name)
+    return len(args) == 2 and isinstance(args[1], ast.Constant) and isinstance(args[1].value, str)
+
+
 class _Checker(ast.NodeVisitor):
-    def __init__(self, fields: frozenset[str], string_fields: frozenset[str]) -> None:
+    def __init__(
+        self,
+        fields: frozenset[str],
+        string_fields: frozenset[str],
+        numeric_fields: frozenset[str] | None = None,
+    ) -> None:
         self.fields = fields
         self.string_fields = string_fields
+        self.numeric_fields = numeric_fields  # None: aggregates are not allowed here
+        self.aggregates: dict[str, Aggregate] = {}
 
     def generic_visit(self, node: ast.AST) -> None:
         if not isinstance(node, _ALLOWED):
@@ -121,6 +154,9 @@ class _Checker(ast.NodeVisitor):
             raise ValueError(f"unknown field {node.id!r} ({hint})")
 
     def visit_Call(self, node: ast.Call) -> None:
+        if is_aggregate(node):
+            self._aggregate(node)
+            return
         if not isinstance(node.func, ast.Name):
             self.visit(node.func)  # names the construct (lambda, attribute, ...) when it is one
         if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS:
@@ -132,6 +168,26 @@ class _Checker(ast.NodeVisitor):
             raise ValueError(f"{node.func.id}(): keyword arguments are not allowed")
         for arg in node.args:
             self.visit(arg)
+
+    def _aggregate(self, node: ast.Call) -> None:
+        fn = node.func.id if isinstance(node.func, ast.Name) else "?"
+        if self.numeric_fields is None:
+            raise ValueError(f"{fn}(): aggregates are only allowed in rule conditions")
+        if node.keywords or not 1 <= len(node.args) <= 2:
+            raise ValueError(f"{fn}() takes a field and an optional window: {fn}(field, 10m)")
+        field = node.args[0]
+        if not isinstance(field, ast.Name):
+            raise ValueError(
+                f"{fn}(): the first argument must be a field name, not {ast.unparse(field)!r}"
+            )
+        self.visit_Name(field)
+        if field.id not in self.numeric_fields:
+            raise ValueError(f"{fn}(): field {field.id!r} is not numeric")
+        window = None
+        if len(node.args) == 2:
+            window = _window(fn, node.args[1])
+        shown = f"{fn}({field.id}" + (f", {format_duration(window)})" if window else ")")
+        self.aggregates[shown] = Aggregate(fn, field.id, window, shown)
 
     def visit_Compare(self, node: ast.Compare) -> None:
         for op, right in zip(node.ops, node.comparators, strict=True):
@@ -159,25 +215,86 @@ class _Checker(ast.NodeVisitor):
             raise ValueError("integer constant too large")
 
 
+def _window(fn: str, arg: ast.expr) -> float:
+    """The window of a window function: a duration with a unit, up to MAX_WINDOW_S."""
+    text = arg.value if isinstance(arg, ast.Constant) else None
+    if not isinstance(text, str) or not re.match(DURATION_PATTERN, text.strip()):
+        raise ValueError(
+            f"{fn}(): the window must be a duration like 10m or 24h, not {ast.unparse(arg)!r}"
+        )
+    seconds = parse_duration(text)
+    if not 0 < seconds <= MAX_WINDOW_S:
+        raise ValueError(
+            f"{fn}(): window {text} is out of range "
+            f"(over 0, at most {format_duration(MAX_WINDOW_S)})"
+        )
+    return seconds
+
+
 class _ToFactLookup(ast.NodeTransformer):
-    """Rewrite field names to `f["name"]`; function names stay as globals."""
+    """Rewrite field names to `f["name"]`, aggregate calls to `f["p95(util_gpu, 1d)"]`
+    (the matcher writes their values into the fact); function names stay as globals."""
 
     def visit_Call(self, node: ast.Call) -> ast.AST:
+        if is_aggregate(node):
+            assert isinstance(node.func, ast.Name) and isinstance(node.args[0], ast.Name)
+            window = (
+                f", {format_duration(_window(node.func.id, node.args[1]))}"
+                if len(node.args) == 2
+                else ""
+            )
+            return self._lookup(f"{node.func.id}({node.args[0].id}{window})", node)
         node.args = [self.visit(a) for a in node.args]
         return node
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
+        return self._lookup(node.id, node)
+
+    @staticmethod
+    def _lookup(name: str, node: ast.AST) -> ast.AST:
         lookup = ast.Subscript(
-            value=ast.Name(id="f", ctx=ast.Load()), slice=ast.Constant(node.id), ctx=ast.Load()
+            value=ast.Name(id="f", ctx=ast.Load()), slice=ast.Constant(name), ctx=ast.Load()
         )
         return ast.copy_location(lookup, node)
+
+
+def _quote_durations(source: str) -> str:
+    """`p95(util_gpu, 24h)` is not Python: quote a number glued to a duration unit.
+
+    Only a NUMBER token directly followed by a NAME token (`24` `h`, `1` `h30m`) that
+    together spell a duration is quoted; strings are tokens of their own, so text inside
+    them is never touched. Source the tokenizer refuses is left for the parser to explain.
+    """
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return source
+    starts = [0]
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    spans = []
+    for num, unit in itertools.pairwise(tokens):
+        if num.type == tokenize.NUMBER and unit.type == tokenize.NAME and num.end == unit.start:
+            text = num.string + unit.string
+            if re.match(DURATION_PATTERN, text):
+                start = starts[num.start[0] - 1] + num.start[1]
+                spans.append((start, start + len(text), text))
+    for start, end, text in reversed(spans):
+        source = f'{source[:start]}"{text}"{source[end:]}'
+    return source
+
+
+def parse_condition(source: str) -> ast.Expression:
+    """The syntax tree of a condition as the loader reads it (durations in aggregates
+    quoted), unchecked: for tools that look at which names a rule reads."""
+    return _parse(source)
 
 
 def _parse(source: str) -> ast.Expression:
     if len(source) > MAX_SOURCE:
         raise ValueError(f"condition too long ({len(source)} characters, limit {MAX_SOURCE})")
     try:
-        return ast.parse(source.strip(), mode="eval")
+        return ast.parse(_quote_durations(source.strip()), mode="eval")
     except SyntaxError as exc:
         raise ValueError(f"syntax error in condition: {exc.msg}") from exc
     except (RecursionError, MemoryError) as exc:  # the parser itself gave up on nesting
@@ -206,6 +323,21 @@ def check(
     check_size(tree)
     _Checker(fields, string_fields).visit(tree)
     return tree.body
+
+
+def rule_expression(
+    source: str,
+    fields: frozenset[str],
+    string_fields: frozenset[str],
+    numeric_fields: frozenset[str],
+) -> tuple[ast.expr, tuple[Aggregate, ...]]:
+    """A rule's condition, which may use aggregates: the fact-reading tree and its aggregates."""
+    tree = _parse(source)
+    check_size(tree)
+    checker = _Checker(fields, string_fields, numeric_fields)
+    checker.visit(tree)
+    body: ast.expr = _ToFactLookup().visit(tree.body)
+    return body, tuple(checker.aggregates.values())
 
 
 ERRORS = (TypeError, ValueError, ArithmeticError, KeyError)

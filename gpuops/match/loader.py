@@ -5,9 +5,12 @@ Every error names the file, line and rule; all errors of a load are reported tog
 
 from __future__ import annotations
 
+import ast
+import difflib
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, get_args, get_origin
 
@@ -16,12 +19,14 @@ from pydantic import BaseModel
 
 from gpuops.catalog import CATALOG_FILE, load_catalog
 from gpuops.errors import ConfigError, RuleError, RuleSetError
+from gpuops.inventory import Inventory
+from gpuops.match.aggregates import Aggregate
 from gpuops.match.durations import parse_duration
-from gpuops.match.expr import condition_from, fact_expression, template_names
+from gpuops.match.expr import condition_from, rule_expression, template_names
 from gpuops.match.rules import Increase, Ladder, Rule, RuleAction, RuleSet, Rung
 from gpuops.match.schema import RULES_FILE_SCHEMA
 from gpuops.match.yamlsrc import LineDict, load_yaml
-from gpuops.models import DATA_MODELS, fact_fields
+from gpuops.models import DATA_MODELS, DERIVED_FACTS, fact_fields
 
 _VALIDATOR = jsonschema.Draft202012Validator(RULES_FILE_SCHEMA)
 _GPU_KINDS = frozenset(k for k in DATA_MODELS if "gpu" in fact_fields(k))
@@ -41,6 +46,7 @@ def _field_types(kind: str) -> dict[str, tuple[type, ...]]:
         out[name] = tuple(a for a in args if isinstance(a, type))
     if kind == "telemetry":
         out["gpu"] = (int,)
+    out.update({name: (t,) for name, t in DERIVED_FACTS.get(kind, {}).items()})
     return out
 
 
@@ -57,14 +63,20 @@ def rule_files(paths: Iterable[Path]) -> list[Path]:
     return out
 
 
-def load_rules(paths: Iterable[Path], playbooks_dir: Path | None = None) -> RuleSet:
-    """Load and check rules; raise RuleSetError listing every problem found."""
+def load_rules(
+    paths: Iterable[Path], playbooks_dir: Path | None = None, inventory: Inventory | None = None
+) -> RuleSet:
+    """Load and check rules; raise RuleSetError listing every problem found.
+
+    `inventory`: what group keys and inventory variables are checked against; without
+    one, a rule that reads the inventory is an error (there is nothing to check it by).
+    """
     files = rule_files(paths)
     errors: list[RuleError] = []
     rules: list[Rule] = []
     all_ladders: list[Ladder] = []
     for file in files:
-        file_rules, file_ladders = _load_file(file, playbooks_dir, errors)
+        file_rules, file_ladders = _load_file(file, playbooks_dir, errors, inventory)
         rules.extend(file_rules)
         all_ladders.extend(file_ladders)
     ladders = _unique(all_ladders, "ladder", errors)
@@ -115,7 +127,7 @@ def _with_ladder(rule: Rule, ladders: dict[str, Ladder], errors: list[RuleError]
 
 
 def _load_file(
-    file: Path, playbooks_dir: Path | None, errors: list[RuleError]
+    file: Path, playbooks_dir: Path | None, errors: list[RuleError], inventory: Inventory | None
 ) -> tuple[list[Rule], list[Ladder]]:
     name = str(file)
     try:
@@ -138,7 +150,8 @@ def _load_file(
     if schema_errors:
         errors.extend(schema_errors)
         return [], []
-    out = build_all(doc.get("rules", []), build_rule, name, playbooks_dir, errors)
+    build = partial(build_rule, inventory=inventory)
+    out = build_all(doc.get("rules", []), build, name, playbooks_dir, errors)
     ladders = build_all(doc.get("ladders", []), build_ladder, name, playbooks_dir, errors)
     return out, ladders
 
@@ -252,7 +265,9 @@ def _schema_message(err: jsonschema.ValidationError) -> str:
     return f"{where}: {err.message}"
 
 
-def build_rule(raw: LineDict, file: str, playbooks_dir: Path | None) -> Rule:
+def build_rule(
+    raw: LineDict, file: str, playbooks_dir: Path | None, inventory: Inventory | None = None
+) -> Rule:
     """Phase two: typed rule and semantic checks; raise RuleError at the offending line."""
     name = str(raw["name"])
 
@@ -264,21 +279,37 @@ def build_rule(raw: LineDict, file: str, playbooks_dir: Path | None) -> Rule:
     types = _field_types(kind)
     fields = frozenset(fact_fields(kind))
     text_fields = frozenset(f for f, t in types.items() if str in t)
-    group_by = _group_by(raw.get("group_by", "node"), kind, fail)
+    numeric = frozenset(f for f, t in types.items() if {int, float} & set(t) and bool not in t)
+    # Inventory variables read like fields; an event field of the same name wins.
+    inv_names = frozenset(_host_variables(inventory)) - fields
+    group_by = _group_by(raw.get("group_by", "node"), kind, fail, fields, inventory)
     forms = [k for k in _TEMPORAL if k in raw]
     if len(forms) > 1:
         raise fail(f"use one temporal form, not {' and '.join(forms)}", forms[1])
     if ("count" in raw) != ("within" in raw):
         raise fail("'count' and 'within' go together", "count" if "count" in raw else "within")
     condition, expr = None, None
+    aggregates: tuple[Aggregate, ...] = ()
     if "when" in raw:
         try:
-            expr = fact_expression(raw["when"], fields, text_fields)
+            expr, aggregates = rule_expression(
+                raw["when"], fields | inv_names, text_fields, numeric
+            )
         except ValueError as exc:
             raise fail(f"when: {exc}", "when") from exc
+        _check_group_aggregates(aggregates, group_by, kind, fail)
         condition = condition_from(expr, f"<rule {name}>")
     increase = _increase(raw.get("increase"), types, fail)
-    actions = tuple(_action(a, fields, playbooks_dir, fail) for a in raw.get("actions", []))
+    actions = tuple(
+        _action(a, fields | inv_names, playbooks_dir, fail) for a in raw.get("actions", [])
+    )
+    used = _names(expr) | {k for k in group_by if k in inv_names}
+    used |= {
+        n
+        for a in raw.get("actions", [])
+        for v in _strings(a.get("vars", {}))
+        for n in template_names(v)
+    }
     if "ladder" in raw and any(a.playbook for a in actions):
         raise fail("a rule with a ladder takes its playbooks from the ladder's rungs", "ladder")
     return Rule(
@@ -291,6 +322,8 @@ def build_rule(raw: LineDict, file: str, playbooks_dir: Path | None) -> Rule:
         when=raw.get("when"),
         condition=condition,
         expr=expr,
+        aggregates=aggregates,
+        inventory_vars=tuple(sorted(used & inv_names)),
         for_s=_dur(raw, "for", fail),
         max_gap_s=_dur(raw, "max_gap", fail) or 30.0,
         count=raw.get("count"),
@@ -326,15 +359,83 @@ def _consolidate(raw: LineDict, group_by: tuple[str, ...], fail: Any) -> bool:
     return bool(raw.get("consolidate", "node") == "node")
 
 
-def _group_by(value: Any, kind: str, fail: Any) -> tuple[str, ...]:
+def _host_variables(inventory: Inventory | None) -> set[str]:
+    if inventory is None:
+        return set()
+    return {k for hv in inventory.hostvars.values() for k in hv if isinstance(k, str)}
+
+
+def _names(expr: ast.expr | None) -> set[str]:
+    """The fact keys a rewritten condition reads (`f["x"]`)."""
+    if expr is None:
+        return set()
+    return {
+        n.slice.value
+        for n in ast.walk(expr)
+        if isinstance(n, ast.Subscript)
+        and isinstance(n.slice, ast.Constant)
+        and isinstance(n.slice.value, str)
+    }
+
+
+def _check_group_aggregates(
+    aggregates: tuple[Any, ...], group_by: tuple[str, ...], kind: str, fail: Any
+) -> None:
+    """`sum(power_w)` sums a group's members: a key of one member has nothing to sum."""
+    keys = set(group_by)
+    one = "node" in keys and (kind != "telemetry" or "gpu" in keys)
+    for a in aggregates:
+        if a.window_s is None and one:
+            member = "GPU" if kind == "telemetry" else "node"
+            raise fail(
+                f"when: {a.name} aggregates the members of a group (each one's latest value), "
+                f"but the rule is grouped by one {member}: give a window ({a.fn}({a.field}, "
+                "10m)) or group by something wider (node, a host variable like rack, fleet)",
+                "when",
+            )
+
+
+def _group_by(
+    value: Any, kind: str, fail: Any, fields: frozenset[str], inventory: Inventory | None
+) -> tuple[str, ...]:
     keys = (value,) if isinstance(value, str) else tuple(value)
     if "fleet" in keys and len(keys) > 1:
         raise fail("group_by 'fleet' stands alone", "group_by")
+    for key in keys:
+        if key not in ("node", "gpu", "fleet") and key not in fields:
+            _inventory_key(key, inventory, fail)
     if "gpu" in keys and kind not in _GPU_KINDS:
         raise fail(f"group_by gpu: '{kind}' events carry no gpu", "group_by")
     if "gpu" in keys and "node" not in keys:
         raise fail("group_by gpu needs node too (GPU indexes repeat across nodes)", "group_by")
     return keys
+
+
+def _inventory_key(key: str, inventory: Inventory | None, fail: Any) -> None:
+    """A group key from the inventory: a host variable some host has, or `group:PARENT`."""
+    if inventory is None:
+        raise fail(
+            f"group_by {key!r} is read from the inventory, and none was given to check it "
+            "(pass --inventory)",
+            "group_by",
+        )
+    if key.startswith("group:"):
+        parent = key.removeprefix("group:")
+        if not inventory.children.get(parent):
+            has = sorted(p for p, c in inventory.children.items() if c)
+            raise fail(
+                f"group_by {key!r}: {parent!r} is not an inventory group with child groups "
+                f"(groups with children: {', '.join(has) or 'none'})",
+                "group_by",
+            )
+        return
+    known = _host_variables(inventory)
+    if key not in known:
+        near = difflib.get_close_matches(key, known, n=3, cutoff=0.75)
+        hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        raise fail(
+            f"group_by {key!r}: no host of {inventory.path} has that variable{hint}", "group_by"
+        )
 
 
 def _increase(value: Any, types: dict[str, tuple[type, ...]], fail: Any) -> Increase | None:

@@ -11,10 +11,14 @@ ever move its own key.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from gpuops.clock import Clock
+from gpuops.inventory import Inventory
+from gpuops.match.aggregates import Aggregates
 from gpuops.match.codegen import Cleared, Entry, KindEval, compile_kind
 from gpuops.match.rules import Rule, RuleSet
 from gpuops.match.windows import Absent, CountWithin, HeldFor, Increase, Instant, Window
@@ -28,7 +32,14 @@ Fact = dict[str, Any]
 SWEEP_GRACE_S = 600.0
 
 
-def _key_fn(group_by: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Hashable]:
+Tables = Mapping[str, Mapping[str, Hashable]]  # group key name -> node -> its value
+
+
+def _key_fn(
+    group_by: tuple[str, ...], tables: Tables | None = None
+) -> Callable[[Mapping[str, Any]], Hashable]:
+    if tables:
+        return _inventory_key_fn(group_by, tables)
     if group_by == ("fleet",):
         return lambda f: "fleet"
     if group_by == ("node",):
@@ -36,6 +47,52 @@ def _key_fn(group_by: tuple[str, ...]) -> Callable[[Mapping[str, Any]], Hashable
     if group_by == ("node", "gpu") or group_by == ("gpu", "node"):
         return lambda f: (f["node"], f.get("gpu"))
     return lambda f: tuple(f.get(k) for k in group_by)
+
+
+def _inventory_key_fn(
+    group_by: tuple[str, ...], tables: Tables
+) -> Callable[[Mapping[str, Any]], Hashable]:
+    """A key with parts from the inventory; None (no group) when the node lacks one."""
+    parts = [(k, tables.get(k)) for k in group_by]
+
+    def key(f: Mapping[str, Any]) -> Hashable:
+        node, out = str(f.get("node")), []
+        for name, table in parts:
+            value = (
+                table.get(node)
+                if table is not None
+                else ("fleet" if name == "fleet" else f.get(name))
+            )
+            if value is None:
+                return None
+            out.append(value)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    return key
+
+
+def inventory_tables(names: Iterable[str], inventory: Inventory) -> dict[str, dict[str, Hashable]]:
+    """Node -> value for each inventory group key: a host variable, or `group:PARENT`.
+
+    A `group:PARENT` key is the child group of PARENT that holds the node (the first by
+    name if the loader let two through); a value that is not text or a number is keyed
+    by its text, so any variable can group.
+    """
+    out: dict[str, dict[str, Hashable]] = {}
+    for name in names:
+        table: dict[str, Hashable] = {}
+        if name.startswith("group:"):
+            for child in sorted(
+                inventory.children.get(name.removeprefix("group:"), ()), reverse=True
+            ):
+                table.update(dict.fromkeys(inventory.group_hosts(child), child))
+        else:
+            for node, hv in inventory.hostvars.items():
+                if hv.get(name) is not None:
+                    v = hv[name]
+                    table[node] = v if isinstance(v, str | int | float) else str(v)
+        out[name] = table
+    return out
 
 
 def key_text(key: Hashable) -> str:
@@ -61,10 +118,17 @@ def facts_of(event: Event) -> list[Fact]:
     """What rules see of an event: one fact per GPU for telemetry, else one."""
     if isinstance(event, TelemetryEvent):
         out = []
-        for gpu in event.data.gpus:
+        bandwidth = [g.dram_bw_util for g in event.data.gpus]
+        ordered = sorted(v for v in bandwidth if v is not None)
+        if len(ordered) < 2:
+            bandwidth = []  # no GPU has two reporting peers: skip the medians (hot path)
+        for i, gpu in enumerate(event.data.gpus):
             fact = dict(gpu.__dict__)
             fact["node"] = event.node
             fact["gpu"] = gpu.index
+            fact["dram_bw_util_peer_median"] = (
+                peer_median(bandwidth, i, ordered) if bandwidth else None
+            )
             out.append(fact)
         return out
     fact = dict(event.data.__dict__)
@@ -72,12 +136,35 @@ def facts_of(event: Event) -> list[Fact]:
     return [fact]
 
 
+def peer_median(
+    values: list[float | None], i: int, ordered: list[float] | None = None
+) -> float | None:
+    """The median of the others' values (not `values[i]`); None with fewer than 2 others.
+
+    One peer is no consensus: with two GPUs the slow one would look as odd as the fast.
+    `ordered` (the non-null values, sorted) saves sorting again for every GPU of a sample.
+    """
+    others = list(ordered) if ordered is not None else sorted(v for v in values if v is not None)
+    own = values[i]
+    if own is not None:
+        del others[bisect.bisect_left(others, own)]
+    if len(others) < 2:
+        return None
+    mid = len(others) // 2
+    return others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
+
+
 class Matcher:
     """Evaluates events against a rule set, keeping each rule's window state."""
 
     def __init__(
-        self, rules: RuleSet, clock: Clock | None = None, sweep_grace_s: float = SWEEP_GRACE_S
+        self,
+        rules: RuleSet,
+        clock: Clock | None = None,
+        sweep_grace_s: float = SWEEP_GRACE_S,
+        inventory: Inventory | None = None,
     ) -> None:
+        self.inventory = inventory
         self._by_kind: dict[str, list[Entry]] = {}
         self._eval_kind: dict[str, KindEval] = {}
         self._per_node: frozenset[str] = frozenset()
@@ -102,7 +189,10 @@ class Matcher:
                 fired = (prev.fired if keep and prev else None) or (
                     set() if kind == "telemetry" and rule.expr is not None else None
                 )
-                compiled.append(Entry(rule, window, _key_fn(rule.group_by), field, fired))
+                agg = prev.agg if keep and prev is not None else _aggregates(rule)
+                tables, extra = self._inventory_of(rule)
+                key = _key_fn(rule.group_by, tables)
+                compiled.append(Entry(rule, window, key, field, fired, agg, extra))
             by_kind[kind] = compiled
         self._eval_kind = {
             kind: compile_kind(cs, _match, kind, self._cleared) for kind, cs in by_kind.items()
@@ -110,6 +200,28 @@ class Matcher:
         self._by_kind = by_kind
         self._per_node = frozenset(r.name for r in rules.rules if r.consolidate)
         self.rules = rules
+
+    def set_inventory(self, inventory: Inventory) -> None:
+        """Group keys and inventory facts from a new inventory; windows and aggregates stay.
+
+        A node that moved (another rack) is keyed by its new group from its next sample;
+        what the old group held of it ages out like any member that stopped reporting.
+        """
+        self.inventory = inventory
+        self.replace(self.rules)
+
+    def _inventory_of(
+        self, rule: Rule
+    ) -> tuple[dict[str, dict[str, Hashable]] | None, dict[str, dict[str, Any]] | None]:
+        """The rule's group key tables and each node's variables it reads (None: neither)."""
+        if not rule.needs_inventory:
+            return None, None
+        inv = self.inventory or Inventory(Path("<none>"), frozenset(), {}, {})
+        names = [k for k in rule.group_by if k.startswith("group:") or k in rule.inventory_vars]
+        tables = inventory_tables(names, inv)
+        wanted = rule.inventory_vars
+        extra = {node: {v: hv[v] for v in wanted if v in hv} for node, hv in inv.hostvars.items()}
+        return tables, extra
 
     def take_cleared(self) -> list[Cleared]:
         """Keys whose condition went false since the last call (rule, node, gpu, time)."""
@@ -176,6 +288,7 @@ class Matcher:
             now = self.clock.now()
         at = now - self.sweep_grace_s
         dropped = sum(c.window.sweep(at) for cs in self._by_kind.values() for c in cs)
+        dropped += sum(c.agg.sweep(at) for cs in self._by_kind.values() for c in cs if c.agg)
         for c in (c for cs in self._by_kind.values() for c in cs):
             if c.fired and isinstance(c.window, HeldFor):
                 c.fired.intersection_update(c.window.state)  # a quiet key has no run to end
@@ -183,7 +296,12 @@ class Matcher:
 
     def state_size(self) -> int:
         """Keys held across all windows (bounded by live keys)."""
-        return sum(len(c.window) for cs in self._by_kind.values() for c in cs)
+        entries = [c for cs in self._by_kind.values() for c in cs]
+        return sum(len(c.window) + (len(c.agg) if c.agg else 0) for c in entries)
+
+    def aggregate_bytes(self) -> int:
+        """Bytes the aggregate series hold (the bench's per-key figure)."""
+        return sum(c.agg.nbytes() for cs in self._by_kind.values() for c in cs if c.agg)
 
 
 def consolidated(matches: list[Match], per_node: frozenset[str]) -> list[Match]:
@@ -210,13 +328,31 @@ def consolidated(matches: list[Match], per_node: frozenset[str]) -> list[Match]:
     return out
 
 
+def _aggregates(rule: Rule) -> Aggregates | None:
+    if not rule.aggregates:
+        return None
+    return Aggregates(rule.aggregates, rule.per_member, rule.max_gap_s)
+
+
 def _same_definition(a: Rule, b: Rule) -> bool:
-    return (a.on, a.when, a.group_by, a.temporal, a.for_s, a.count, a.within_s, a.absent_s) == (
+    # max_gap is part of a `for` window and of a group aggregate's freshness.
+    return (
+        a.on,
+        a.when,
+        a.group_by,
+        a.temporal,
+        a.for_s,
+        a.max_gap_s,
+        a.count,
+        a.within_s,
+        a.absent_s,
+    ) == (
         b.on,
         b.when,
         b.group_by,
         b.temporal,
         b.for_s,
+        b.max_gap_s,
         b.count,
         b.within_s,
         b.absent_s,

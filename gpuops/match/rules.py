@@ -6,6 +6,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuops.match.aggregates import Aggregate
 from gpuops.match.expr import Condition
 
 
@@ -64,6 +65,10 @@ class Rule:
     when: str | None = None
     condition: Condition | None = None
     expr: ast.expr | None = None  # the vetted condition, for the matcher's generated code
+    aggregates: tuple[Aggregate, ...] = ()  # window and group functions the condition calls
+    # Inventory host variables the rule reads (in `when` or `group_by`): the matcher adds
+    # them to each fact from the inventory, so `budget_w` or `rack` read like fields.
+    inventory_vars: tuple[str, ...] = ()
     for_s: float | None = None
     max_gap_s: float = 30.0
     count: int | None = None
@@ -85,6 +90,17 @@ class Rule:
     states: tuple[str, ...] = ()  # node states the rule applies in
     escalate: bool = False  # firing hands the node to a person (needs_human)
     by_person: bool = False  # a person asked (ChatOps): no silence, cooldown, ladder or cap
+
+    @property
+    def per_member(self) -> bool:
+        """Its key is one member: a GPU for telemetry, a node for other kinds."""
+        keys = set(self.group_by)
+        return "node" in keys and (self.on != "telemetry" or "gpu" in keys)
+
+    @property
+    def needs_inventory(self) -> bool:
+        """Its key or condition reads the inventory (a host variable or a group)."""
+        return bool(self.inventory_vars) or any(k.startswith("group:") for k in self.group_by)
 
     @property
     def temporal(self) -> str:

@@ -28,6 +28,11 @@ _ACTION: dict[str, Any] = {
     "oneOf": [{"required": ["playbook"]}, {"required": ["notify"]}],
 }
 
+_GROUP_KEY: dict[str, Any] = {
+    "type": "string",
+    "pattern": r"^(group:[A-Za-z0-9_][A-Za-z0-9_.-]*|[A-Za-z][A-Za-z0-9_]*)$",
+}
+
 RULE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -41,11 +46,13 @@ RULE_SCHEMA: dict[str, Any] = {
                 {"enum": ["node", "fleet"]},
                 {
                     "type": "array",
-                    "items": {"enum": ["node", "gpu", "fleet"]},
+                    "items": _GROUP_KEY,
                     "minItems": 1,
                     "uniqueItems": True,
                 },
-            ]
+            ],
+            "description": "node, gpu, fleet, an inventory host variable (rack) or "
+            "group:PARENT (the child group of PARENT that holds the node)",
         },
         "when": {"type": "string", "minLength": 1},
         "for": _DURATION,

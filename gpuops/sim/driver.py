@@ -31,6 +31,7 @@ class DriverStats:
     """What the driver did, and how far behind schedule it fell."""
 
     telemetry: int = 0
+    ib: int = 0
     health: int = 0
     ticks: int = 0
     late_ticks: int = 0
@@ -107,6 +108,9 @@ class SimDriver:
             if sample is None:
                 continue  # a silent agent sends nothing at all
             await self._telemetry(node, sample)
+            ib = self.fleet.ib(node, now)
+            if ib is not None:
+                await self._ib(ib)
             for pending in self.fleet.take_events(node):
                 await self._health(envelope(pending["kind"], node, now, pending["data"]))
             if beat:
@@ -123,6 +127,14 @@ class SimDriver:
             self.stats.telemetry_dropped += 1
             return
         self.stats.telemetry += 1
+
+    async def _ib(self, event: dict[str, Any]) -> None:
+        # Like telemetry: the agent publishes it without waiting, the next one replaces it.
+        try:
+            await self.bus.nc.publish(subject_for("ib", event["node"]), json.dumps(event).encode())
+        except (NatsError, OSError):
+            return
+        self.stats.ib += 1
 
     async def _health(self, event: dict[str, Any]) -> None:
         # Health events are kept and retried until stored, as the agent's spool does; the

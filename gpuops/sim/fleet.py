@@ -23,8 +23,8 @@ import yaml
 
 from gpuops.match.durations import parse_duration
 from gpuops.models import new_event
+from gpuops.sim import interconnect, work
 from gpuops.sim import state as node_state
-from gpuops.sim import work
 from gpuops.sim.shims import TOOLS
 from gpuops.sim.state import H200
 
@@ -147,6 +147,11 @@ class SimFleet:
                 g["processes"] = [int(params.get("pid", 4242))]
             elif fault in ("job", "pod"):
                 _add_work(s, fault, params)
+            elif fault == "nvlink_down":
+                s["nvlink"] = True  # the node has links from now on, after resets too
+                g["faults"][fault] = {"since": at, **params}
+            elif fault in ("ib_down", "ib_errors"):
+                interconnect.ib_fault(self.node_dir(node), fault, params)
             elif fault == "ecc":
                 g["faults"]["ecc"] = {"since": at, "sbe": int(params.get("sbe", 0))}
                 if params.get("type", "dbe") == "dbe":
@@ -200,6 +205,13 @@ class SimFleet:
             if not g["faults"].get("lost")
         ]
         return envelope("telemetry", node, t, {"gpus": gpus})
+
+    def ib(self, node: str, t: float) -> dict[str, Any] | None:
+        """The node's `ib` event, when a scenario gave it InfiniBand ports and it speaks."""
+        data = interconnect.read_node_ib(self.node_dir(node))
+        if data is None or self.state(node)["agent_silent"]:
+            return None
+        return envelope("ib", node, t, data)
 
     def heartbeat(self, node: str, t: float, seq: int) -> dict[str, Any] | None:
         """The agent's heartbeat, unless it went silent."""
@@ -264,7 +276,7 @@ def _gpu_sample(
         if temp >= H200["temp_slowdown_c"] - 2:
             reasons |= 0x20
     sbe = g["faults"].get("ecc", {}).get("sbe", 0)
-    return {
+    sample = {
         "index": g["index"],
         "uuid": g["uuid"],
         "name": H200["name"],
@@ -308,6 +320,9 @@ def _gpu_sample(
         "mig_mode": g["mig_mode"],
         "compute_mode": g["compute_mode"],
     }
+    sample.update(interconnect.gpm_fields(g, s, rec, rng))
+    sample.update(interconnect.nvlink_fields(g, s))
+    return sample
 
 
 def _write_shims(node_dir: Path) -> None:

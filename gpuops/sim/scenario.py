@@ -23,6 +23,10 @@ FAULTS = (
     "busy",
     "job",
     "pod",
+    "bw_collapse",  # the interconnect and bandwidth faults: gpuops/sim/interconnect.py
+    "nvlink_down",
+    "ib_down",
+    "ib_errors",
 )
 # Running work rather than a fault: a Slurm job or a Kubernetes pod, with what each takes.
 WORK_PARAMS = {

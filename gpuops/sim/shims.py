@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuops import mig
 from gpuops.sim import work
 from gpuops.sim.state import H200, locked, read
 from gpuops.sim.wlm_shims import kubectl, scontrol, squeue
@@ -108,7 +109,8 @@ def nvidia_smi(node_dir: Path, argv: list[str]) -> int:
 
 
 def _mig(node_dir: Path, argv: list[str]) -> int:
-    """`nvidia-smi mig -i N -lgi | -dci | -dgi | -cgi PROFILES [-C]`."""
+    """`nvidia-smi mig -i N -lgi | -dci | -dgi | -cgi PROFILES [-C]`, printing what the
+    real tool prints (the table of `-lgi`, its "No GPU instances found" and exit 6)."""
     with locked(node_dir) as state:
         gpus = _gpus(state, argv)
         for g in gpus:
@@ -118,24 +120,68 @@ def _mig(node_dir: Path, argv: list[str]) -> int:
                     file=sys.stderr,
                 )
                 return 6
+        if "-lgi" in argv:
+            return _list_instances(gpus)
         for g in gpus:
-            if "-lgi" in argv:
-                for n, profile in enumerate(g.get("mig_instances", [])):
-                    print(f"| {g['index']:>3}  MIG profile {profile:>3}  instance {n:>2} |")
-            elif "-dgi" in argv or "-dci" in argv:
+            if "-dgi" in argv or "-dci" in argv:
                 g["mig_instances"] = []
             elif "-cgi" in argv:
-                if g.get("processes"):
-                    print(
-                        f"GPU {g['index']} is in use by processes {g['processes']}", file=sys.stderr
-                    )
-                    return 6
-                profiles = (_opt(argv, "-cgi") or "").split(",")
-                g["mig_instances"] = [*g.get("mig_instances", []), *[p for p in profiles if p]]
-                made = ",".join(profiles)
-                print(
-                    f"Successfully created GPU instances with profiles {made} on GPU {g['index']}"
-                )
+                code = _create_instances(g, [p for p in (_opt(argv, "-cgi") or "").split(",") if p])
+                if code:
+                    return code
+    return 0
+
+
+def _list_instances(gpus: list[dict[str, Any]]) -> int:
+    rows = []
+    for g in gpus:
+        start = 0
+        for n, profile in enumerate(g.get("mig_instances", [])):
+            p = mig.BY_ID[int(profile)]
+            where = f"{start}:{p.memory_slices}"
+            rows.append(
+                f"|  {g['index']:>2}  MIG {p.name:<12} {p.id:>3}  {n + 1:>8}  {where:>10} |"
+            )
+            start += p.memory_slices
+    if not rows:
+        print("No GPU instances found: Not Found")
+        return 6
+    rule = "+" + "-" * 52 + "+"
+    print(rule)
+    print("| GPU instances:" + " " * 37 + "|")
+    print("| GPU   Name            Profile  Instance   Placement |")
+    print("|                         ID       ID       Start:Size|")
+    print("|" + "=" * 52 + "|")
+    for row in rows:
+        print(row)
+        print(rule)
+    return 0
+
+
+def _create_instances(g: dict[str, Any], profiles: list[str]) -> int:
+    if g.get("processes"):
+        print(f"GPU {g['index']} is in use by processes {g['processes']}", file=sys.stderr)
+        return 6
+    have = [int(p) for p in g.get("mig_instances", [])]
+    for profile in profiles:
+        if not profile.isdigit() or int(profile) not in mig.BY_ID:
+            print(
+                f"Unable to create a GPU instance on GPU {g['index']} using profile {profile}: "
+                "Invalid Argument",
+                file=sys.stderr,
+            )
+            return 2
+        have.append(int(profile))
+        if not mig.fits(have):
+            print(
+                f"Unable to create a GPU instance on GPU {g['index']} using profile {profile}: "
+                "Insufficient Resources",
+                file=sys.stderr,
+            )
+            return 6
+        g["mig_instances"] = [*g.get("mig_instances", []), profile]
+    made = ",".join(profiles)
+    print(f"Successfully created GPU instances with profiles {made} on GPU {g['index']}")
     return 0
 
 
@@ -177,8 +223,9 @@ def _reset(gpus: list[dict[str, Any]], pids: list[int]) -> int:
     if g["faults"].get("lost"):
         print(f"Unable to reset GPU {g['index']}: GPU is lost. Reboot the system.", file=sys.stderr)
         return 15
-    # A reset clears what lives in the GPU (stuck kernels, ECC state), not broken cooling.
-    for fault in ("zombie", "xid", "ecc"):
+    # A reset clears what lives in the GPU (stuck kernels, ECC state, NVLink training),
+    # not broken cooling.
+    for fault in ("zombie", "xid", "ecc", "nvlink_down"):
         g["faults"].pop(fault, None)
     g["resets"] += 1
     print(f"GPU {g['index']} was successfully reset.")

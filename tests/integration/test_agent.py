@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,115 @@ def test_agent_once_json_on_a_simulated_node(tmp_path: Path) -> None:
     events = [EVENT_ADAPTER.validate_json(line) for line in done.stdout.splitlines()]
     assert [e.kind for e in events] == ["telemetry", "probe", "probe"]
     assert len(events[0].data.gpus) == 2  # type: ignore[union-attr]
+
+
+async def test_agent_publishes_ib_events_and_kernel_log_errors_without_double_xids(
+    tmp_path: Path,
+) -> None:
+    from types import SimpleNamespace
+
+    import pynvml
+
+    from tests.unit.agent.test_infiniband import make_port
+
+    server = EmbeddedNats(tmp_path / "nats").start()
+    nc = await nats.connect(server.url)
+    await ensure_streams(nc.jetstream())
+    fake = FakeNvml(gpus=2)
+    fake.pci = {0: (0, 0x18, 0), 1: (0, 0x2A, 0)}
+    fake.events.append(  # NVML's event path sees XID 79 on GPU 1; the kernel log will too
+        SimpleNamespace(eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=79, device=1)
+    )
+    ib_root = tmp_path / "infiniband"
+    make_port(ib_root, "mlx5_0", symbol_error=4)
+    make_port(ib_root, "mlx5_1", state="1: DOWN", phys="2: Polling")
+    kmsg = tmp_path / "kmsg"
+    os.mkfifo(kmsg)
+    settings = AgentSettings(
+        node="node-001",
+        interval_s=0.2,
+        heartbeat_s=3600,
+        probe_every_s=3600,
+        probe_command=("true",),
+        spool_path=tmp_path / "spool.jsonl",
+        ib_root=ib_root,
+        kmsg_path=kmsg,
+    )
+    agent = Agent(settings, NvmlBackend(fake), nc, SystemClock())
+    stop = asyncio.Event()
+    task = asyncio.create_task(agent.run(stop))
+    try:
+        await wait_for(lambda: agent.sent.get("xid") == 1, 15)  # NVML's, first
+        lines = (
+            b"3,1,100,-;NVRM: Xid (PCI:0000:2a:00): 79, pid=1, GPU has fallen off the bus.\n"
+            b"3,2,101,-;NVRM: Xid (PCI:0000:18:00): 13, Graphics SM Warp Exception\n"
+            b"3,3,102,-;nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Fatal, Link 3\n"
+            b"garbage without a kmsg prefix\n"
+        )
+        await asyncio.to_thread(kmsg.write_bytes, lines)  # opening blocks until the agent reads
+        await wait_for(
+            lambda: (
+                agent.sent.get("xid") == 2
+                and agent.sent.get("sxid") == 1
+                and agent.sent.get("ib", 0) >= 2
+            ),
+            15,
+        )
+        assert agent.xid_duplicates == 1 and agent.kmsg.stats.malformed == 1
+        js = nc.jetstream()
+        info = await js.stream_info(EVENTS)
+        stored = [
+            json.loads((await js.get_msg(EVENTS, seq)).data)
+            for seq in range(1, info.state.last_seq + 1)
+        ]
+        xids = [
+            (e["data"]["gpu"], e["data"]["xid"], e["source"]) for e in stored if e["kind"] == "xid"
+        ]
+        assert xids == [(1, 79, "agent"), (0, 13, "kmsg")]
+        sxid = next(e for e in stored if e["kind"] == "sxid")
+        assert sxid["source"] == "kmsg" and sxid["data"]["fatal"] is True
+        ib = [EVENT_ADAPTER.validate_python(e) for e in stored if e["kind"] == "ib"]
+        assert ib and all(e.source == "agent" for e in ib)
+        assert ib[0].data.ports_down == 1 and ib[0].data.symbol_error == 4  # type: ignore[union-attr]
+        assert ib[0].data.down_ports == ["mlx5_1/1"]  # type: ignore[union-attr]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await nc.close()
+        server.stop()
+
+
+async def test_a_steady_healthy_ib_summary_is_not_repeated_every_interval(tmp_path: Path) -> None:
+    from gpuops.clock import ManualClock
+    from tests.unit.agent.test_infiniband import make_port
+
+    server = EmbeddedNats(tmp_path / "nats").start()
+    nc = await nats.connect(server.url)
+    ib_root = tmp_path / "infiniband"
+    port = make_port(ib_root, "mlx5_0")
+    clock = ManualClock()
+    settings = AgentSettings(
+        node="node-001", spool_path=tmp_path / "spool.jsonl", ib_root=ib_root, ib_every_s=300
+    )
+    agent = Agent(settings, NvmlBackend(FakeNvml()), nc, clock)
+    try:
+        for _ in range(3):
+            await agent.publish_ib()
+            clock.advance(10)
+        assert agent.sent["ib"] == 1, "unchanged and healthy: once"
+        (port / "counters" / "symbol_error").write_text("7\n")
+        await agent.publish_ib()
+        assert agent.sent["ib"] == 2, "a counter moved: at once"
+        (port / "state").write_text("1: DOWN\n")
+        for _ in range(3):
+            await agent.publish_ib()
+            clock.advance(10)
+        assert agent.sent["ib"] == 5, "a port down: every interval, so `for:` rules can hold"
+        (port / "state").write_text("4: ACTIVE\n")
+        await agent.publish_ib()
+        clock.advance(310)
+        await agent.publish_ib()
+        assert agent.sent["ib"] == 7, "back up at once, then the keepalive after ib_every_s"
+    finally:
+        await nc.close()
+        server.stop()

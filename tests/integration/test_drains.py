@@ -163,14 +163,33 @@ def test_gpu_reset_resets_every_listed_gpu_after_the_drain(tmp_path: Path) -> No
     assert state["drained"] is True
 
 
-def test_mig_configure_refuses_the_whole_list_when_one_gpu_is_busy(tmp_path: Path) -> None:
+def test_mig_configure_drains_waits_for_the_job_then_repartitions(tmp_path: Path) -> None:
     fleet = _fleet(tmp_path)
+    fleet.inject(NODE, "job", id=5, name="on-gpu-2", duration="2s", gpus=[2])
+
+    outcome = _run(fleet, "mig_configure.yml", gpus=[0, 2], mig_profiles=[9, 9])
+
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    state = fleet.state(NODE)
+    assert state["drained"] is True, "the node stays out until its probe passes"
+    assert [g["mig_instances"] if g["mig_mode"] else None for g in state["gpus"]] == [
+        ["9", "9"],
+        None,
+        ["9", "9"],
+        None,
+    ]
+    again = _run(fleet, "mig_configure.yml", gpus=[0, 2], mig_profiles=[9, 9])
+    assert again.status is RunStatus.SUCCESSFUL and fleet.state(NODE)["gpus"] == state["gpus"]
+
+
+def test_mig_configure_whose_drain_times_out_changes_no_gpu(tmp_path: Path) -> None:
+    fleet = _fleet(tmp_path, drain_timeout_s=2)
     fleet.inject(NODE, "job", id=5, name="on-gpu-2", duration="1h", gpus=[2])
 
     outcome = _run(fleet, "mig_configure.yml", gpus=[0, 2], mig_profiles=[9, 9])
 
     assert outcome.status is RunStatus.FAILED
-    assert "GPU 2 on node-001 runs processes 100005" in (outcome.error or "")
+    assert "5" in (outcome.error or "") and "on-gpu-2" in (outcome.error or ""), outcome.error
     assert [g["mig_mode"] for g in fleet.state(NODE)["gpus"]] == [False] * 4
 
 

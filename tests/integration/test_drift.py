@@ -6,12 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from gpuops.act.driftcheck import drift_check
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
+from gpuops.clock import SystemClock
 from gpuops.decide.approval import ApprovalStatus
+from gpuops.inventory import load_inventory
 from gpuops.record.audit import read_audit
+from gpuops.sim import state as node_state
 from gpuops.sim.fleet import SimFleet
-from tests.conftest import counted, engine_settings, run_outcomes, running_engine, wait_for
+from tests.conftest import ROOT, counted, engine_settings, run_outcomes, running_engine, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -54,3 +58,29 @@ async def test_drift_found_fixed_where_safe_approval_for_the_rest(
     assert all(s["unreachable"] == ["node-ghost"] for s in summaries)
     ghost = [r async for r in read_audit(bus.js, "node-ghost")]
     assert any(r.rule == "host-unreachable" for r in ghost), "its own event, matched by its rule"
+
+
+async def test_the_baseline_reports_each_gpu_whose_mig_layout_is_not_the_inventory_s(
+    tmp_path: Path,
+) -> None:
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=3)
+    with node_state.locked(fleet.node_dir("node-001")) as s:
+        for g in s["gpus"]:
+            g["mig_mode"] = True
+        s["gpus"][0]["mig_instances"] = ["9", "9"]  # the baseline's layout
+        s["gpus"][1]["mig_instances"] = ["19", "19", "19"]
+        s["gpus"][2]["mig_instances"] = []  # MIG on, no instance: "No GPU instances found"
+    (fleet.root / "inventory" / "mig.yml").write_text(
+        "all:\n  hosts:\n    node-001:\n      baseline_mig_mode: true\n      mig_profiles: [9, 9]\n"
+    )
+
+    report = await drift_check(
+        load_inventory(fleet.root / "inventory"), ROOT / "playbooks", SystemClock()
+    )
+
+    drifts = sorted(report.hosts["node-001"].drifts, key=lambda d: d["gpu"])
+    assert drifts == [
+        {"setting": "mig_layout", "gpu": 1, "expected": [9, 9], "actual": [19, 19, 19]},
+        {"setting": "mig_layout", "gpu": 2, "expected": [9, 9], "actual": []},
+    ]
+    assert fleet.state("node-001")["gpus"][1]["mig_instances"] == ["19", "19", "19"], "only read"

@@ -49,7 +49,8 @@ def test_mig_on_a_busy_gpu_is_refused_with_what_to_do(tmp_path: Path) -> None:
     fleet.inject("node-001", "busy", 0, pid=31337)
     status, error, _ = _run(fleet, "mig_configure.yml", gpu=0, mig_profiles=[9, 9])
     assert status is RunStatus.FAILED
-    assert "runs processes 31337" in error and "drain the node" in error
+    assert "still runs processes 31337" in error and "after the drain" in error
+    assert fleet.state("node-001")["drained"] is True, "drained first; it stays out for a person"
     assert fleet.state("node-001")["gpus"][0]["mig_mode"] is False, "nothing was changed"
 
 

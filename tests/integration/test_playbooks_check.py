@@ -57,6 +57,14 @@ def _drained(fleet: SimFleet, node: str) -> None:
     fleet.inject(node, "drained", reason="fan swap")
 
 
+def _both(first: Setup, second: Setup) -> Setup:
+    def setup(fleet: SimFleet, node: str) -> None:
+        first(fleet, node)
+        second(fleet, node)
+
+    return setup
+
+
 def _done(intent_key: str, then: Setup = _healthy) -> Setup:
     """The intent already ran here: its marker is on the node (what once_mark.yml writes)."""
 
@@ -83,7 +91,9 @@ CASES: dict[str, Case] = {
     "return_to_service.yml kubernetes": Case(_drained, _healthy, {}, K8S),
     "baseline.yml": Case(_gpu1(persistence_mode=False, power_limit_w=500.0), _healthy),
     "mig_configure.yml": Case(
-        _healthy, _gpu1(mig_mode=True, mig_instances=["9", "9"]), {"gpu": 1, "mig_profiles": [9, 9]}
+        _healthy,
+        _both(_drained, _gpu1(mig_mode=True, mig_instances=["9", "9"])),
+        {"gpu": 1, "mig_profiles": [9, 9]},
     ),
     "collect_diagnostics.yml": Case(_healthy, None),
 }

@@ -93,6 +93,9 @@ def test_sweeping_during_a_backlog_keeps_each_keys_windows() -> None:
         matcher.sweep()  # what the engine's tick does, at any moment
     assert "gpu-overheat" in fired
     clock.advance(10_000)
+    matcher.sweep()
+    assert matcher.state_size() == 1  # the day-long utilisation window (density) stays
+    clock.advance(2 * 86400)
     matcher.sweep()  # keys quiet for longer than every window (and the grace) are evicted
     assert matcher.state_size() == 0
 

@@ -15,6 +15,26 @@ ROOT = Path(__file__).resolve().parents[3]
 BAD = Path(__file__).resolve().parent / "bad_rules"
 
 CASES = {
+    "agg_unknown_function.yml": "5: rule idle: when: call to 'median': only",
+    "agg_unknown_field.yml": (
+        "5: rule idle: when: unknown field 'util_gpx' (did you mean util_gpu?)"
+    ),
+    "agg_window_not_duration.yml": (
+        "5: rule idle: when: p95(): the window must be a duration like 10m or 24h, not 'util_mem'"
+    ),
+    "agg_window_no_unit.yml": (
+        "5: rule idle: when: avg(): the window must be a duration like 10m or 24h, not '3600'"
+    ),
+    "agg_window_too_long.yml": (
+        "5: rule idle: when: p95(): window 30d is out of range (over 0, at most 7d)"
+    ),
+    "agg_text_field.yml": "5: rule idle: when: max(): field 'uuid' is not numeric",
+    "agg_group_sum_per_gpu.yml": (
+        "5: rule rack-power: when: sum(power_w) aggregates the members of a group"
+    ),
+    "group_by_no_inventory.yml": (
+        "4: rule rack-power: group_by 'rack' is read from the inventory, and none was given"
+    ),
     "unknown_field.yml": "5: rule hot: unknown field 'sustain'",
     "bad_duration.yml": "5: rule hot: for: bad duration '60 seconds'",
     "import.yml": "4: rule sneaky: when: call to '__import__': only",

@@ -1,0 +1,53 @@
+"""`gpuops ingest`: telemetry from what a fleet already runs, instead of the agent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from gpuops.cli.terminal import run_async, settings_from
+
+
+@click.group()
+def ingest() -> None:
+    """Publish telemetry that other monitoring already collects (see docs/sources.md)."""
+
+
+@ingest.command("prometheus")
+@click.option("--target", "targets", multiple=True, help="a dcgm-exporter /metrics URL (repeat)")
+@click.option("--prometheus", help="a Prometheus server's URL, asked with /api/v1/query")
+@click.option("--selector", help='label matchers for the Prometheus query, e.g. job="dcgm"')
+@click.option("--interval", type=float, help="seconds between scrapes (default 10)")
+@click.option("--timeout", type=float, help="seconds each target may take (default 5)")
+@click.option("--node-label", help="the label naming the node (default Hostname, else instance)")
+@click.option("--nats", help="NATS URL (default: the settings' or the state dir's embedded one)")
+@click.option("--http", help="host:port for /metrics and /healthz of this source")
+@click.option("--once", is_flag=True, help="scrape once and print the events, without NATS")
+@click.pass_context
+def prometheus(ctx: click.Context, /, **opts: Any) -> None:
+    """Scrape dcgm-exporter (or Prometheus) every interval; publish telemetry and XID events."""
+    from gpuops.sources.run import ingest_once, run_ingest
+
+    over = {
+        "targets": opts["targets"] or None,
+        "prometheus": opts["prometheus"],
+        "selector": opts["selector"],
+        "interval_s": opts["interval"],
+        "timeout_s": opts["timeout"],
+        "node_label": opts["node_label"],
+    }
+    # Laid over the settings file's `sources.prometheus`, key by key.
+    flags = {k: v for k, v in over.items() if v is not None}
+    settings = settings_from(
+        ctx, nats=opts["nats"], sources={"prometheus": flags} if flags else None
+    )
+    if opts["once"]:
+        for event in run_async(ingest_once(settings)):
+            click.echo(json.dumps(event, sort_keys=True))
+        return
+    run_async(run_ingest(settings, opts["http"]))
+
+
+COMMANDS = [ingest]

@@ -1,0 +1,100 @@
+"""Which rules cannot fire when a source other than the agent feeds the engine.
+
+A condition that reads a null field is false (gpuops/match/expr.py), so a rule reading a
+field the source never fills never fires; nor does a rule on a kind the source never
+sends. A rule whose `absent` waits for such a kind is worse: it fires on every node.
+Drift, unreachable, ChatOps and Alertmanager events come from gpuops's own checks, from
+people and from Alertmanager, whatever feeds the telemetry, so their rules are not the
+source's concern.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuops.match.expr import parse_condition
+from gpuops.match.rules import Rule, RuleSet
+from gpuops.models import DERIVED_FROM
+from gpuops.sources import dcgm
+
+Level = Literal["cannot-fire", "fires-everywhere", "needs-counters"]
+SOURCES = ("dcgm",)
+# Fields every fact has, whatever the source.
+_ALWAYS = frozenset({"node", "gpu"})
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """One rule the source does not serve, and why."""
+
+    rule: str
+    file: str
+    line: int
+    level: Level
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: rule {self.rule}: {self.level}: {self.message}"
+
+
+# What the built-in rules (gpuops/match/builtin.py) lose without an agent.
+NOTES = {
+    "dcgm": (
+        "built-in rule validation-passed waits for the agent's probe: without an agent, a "
+        "rebooted or reset node stays in validating until safety.validation_timeout_s, then "
+        "goes to a person (or return it with `gpuops undrain`)",
+    ),
+}
+
+
+def rule_fields(rule: Rule) -> frozenset[str]:
+    """The fact fields a rule reads: names in `when` (not the functions) and `increase`."""
+    names: set[str] = set()
+    if rule.when:
+        tree = parse_condition(rule.when)
+        called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        names |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and id(n) not in called}
+    if rule.increase is not None:
+        names.add(rule.increase.field)
+    # A fact the matcher derives is served where the field it comes from is.
+    return frozenset(DERIVED_FROM.get(n, n) for n in names - _ALWAYS)
+
+
+def gaps(rules: RuleSet, source: str = "dcgm") -> list[Gap]:
+    """Every enabled rule the source cannot serve fully, in file order."""
+    if source not in SOURCES:
+        raise ValueError(f"unknown source {source!r}: one of {', '.join(SOURCES)}")
+    out = []
+    for rule in rules.rules:
+        gap = _gap(rule) if rule.enabled else None
+        if gap is not None:
+            out.append(Gap(rule.name, rule.file, rule.line, *gap))
+    return out
+
+
+def _gap(rule: Rule) -> tuple[Level, str] | None:
+    if rule.on in dcgm.INDEPENDENT_KINDS:
+        return None
+    if rule.on not in dcgm.KINDS:
+        if rule.absent_s is not None:
+            return "fires-everywhere", (
+                f"its `absent` waits for {rule.on} events, which dcgm-exporter never sends, so "
+                "it fires on every node: disable it (enabled: false) where no agent runs"
+            )
+        return "cannot-fire", f"dcgm-exporter never sends {rule.on} events"
+    if rule.on != "telemetry":
+        return None
+    fields = rule_fields(rule)
+    never = sorted(fields - dcgm.filled_fields())
+    if never:
+        return "cannot-fire", f"reads {', '.join(never)}, which the DCGM mapping never fills"
+    extra = sorted(fields - dcgm.default_fields())
+    if extra:
+        metrics = [m.metrics[0] for m in dcgm.MAPPING if m.field in extra]
+        return "needs-counters", (
+            f"reads {', '.join(extra)}: add {', '.join(metrics)} to dcgm-exporter's counters "
+            "CSV (its default-counters.csv leaves them out, and the rule cannot fire without)"
+        )
+    return None

@@ -1,0 +1,369 @@
+"""`gpuops ingest prometheus`: DCGM fields from dcgm-exporter or Prometheus, as telemetry v1.
+
+Each scrape reads every target at once, each within its own timeout and size cap; a
+target that is down, slow, too large or answers something that is not the format is
+logged and counted (`gpuops_source_scrapes_total{outcome}`) and the others go on.
+dcgm-exporter's text exposition is parsed by prometheus-client's parser; a Prometheus
+server is asked once per scrape for every mapped metric with `/api/v1/query`.
+
+Time: an event's `ts` is the injected clock's at the scrape, or the newest timestamp the
+exposition carried for the node's series when it carries them (dcgm-exporter does not by
+default). Prometheus's query answer is stamped with its evaluation time, not the
+sample's, so a query scrape always uses the clock.
+
+Publishing goes through a Publisher (JetStream with its ack, or memory in tests).
+Telemetry is dropped while NATS is away (the next scrape replaces it); XID events wait
+in a bounded on-disk spool and go out in order once NATS answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import Counter as Tally
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+import yarl
+from nats.errors import Error as NatsError
+from nats.js.errors import Error as JsError
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel, ValidationError
+
+from gpuops.agent.spool import Spool, Spooled
+from gpuops.bus.publish import Publisher
+from gpuops.clock import Clock
+from gpuops.errors import ConfigError, SourceError
+from gpuops.models import subject_for
+from gpuops.settings import PrometheusSourceSettings
+from gpuops.sources import dcgm
+from gpuops.sources.readings import Series, XidWatch, group, telemetry_event
+
+log = logging.getLogger(__name__)
+
+WANTED = frozenset(dcgm.metric_names())
+
+
+def promql(selector: str = "") -> str:
+    """The PromQL selector of every mapped metric, narrowed by `selector`'s matchers."""
+    names = '__name__=~"' + "|".join(dcgm.metric_names()) + '"'
+    return "{" + names + (f",{selector}" if selector else "") + "}"
+
+
+class SourceMetrics:
+    """The source's counters, in a registry of its own (served on `--http`)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.scrapes = Counter(
+            "gpuops_source_scrapes",
+            "Scrapes of a target, by outcome (ok, down, timeout, too_large, http_status, garbage)",
+            ["target", "outcome"],
+            registry=r,
+        )
+        self.dropped = Counter(
+            "gpuops_source_series_dropped",
+            "Series not published, by reason (not_finite, bad_node, bad_gpu, over_cap, ...)",
+            ["reason"],
+            registry=r,
+        )
+        self.events = Counter(
+            "gpuops_source_events",
+            "Events built from scrapes, by kind and outcome (published, spooled, dropped)",
+            ["kind", "outcome"],
+            registry=r,
+        )
+
+
+# --- reading one target ---------------------------------------------------------------
+
+
+async def read_capped(resp: aiohttp.ClientResponse, max_bytes: int, target: str) -> bytes:
+    """The body, refused as soon as it passes `max_bytes` (after any decompression)."""
+    if resp.status != 200:
+        raise SourceError("http_status", f"answered HTTP {resp.status}", target=target)
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        raise SourceError("too_large", f"{resp.content_length} bytes > {max_bytes}", target=target)
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > max_bytes:
+            raise SourceError("too_large", f"more than {max_bytes} bytes", target=target)
+    return bytes(body)
+
+
+def parse_exposition(text: str, cap: int, over: Tally[str], target: str = "") -> list[Series]:
+    """The mapped DCGM series of a text exposition, at most `cap` (the rest counted)."""
+    out: list[Series] = []
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                # The parser names a counter's sample `<name>_total`; DCGM's names are as is.
+                counter = family.type == "counter" and s.name == family.name + "_total"
+                name = family.name if counter else s.name
+                if name not in WANTED:
+                    continue
+                if len(out) >= cap:
+                    over["over_cap"] += 1
+                    continue
+                ts = float(s.timestamp) if s.timestamp is not None else None
+                out.append(Series(name, dict(s.labels), float(s.value), ts))
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        why = f"not the Prometheus text format: {exc}"
+        raise SourceError("garbage", why, target=target) from exc
+    return out
+
+
+class _Sample(BaseModel):
+    metric: dict[str, str]
+    value: tuple[float, str]
+
+
+class _Vector(BaseModel):
+    resultType: Literal["vector"]  # Prometheus's spelling
+    result: list[_Sample]
+
+
+class _Answer(BaseModel):
+    status: Literal["success"]
+    data: _Vector
+
+
+def parse_query_answer(body: bytes, cap: int, over: Tally[str], target: str = "") -> list[Series]:
+    """The series of a Prometheus `/api/v1/query` answer (instant vector)."""
+    try:
+        answer = _Answer.model_validate_json(body)
+    except ValidationError as exc:
+        why = exc.errors(include_url=False)[0]
+        where = ".".join(map(str, why["loc"]))
+        text = f"not a query answer: {where}: {why['msg']}"
+        raise SourceError("garbage", text, target=target) from exc
+    out: list[Series] = []
+    for sample in answer.data.result:
+        name = sample.metric.get("__name__", "")
+        if name not in WANTED:
+            continue
+        if len(out) >= cap:
+            over["over_cap"] += 1
+            continue
+        try:
+            value = float(sample.value[1])
+        except ValueError:
+            value = float("nan")  # counted as not finite with the others
+        labels = {k: v for k, v in sample.metric.items() if k != "__name__"}
+        out.append(Series(name, labels, value))
+    return out
+
+
+def _check_url(url: str) -> None:
+    """An http(s) URL with a host, or a ConfigError naming it."""
+    try:
+        parsed = yarl.URL(url)
+    except ValueError as exc:
+        raise ConfigError(f"not a URL: {url!r} ({exc})") from exc
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(f"not an http(s) URL with a host: {url!r}")
+
+
+# At most this many targets are read at once (a fleet of exporters is read in waves).
+MAX_CONNECTIONS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class _Body:
+    """A target's answer as read, before parsing; `why` says why there is none."""
+
+    url: str
+    query: bool
+    body: bytes = b""
+    why: str | None = None
+
+
+# --- the source -----------------------------------------------------------------------
+
+
+@dataclass
+class ScrapeReport:
+    """What one scrape did: targets that failed (and why), and the events it built."""
+
+    failed: dict[str, str] = field(default_factory=dict)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    dropped: Tally[str] = field(default_factory=Tally)
+
+
+class PromSource:
+    """Scrapes the configured targets and publishes what they say, one scrape at a time."""
+
+    def __init__(
+        self,
+        settings: PrometheusSourceSettings,
+        publisher: Publisher,
+        clock: Clock,
+        spool: Spool,
+        metrics: SourceMetrics | None = None,
+        connected: Callable[[], bool] = lambda: True,
+    ) -> None:
+        if not settings.targets and not settings.prometheus:
+            raise ConfigError(
+                "no target: give --target URL (dcgm-exporter) or --prometheus URL, or set "
+                "sources.prometheus.targets"
+            )
+        for url in self._names(settings):
+            _check_url(url)
+        self.s = settings
+        self.publisher = publisher
+        self.clock = clock
+        self.spool = spool
+        self.metrics = metrics or SourceMetrics()
+        self.connected = connected
+        self.xids = XidWatch()
+
+    async def scrape_once(self) -> ScrapeReport:
+        """Read every target, publish one telemetry event per node and any XID changes."""
+        now, report = self.clock.now(), ScrapeReport()
+        series = await self._read_all(report)
+        nodes = group(series, self.s.node_label, self.s.gpu_label, report.dropped)
+        for node in sorted(nodes):
+            report.events += self.xids.events(node, nodes[node], now)
+            telemetry = telemetry_event(node, nodes[node], now, report.dropped)
+            if telemetry is not None:
+                report.events.append(telemetry)
+        for reason, n in report.dropped.items():
+            self.metrics.dropped.labels(reason).inc(n)
+        await self.publish(report.events)
+        return report
+
+    async def _read_all(self, report: ScrapeReport) -> list[Series]:
+        timeout = aiohttp.ClientTimeout(total=self.s.timeout_s)
+        gate = asyncio.Semaphore(MAX_CONNECTIONS)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            reads = [self._fetch(session, gate, url, False) for url in self.s.targets]
+            if self.s.prometheus:
+                reads.append(self._fetch(session, gate, self.s.prometheus, True))
+            bodies = await asyncio.gather(*reads)
+        # Parsing is CPU (prometheus-client's parser is pure Python): all bodies are in
+        # before it starts, so no target's timeout runs while another one is parsed, and
+        # it runs off the event loop.
+        answers = await asyncio.to_thread(self._parse_all, bodies)
+        series: list[Series] = []
+        for target, (got, over, why) in zip(self._names(self.s), answers, strict=True):
+            report.dropped.update(over)
+            self.metrics.scrapes.labels(target, why or "ok").inc()
+            if why is not None:
+                report.failed[target] = why
+            series += got
+        return series
+
+    @staticmethod
+    def _names(s: PrometheusSourceSettings) -> list[str]:
+        return [*s.targets, *([s.prometheus] if s.prometheus else [])]
+
+    async def _fetch(
+        self, session: aiohttp.ClientSession, gate: asyncio.Semaphore, url: str, query: bool
+    ) -> _Body:
+        """One target's answer, or why there is none: never raises."""
+        try:
+            async with gate:
+                if query:
+                    endpoint = url.rstrip("/") + "/api/v1/query"
+                    params = {"query": promql(self.s.selector)}
+                    async with session.get(endpoint, params=params) as resp:
+                        return _Body(url, query, await read_capped(resp, self.s.max_bytes, url))
+                headers = {"Accept": "text/plain;version=0.0.4"}
+                async with session.get(url, headers=headers) as resp:
+                    return _Body(url, query, await read_capped(resp, self.s.max_bytes, url))
+        except SourceError as exc:
+            log.warning("scrape %s", exc)
+            return _Body(url, query, why=exc.reason)
+        except TimeoutError:
+            log.warning("scrape %s: no answer within %.1f s", url, self.s.timeout_s)
+            return _Body(url, query, why="timeout")
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("scrape %s: down (%s)", url, exc)
+            return _Body(url, query, why="down")
+
+    def _parse_all(self, bodies: list[_Body]) -> list[tuple[list[Series], Tally[str], str | None]]:
+        """(series, dropped over the cap, failure reason or None) per target, in order."""
+        out: list[tuple[list[Series], Tally[str], str | None]] = []
+        for b in bodies:
+            over: Tally[str] = Tally()
+            if b.why is not None:
+                out.append(([], over, b.why))
+                continue
+            try:
+                if b.query:
+                    got = parse_query_answer(b.body, self.s.max_series, over, b.url)
+                else:
+                    text = b.body.decode("utf-8", errors="strict")
+                    got = parse_exposition(text, self.s.max_series, over, b.url)
+            except SourceError as exc:
+                log.warning("scrape %s", exc)
+                out.append(([], over, exc.reason))
+            except UnicodeDecodeError as exc:
+                log.warning("scrape %s: not UTF-8 (%s)", b.url, exc)
+                out.append(([], over, "garbage"))
+            else:
+                out.append((got, over, None))
+        return out
+
+    # --- publishing ---------------------------------------------------------------
+
+    async def publish(self, events: list[dict[str, Any]]) -> None:
+        """XID events through the spool, in order; telemetry only while NATS answers."""
+        up = await self.flush_spool()
+        for event in events:
+            kind = event["kind"]
+            item = Spooled(subject_for(kind, event["node"]), json.dumps(event), event["id"])
+            if up and await self._send(item):
+                self.metrics.events.labels(kind, "published").inc()
+                continue
+            up = False  # one failure is enough: the rest would each wait for a timeout
+            if kind == "telemetry":
+                self.metrics.events.labels(kind, "dropped").inc()
+            else:
+                self.spool.push(item)
+                self.metrics.events.labels(kind, "spooled").inc()
+
+    async def flush_spool(self) -> bool:
+        """Publish held events in order; False when one failed (NATS is still away)."""
+        pending = self.spool.pending()
+        done = 0
+        for item in pending:
+            if not await self._send(item):
+                break
+            done += 1
+        if done:
+            self.spool.commit(done)
+            log.info("flushed %d spooled events", done)
+        return done == len(pending)
+
+    async def _send(self, item: Spooled) -> bool:
+        if not self.connected():
+            return False
+        try:
+            await self.publisher.publish(item.subject, item.payload.encode(), item.msg_id)
+        except (NatsError, JsError, TimeoutError, OSError) as exc:
+            log.warning("publish to %s failed (%s)", item.subject, exc)
+            return False
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Scrape every interval until `stop`; a failed scrape is logged, the next one runs."""
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                report = await self.scrape_once()
+                failed = report.failed or "none"
+                log.info("scrape: %d events, failed: %s", len(report.events), failed)
+            except Exception:
+                log.exception("scrape failed")
+            left = self.s.interval_s - (time.monotonic() - started)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(left, 0.0))

@@ -1,0 +1,74 @@
+"""Starting `gpuops ingest prometheus`: NATS as the agent reaches it, the loop, /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nats.aio.client import Client
+
+from gpuops.agent.run import _cancel, _close
+from gpuops.agent.spool import Spool
+from gpuops.bus.conn import agent_endpoint, connect_forever
+from gpuops.bus.publish import JetStreamPublisher, MemoryPublisher
+from gpuops.clock import SystemClock
+from gpuops.errors import SourceError
+from gpuops.http.server import HttpServer
+from gpuops.settings import Settings
+from gpuops.sources.prometheus import PromSource, SourceMetrics
+
+log = logging.getLogger(__name__)
+SPOOL = "prometheus-source-spool.jsonl"
+
+
+async def ingest_once(settings: Settings) -> list[dict[str, Any]]:
+    """One scrape without NATS: the events it would publish (checks, debugging); a
+    SourceError when every target failed."""
+    with tempfile.TemporaryDirectory() as held:  # a memory publisher never spools
+        spool = Spool(Path(held) / "spool.jsonl")
+        source = PromSource(settings.sources.prometheus, MemoryPublisher(), SystemClock(), spool)
+        report = await source.scrape_once()
+    if report.failed and not report.events:
+        what = ", ".join(f"{t} ({why})" for t, why in report.failed.items())
+        raise SourceError("down", f"no target answered: {what}")
+    return report.events
+
+
+async def run_ingest(settings: Settings, http: str | None) -> None:
+    """Scrape and publish until SIGINT/SIGTERM, whether NATS answers or not."""
+    cfg = settings.sources.prometheus
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    # The agent's user may publish any node's telemetry and health events: what this does.
+    url, credentials = agent_endpoint(settings.nats, settings.state_dir)
+    nc = Client()
+    connecting = asyncio.create_task(
+        connect_forever(nc, url, settings.nats, credentials, name="gpuops-ingest-prometheus")
+    )
+    metrics = SourceMetrics()
+    source = PromSource(
+        cfg,
+        JetStreamPublisher(nc.jetstream(timeout=5)),
+        SystemClock(),
+        Spool(settings.state_dir / SPOOL, cfg.spool_max),
+        metrics,
+        connected=lambda: nc.is_connected,
+    )
+    server = HttpServer(metrics.registry, lambda: (nc.is_connected, {"nats": nc.is_connected}))
+    try:
+        if http:
+            await server.start(http)
+        await source.run(stop)
+    finally:
+        await server.stop()
+        await _cancel(connecting)
+        await _close(nc)

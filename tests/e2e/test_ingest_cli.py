@@ -1,0 +1,125 @@
+"""`gpuops ingest prometheus` and `gpuops validate --source dcgm` as a user runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import nats
+import pytest
+from click.testing import CliRunner
+
+from gpuops.bus.conn import Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.cli import main
+from tests.conftest import wait_for
+from tests.dcgm_exposition import exposition, serve
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+GPUOPS = [sys.executable, "-m", "gpuops.cli"]
+
+
+async def _gpuops(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *GPUOPS, *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_validate_source_dcgm_warns_and_exits_0() -> None:
+    rc, out, _ = await _gpuops("validate", "--source", "dcgm", "rules")
+    assert rc == 0 and out.startswith("ok: ")
+    warnings = [line for line in out.splitlines() if line.startswith("warning: ")]
+    assert any(
+        "rule probe-failed: cannot-fire: dcgm-exporter never sends probe" in w for w in warnings
+    )
+    assert any("rule agent-silent: fires-everywhere" in w for w in warnings)
+    loaded = out.splitlines()[0].split()[1]  # "ok: N rules in M files"
+    assert out.splitlines()[-1] == f"dcgm: {len(warnings)} of {loaded} rules not fully served"
+
+
+async def test_ingest_once_prints_the_events_of_one_scrape(tmp_path: Path) -> None:
+    page = exposition(overrides={5: {"DCGM_FI_DEV_GPU_TEMP": 71}})
+    async with serve({"/metrics": page}) as port:
+        url = f"http://127.0.0.1:{port}/metrics"
+        rc, out, err = await _gpuops(
+            "--state-dir", str(tmp_path), "ingest", "prometheus", "--target", url, "--once"
+        )
+        assert rc == 0, err
+        (event,) = [json.loads(line) for line in out.splitlines()]
+        assert (event["kind"], event["node"], event["source"]) == (
+            "telemetry",
+            "gpu-node-07",
+            "prometheus",
+        )
+        assert [g["temp_c"] for g in event["data"]["gpus"]] == [34] * 5 + [71, 34, 34]
+
+
+def test_ingest_without_a_target_says_what_to_give(tmp_path: Path) -> None:
+    runner = CliRunner()
+    base = ["--config", str(tmp_path / "none.yml"), "ingest", "prometheus", "--once"]
+    (tmp_path / "none.yml").write_text("{}\n")
+    done = runner.invoke(main, base)
+    assert done.exit_code == 1 and "give --target URL" in done.output
+    done = runner.invoke(main, [*base, "--target", "ftp://x/metrics"])
+    assert (
+        done.exit_code == 1 and "not an http(s) URL with a host: 'ftp://x/metrics'" in done.output
+    )
+    done = runner.invoke(main, [*base, "--target", "http://x/metrics", "--interval", "0"])
+    assert done.exit_code == 1 and "sources.prometheus.interval_s" in done.output
+    closed = f"http://127.0.0.1:{_free_port()}/metrics"
+    done = runner.invoke(main, [*base, "--target", closed])
+    assert done.exit_code == 1 and f"no target answered: {closed} (down)" in done.output
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_ingest_publishes_every_interval_serves_metrics_and_stops_on_sigterm(
+    tmp_path: Path, nats_server: EmbeddedNats, bus: Bus
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    async def keep(msg: Any) -> None:
+        seen.append(json.loads(msg.data))
+
+    nc = await nats.connect(nats_server.url)
+    await nc.subscribe("gpuops.telemetry.>", cb=keep)
+    http = f"127.0.0.1:{_free_port()}"
+    async with serve({"/metrics": exposition(gpus=2)}) as port:
+        args = ["--state-dir", str(tmp_path), "ingest", "prometheus", "--interval", "0.5"]
+        args += ["--target", f"http://127.0.0.1:{port}/metrics", "--nats", nats_server.url]
+        proc = await asyncio.create_subprocess_exec(
+            *GPUOPS, *args, "--http", http, cwd=ROOT, stderr=asyncio.subprocess.PIPE
+        )
+        try:
+            await wait_for(lambda: len(seen) >= 2, 30)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"http://{http}/metrics") as resp,
+            ):
+                text = await resp.text()
+            assert 'gpuops_source_scrapes_total{outcome="ok",target=' in text
+            proc.send_signal(signal.SIGTERM)
+            _, err = await asyncio.wait_for(proc.communicate(), 10)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    await nc.close()
+    assert proc.returncode == 0, err.decode()
+    assert "publish" not in err.decode()  # every scrape went into the stream
+    assert {(e["node"], e["source"], len(e["data"]["gpus"])) for e in seen} == {
+        ("gpu-node-07", "prometheus", 2)
+    }
