@@ -28,6 +28,8 @@ CHART_FIELDS = ("temp_c", "power_w", "util_gpu", "dram_bw_util")
 # Built-in rules (gpuops/match/builtin.py) whose decisions are a node's validation.
 VALIDATION_RULES = frozenset({"validation-passed", "validation-failed"})
 FACTS_SHOWN = 6
+# Facts that name a GPU rather than say what was wrong with it: not worth a timeline's room.
+FACTS_NOT_SHOWN = frozenset({"index", "uuid", "name", "labels", "node"})
 
 
 async def read_since(
@@ -85,7 +87,8 @@ def entry(record: AuditRecord) -> Entry:
         return Entry(record.at, "note", record.rule, record.summary)
     d = record.body.get("decision", {})
     reason, detail = str(d.get("reason", "")), str(d.get("detail", ""))
-    facts = dict(list(record.body.get("facts", {}).items())[:FACTS_SHOWN])
+    said = (kv for kv in record.body.get("facts", {}).items() if kv[0] not in FACTS_NOT_SHOWN)
+    facts = dict(list(said)[:FACTS_SHOWN])
     if record.rule in VALIDATION_RULES:
         kind = "validation"
     elif d.get("accepted") or reason in ("approval_pending", "no_action", "needs_human"):

@@ -145,6 +145,8 @@ def test_node_page_shows_the_timeline_of_a_remediation(
         "the GPU charts drew",
     )
     shot(browser, tmp_path / "node.png")
+    browser.execute_script("document.getElementById('timeline').scrollIntoView()")
+    shot(browser, tmp_path / "node-timeline.png")
     link = run.find_element("css selector", "a.run-link")
     assert link.get_attribute("href").endswith(f"/console/runs/{runs[0].run_id}")
     link.click()
