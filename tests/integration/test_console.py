@@ -32,7 +32,9 @@ def _settings(tmp_path: Path, fleet: SimFleet, url: str, **console: object) -> o
             "trusted_proxies": ["127.0.0.1"],
             **console,
         },
-        chatops={"permissions": {"breaker": {"users": ["alice"]}}},
+        chatops={
+            "permissions": {c: {"users": ["alice"]} for c in ("breaker", "silence", "unsilence")}
+        },
     )
 
 
@@ -87,6 +89,16 @@ async def test_reading_is_open_acting_needs_a_granted_login_from_the_console(
                 "/console/breaker", data=form, headers=own, allow_redirects=False
             ) as r:
                 assert r.status == 303 and "ok=1" in r.headers["Location"]
+            # Silences: created and expired from the page, as alice (a bearer token here).
+            alice = {"Authorization": f"Bearer {ALICE}"}
+            silence = {"target": "node:node-002", "duration": "2h", "reason": "fan swap"}
+            async with http.post("/console/silences", data=silence, headers=alice) as r:
+                assert r.status == 200 and "fan swap" in await r.text()
+            [made] = await app.engine.silences.all()
+            assert (made.target, made.by) == ("node:node-002", "alice")
+            async with http.post(f"/console/silences/{made.id}/expire", headers=alice) as r:
+                assert r.status == 200 and f"silence {made.id} removed" in await r.text()
+            assert await app.engine.silences.all() == []
         state, _ = await app.engine.breaker.get()
         assert state.state is BreakerState.CLOSED and "alice" in state.why
         await wait_for(lambda: metrics.breaker_state.labels("closed")._value.get() == 1.0, 30)
