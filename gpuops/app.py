@@ -39,6 +39,7 @@ from gpuops.errors import EngineError
 from gpuops.heartbeat import EVERY_S as HEARTBEAT_EVERY_S
 from gpuops.heartbeat import Heartbeats, this_process
 from gpuops.http import HttpServer
+from gpuops.intake.alertmanager import AlertmanagerReceiver
 from gpuops.intake.answers import settle_approvals
 from gpuops.intake.chatops import Chatops
 from gpuops.intake.consumer import Intake
@@ -311,11 +312,24 @@ class App:
             self.commands(), self.settings.chatops, self.engine.auditor, self.clock, registry
         )
         mounts = [chatops.mount]
+        if self.intakes:  # what the receiver publishes is this engine's to decide
+            mounts.append(self.alertmanager().mount)
         if self.settings.console.enabled:
             mounts.append(self.console().mount)
         server = HttpServer(registry, self.health, mounts=mounts)
         self.http_port = await server.start(self.settings.http or "127.0.0.1:0")
         return server
+
+    def alertmanager(self) -> AlertmanagerReceiver:
+        """The Alertmanager webhook receiver, publishing on this engine's bus."""
+        return AlertmanagerReceiver(
+            self.settings.sources.alertmanager,
+            JetStreamPublisher(self.bus.js),
+            self.engine.buckets.history,
+            self.clock,
+            self.engine.metrics.registry,
+            on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),
+        )
 
     async def run_drift_check(self, group: str) -> str:
         """One drift check now over `group`; its events go on the bus for the drift rules."""

@@ -97,6 +97,14 @@ class _Open(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
 
 
+# Alertmanager's labels and annotations are free text from another system: bounded, so
+# one alert cannot carry megabytes into every record that copies its facts.
+MAX_ALERT_LABELS = 64
+MAX_ALERT_TEXT = 1024
+AlertKey = Annotated[str, Field(min_length=1, max_length=128)]
+AlertText = Annotated[str, Field(max_length=MAX_ALERT_TEXT)]
+
+
 # --- event data, one model per kind -------------------------------------------------
 
 
@@ -314,6 +322,25 @@ class ChatopsData(_Open):
     reason: str = ""  # the free text after a command's arguments (drain NODE REASON)
 
 
+class AlertData(_Open):
+    """One alert of an Alertmanager notification, firing or resolved (source `alertmanager`).
+
+    `gpu` comes from the alert's `gpu` label when that is a GPU index; every label is
+    kept under `labels` so people and rules (`label(labels, "xid")`) can correlate.
+    """
+
+    name: str = Field(min_length=1, max_length=MAX_ALERT_TEXT)
+    status: Literal["firing", "resolved"]
+    labels: dict[AlertKey, AlertText] = Field(default_factory=dict, max_length=MAX_ALERT_LABELS)
+    annotations: dict[AlertKey, AlertText] = Field(
+        default_factory=dict, max_length=MAX_ALERT_LABELS
+    )
+    fingerprint: str = Field(min_length=1, max_length=128)
+    gpu: int | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
+    starts_at: AwareDatetime | None = None
+    ends_at: AwareDatetime | None = None
+
+
 # --- the envelope ---------------------------------------------------------------------
 
 
@@ -391,6 +418,11 @@ class ChatopsEvent(_Envelope):
     data: ChatopsData
 
 
+class AlertEvent(_Envelope):
+    kind: Literal["alert"]
+    data: AlertData
+
+
 Event = Annotated[
     TelemetryEvent
     | XidEvent
@@ -402,7 +434,8 @@ Event = Annotated[
     | UnreachableEvent
     | ChatopsEvent
     | IbEvent
-    | SxidEvent,
+    | SxidEvent
+    | AlertEvent,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
@@ -419,8 +452,12 @@ DATA_MODELS: dict[str, type[BaseModel]] = {
     "chatops": ChatopsData,
     "ib": IbData,
     "sxid": SxidData,
+    "alert": AlertData,
 }
 EVENT_KINDS: tuple[str, ...] = tuple(DATA_MODELS)
+# Kinds that state a condition rather than report an occurrence: a rule's episode on them
+# ends when its condition goes false for the key that fired (a GPU cooled, an alert resolved).
+STATEFUL_KINDS = frozenset({"telemetry", "alert"})
 
 
 # Facts the matcher computes when it expands an event (gpuops.match.matcher.facts_of),

@@ -229,12 +229,33 @@ class PrometheusSourceSettings(BaseModel):
     spool_max: int = Field(default=10_000, ge=1, description="xid events held while NATS is away")
 
 
+class AlertmanagerSettings(BaseModel):
+    """The Alertmanager webhook receiver, `POST /ingest/alertmanager` (docs/sources.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    token: SecretStr | None = Field(
+        default=None,
+        description="the bearer token Alertmanager sends; unset, the route refuses every post",
+    )
+    node_labels: tuple[str, ...] = Field(
+        default=("Hostname", "instance", "node"),
+        min_length=1,
+        description="the first of these labels an alert has names its node (instance: no port)",
+    )
+    gpu_label: str = Field(default="gpu", min_length=1)
+    # Alertmanager batches a group's alerts into one post: more than the app's 64 KiB, bounded.
+    max_body_bytes: int = Field(default=4 << 20, ge=64 << 10, le=64 << 20)
+    max_alerts: int = Field(default=1000, ge=1, le=100_000)
+
+
 class SourcesSettings(BaseModel):
-    """Telemetry sources other than the agent."""
+    """Sources of events besides gpuops's own agent (docs/sources.md)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     prometheus: PrometheusSourceSettings = PrometheusSourceSettings()
+    alertmanager: AlertmanagerSettings = AlertmanagerSettings()
 
 
 class Settings(BaseModel):
@@ -255,6 +276,7 @@ class Settings(BaseModel):
     chatops: ChatopsSettings = ChatopsSettings()
     drift: DriftSettings = DriftSettings()
     console: ConsoleSettings = ConsoleSettings()
+    sources: SourcesSettings = SourcesSettings()
     http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
     run_timeout_s: float = Field(default=900.0, gt=0)
     # A run whose executor has not renewed its claim for this long is taken as interrupted
@@ -262,7 +284,6 @@ class Settings(BaseModel):
     run_claim_stale_s: float = Field(default=90.0, ge=2)
     max_parallel_runs: int = Field(default=4, ge=1, le=256, description="runs in flight")
     executor: ExecutorSettings = ExecutorSettings()
-    sources: SourcesSettings = SourcesSettings()
     intake_batch: int = Field(default=256, ge=1, le=10_000)
     tick_s: float = Field(default=1.0, gt=0)
     rules_poll_s: float = Field(default=2.0, gt=0, description="how often rule files are checked")

@@ -95,12 +95,17 @@ PERMISSIONS: dict[Role, Permissions] = {
     ),
     # A static config cannot name each node's subjects: the agent role may publish any
     # node's telemetry and health events (the engine checks subject against payload).
-    # Commands and drift reports are not an agent's to send: a forged `drain` or drift
-    # event would be decided like a person's or the baseline check's.
+    # Commands, drift reports and alerts are not an agent's to send: a forged `drain`,
+    # drift or alert event would be decided like a person's, the baseline check's or
+    # Alertmanager's (the engine's receiver publishes those).
     "agent": Permissions(
         publish=("gpuops.telemetry.*", "gpuops.events.*.*"),
         subscribe=("gpuops.agent.*.>", *_CLIENT),
-        deny_publish=("gpuops.events.chatops.*", "gpuops.events.drift.*"),
+        deny_publish=(
+            "gpuops.events.chatops.*",
+            "gpuops.events.drift.*",
+            "gpuops.events.alert.*",
+        ),
     ),
     # An operator (the CLI) reads everything it shows; everything it changes (silences,
     # approvals, the breaker, drains, dry-run) it asks the engine for on its own

@@ -39,9 +39,12 @@ class Entry:
     window: Window
     key: KeyFn
     field: str | None
-    fired: set[Hashable] | None = None  # keys fired and not yet false (telemetry rules)
+    fired: set[Hashable] | None = None  # keys fired and not yet false (telemetry, alert rules)
     agg: Aggregates | None = None  # aggregate state, for rules whose condition has some
     extra: Mapping[str, Mapping[str, Any]] | None = None  # node -> its inventory variables
+    # Alert rules: `fired` holds (key, fingerprint), so only the resolution of an alert
+    # that fired clears it; another alert on the same node, false for this rule, does not.
+    alert: bool = False
 
     @property
     def slow(self) -> bool:
@@ -97,7 +100,7 @@ def _slow(e: Entry, make: MakeMatch, cleared: list[Cleared] | None) -> Callable[
 
 
 def _hit(e: Entry, make: MakeMatch) -> Callable[..., None]:
-    rule, window, key, field, fired = e.rule, e.window, e.key, e.field, e.fired
+    rule, window, key, field, fired, alert = e.rule, e.window, e.key, e.field, e.fired, e.alert
     if isinstance(window, Instant) and fired is None:
 
         def fire(f: Fact, t: float, eid: str, out: list[Match]) -> None:
@@ -111,7 +114,7 @@ def _hit(e: Entry, make: MakeMatch) -> Callable[..., None]:
         if observe(k, t, True, f.get(field) if field else None):
             out.append(make(rule, k, f, t, eid))
             if fired is not None:
-                fired.add(k)
+                fired.add((k, f.get("fingerprint")) if alert else k)
 
     return hit
 
@@ -120,6 +123,8 @@ def _clear(e: Entry, cleared: list[Cleared]) -> Callable[[Fact, float], None]:
     """The miss handler of a rule whose firing keys are watched for their first false sample."""
     name, key, fired = e.rule.name, e.key, e.fired
     assert fired is not None
+    if e.alert:
+        return _clear_alert(e, cleared)
 
     def clear(f: Fact, t: float) -> None:
         k = key(f)
@@ -127,6 +132,30 @@ def _clear(e: Entry, cleared: list[Cleared]) -> Callable[[Fact, float], None]:
             fired.discard(k)
             gpu = f.get("gpu")
             cleared.append((name, str(f.get("node", "")), gpu if isinstance(gpu, int) else None, t))
+
+    return clear
+
+
+def _clear_alert(e: Entry, cleared: list[Cleared]) -> Callable[[Fact, float], None]:
+    """An alert that fired went false (resolved): the key clears with its last such alert.
+
+    A key held by several alerts (two GPUs' alerts under a per-node rule) clears when the
+    last of them resolves; a per-GPU key names its GPU, a per-node key none (all of them).
+    """
+    name, key, fired = e.rule.name, e.key, e.fired
+    assert fired is not None
+    per_gpu = "gpu" in e.rule.group_by
+
+    def clear(f: Fact, t: float) -> None:
+        k = key(f)
+        one = (k, f.get("fingerprint"))
+        if one not in fired:
+            return
+        fired.discard(one)
+        if any(held[0] == k for held in fired):  # type: ignore[index]
+            return
+        gpu = f.get("gpu") if per_gpu else None
+        cleared.append((name, str(f.get("node", "")), gpu if isinstance(gpu, int) else None, t))
 
     return clear
 

@@ -40,6 +40,12 @@ def _bit(value: int, mask: int) -> bool:
     return bool(int(value) & int(mask))
 
 
+def _label(labels: Any, name: str) -> str | None:
+    """A label's value (an alert's `labels`), or None when it has no such label."""
+    value = labels.get(name) if isinstance(labels, Mapping) else None
+    return value if isinstance(value, str) else None
+
+
 FUNCTIONS: dict[str, Callable[..., Any]] = {
     "abs": abs,
     "min": min,
@@ -49,6 +55,7 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "bit": _bit,
     "lower": str.lower,
     "startswith": str.startswith,
+    "label": _label,
 }
 
 _ALLOWED = (

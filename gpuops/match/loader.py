@@ -299,6 +299,12 @@ def build_rule(
             raise fail(f"when: {exc}", "when") from exc
         _check_group_aggregates(aggregates, group_by, kind, fail)
         condition = condition_from(expr, f"<rule {name}>")
+    if kind == "alert" and "status" not in _names(expr):
+        raise fail(
+            'an alert rule says which status it acts on (when: ... and status == "firing"): '
+            "a resolved alert would fire it too",
+            "when" if "when" in raw else None,
+        )
     increase = _increase(raw.get("increase"), types, fail)
     actions = tuple(
         _action(a, fields | inv_names, playbooks_dir, fail) for a in raw.get("actions", [])

@@ -22,7 +22,7 @@ from gpuops.match.aggregates import Aggregates
 from gpuops.match.codegen import Cleared, Entry, KindEval, compile_kind
 from gpuops.match.rules import Rule, RuleSet
 from gpuops.match.windows import Absent, CountWithin, HeldFor, Increase, Instant, Window
-from gpuops.models import Event, Match, TelemetryEvent
+from gpuops.models import STATEFUL_KINDS, Event, Match, TelemetryEvent
 
 Fact = dict[str, Any]
 
@@ -185,14 +185,15 @@ class Matcher:
                 keep = prev is not None and _same_definition(prev.rule, rule)
                 window = prev.window if keep and prev is not None else _window(rule, self.clock)
                 field = rule.increase.field if rule.increase else None
-                # Telemetry conditions are states: their first false sample ends an episode.
-                fired = (prev.fired if keep and prev else None) or (
-                    set() if kind == "telemetry" and rule.expr is not None else None
-                )
+                # Telemetry conditions are states: their first false sample ends an episode;
+                # so does an alert's resolution (its condition names the status).
+                watched = kind in STATEFUL_KINDS and rule.expr is not None
+                fired = (prev.fired if keep and prev else None) or (set() if watched else None)
                 agg = prev.agg if keep and prev is not None else _aggregates(rule)
                 tables, extra = self._inventory_of(rule)
                 key = _key_fn(rule.group_by, tables)
-                compiled.append(Entry(rule, window, key, field, fired, agg, extra))
+                alert = kind == "alert"
+                compiled.append(Entry(rule, window, key, field, fired, agg, extra, alert))
             by_kind[kind] = compiled
         self._eval_kind = {
             kind: compile_kind(cs, _match, kind, self._cleared) for kind, cs in by_kind.items()
@@ -290,7 +291,7 @@ class Matcher:
         dropped = sum(c.window.sweep(at) for cs in self._by_kind.values() for c in cs)
         dropped += sum(c.agg.sweep(at) for cs in self._by_kind.values() for c in cs if c.agg)
         for c in (c for cs in self._by_kind.values() for c in cs):
-            if c.fired and isinstance(c.window, HeldFor):
+            if c.fired and isinstance(c.window, HeldFor) and not c.alert:
                 c.fired.intersection_update(c.window.state)  # a quiet key has no run to end
         return dropped
 

@@ -7,7 +7,7 @@ attempt cap, breaker), is told again only after `repeat_interval_s`, and resolve
 the fault is gone:
 
 - a telemetry rule's condition went false on every GPU it held on (the matcher reports
-  the first false sample), and
+  the first false sample), or an alert rule's alerts were resolved, and
 - where the remediation's playbook validates, the validation probe passed;
 - a rule on other events (an XID, a lost heartbeat) that needs no probe resolves after
   `resolve_after_s` without a new match;
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog
 from gpuops.clock import Clock
-from gpuops.models import Decision, Intent, Reason, RunOutcome
+from gpuops.models import STATEFUL_KINDS, Decision, Intent, Reason, RunOutcome
 from gpuops.record.audit import Auditor
 from gpuops.record.metrics import Metrics
 from gpuops.record.outbox import Outbox, Tell
@@ -57,7 +57,7 @@ class Episode(BaseModel):
     level: str  # "gpu" or "node": a node-level episode inhibits the GPU-level ones' notes
     severity: str = "warning"
     summary: str = ""
-    on_telemetry: bool = False  # resolves when its condition goes false
+    on_telemetry: bool = False  # resolves when its condition goes false (telemetry, alert)
     gpus: tuple[int, ...] = ()  # GPUs whose condition still held at the last match
     detected_at: float
     opened_at: float
@@ -138,7 +138,7 @@ class Episodes:
                 level="gpu" if m.gpus else "node",
                 severity=m.severity,
                 summary=_summary(d),
-                on_telemetry=m.kind == "telemetry",
+                on_telemetry=m.kind in STATEFUL_KINDS,
                 gpus=m.gpus,
                 detected_at=m.event_ts,
                 opened_at=now,

@@ -189,8 +189,14 @@ async def test_agent_may_publish_its_events_but_not_intents_kv_or_jetstream_api(
             await agent.publish("gpuops.actions.node-001", b"{}")
             await agent.publish("$KV.gpuops_control.breaker", b"{}")
             await agent.publish("$JS.API.STREAM.INFO.GPUOPS_ACTIONS", b"")
+            await agent.publish("gpuops.events.alert.node-001", b"{}")  # the receiver's own
             await agent.flush()
-            for subject in ("gpuops.actions.node-001", "$KV.gpuops_control", "$JS.API.STREAM"):
+            for subject in (
+                "gpuops.actions.node-001",
+                "$KV.gpuops_control",
+                "$JS.API.STREAM",
+                "gpuops.events.alert.node-001",
+            ):
                 await wait_for(lambda s=subject: _violations(errors, s), 10)
             with pytest.raises((NatsError, TimeoutError)):
                 await js.publish("gpuops.actions.node-002", b"{}", timeout=1)

@@ -47,6 +47,7 @@ CASES = {
     "yaml_syntax.yml": "5: YAML: expected ',' or ']'",
     "count_without_within.yml": "4: rule flappy: 'count' and 'within' go together",
     "gpu_group_on_heartbeat.yml": "4: rule beat: group_by gpu: 'heartbeat' events carry no gpu",
+    "alert_without_status.yml": "4: rule xid-alert: an alert rule says which status it acts on",
     "template_field.yml": "5: rule hot: vars: unknown field 'temperature' in template",
     "two_forms.yml": "6: rule hot: use one temporal form, not for and absent",
     "deep_condition.yml": "5: rule deep: when: condition too deep (252 levels, limit 32)",

@@ -1,0 +1,248 @@
+"""The Alertmanager receiver over real HTTP on loopback and a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gpuops.bus.conn import DLQ, EVENTS, Bus
+from gpuops.bus.publish import JetStreamPublisher
+from gpuops.bus.store import NatsKV
+from gpuops.clock import SystemClock
+from gpuops.http import HttpServer
+from gpuops.intake.alertmanager import PATH, AlertmanagerReceiver
+from gpuops.record.metrics import Metrics, by_label, total
+from gpuops.settings import AlertmanagerSettings
+
+pytestmark = pytest.mark.integration
+TOKEN = "am-secret-7b1f"
+ALERTS = "gpuops.events.alert.>"
+
+
+@dataclass
+class Receiver:
+    url: str
+    route: AlertmanagerReceiver
+    metrics: Metrics
+    bus: Bus
+
+
+async def _receiver(bus: Bus, **settings: Any) -> AsyncIterator[Receiver]:
+    metrics = Metrics()
+    route = AlertmanagerReceiver(
+        AlertmanagerSettings(**settings),
+        JetStreamPublisher(bus.js),
+        NatsKV(bus.kv["history"]),
+        SystemClock(),
+        metrics.registry,
+        on_dead=lambda reason: metrics.dead_letters.labels(reason).inc(),
+    )
+    server = HttpServer(metrics.registry, lambda: (True, {}), mounts=[route.mount])
+    port = await server.start("127.0.0.1:0")
+    try:
+        yield Receiver(f"http://127.0.0.1:{port}{PATH}", route, metrics, bus)
+    finally:
+        await server.stop()
+
+
+@pytest.fixture
+async def receiver(bus: Bus) -> AsyncIterator[Receiver]:
+    async for r in _receiver(bus, token=TOKEN, max_body_bytes=64 << 10, max_alerts=50):
+        yield r
+
+
+def alert(
+    node: str | None, fingerprint: str, status: str = "firing", **labels: str
+) -> dict[str, Any]:
+    """One alert as Alertmanager's webhook sends it."""
+    named = {"Hostname": node} if node else {}
+    return {
+        "status": status,
+        "labels": {"alertname": "GpuXidError", **named, **labels},
+        "annotations": {"summary": "XID"},
+        "startsAt": "2026-03-01T10:00:00Z",
+        "endsAt": "2026-03-01T10:05:00Z" if status == "resolved" else "0001-01-01T00:00:00Z",
+        "generatorURL": "http://prometheus:9090/graph",
+        "fingerprint": fingerprint,
+    }
+
+
+def notification(*alerts: dict[str, Any]) -> dict[str, Any]:
+    """Alertmanager's webhook payload, version 4."""
+    return {
+        "version": "4",
+        "groupKey": '{}:{alertname="GpuXidError"}',
+        "truncatedAlerts": 0,
+        "status": "firing",
+        "receiver": "gpuops",
+        "groupLabels": {"alertname": "GpuXidError"},
+        "commonLabels": {},
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": list(alerts),
+    }
+
+
+async def post(
+    r: Receiver, body: bytes | dict[str, Any], token: str | None = TOKEN
+) -> tuple[int, dict[str, Any]]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(r.url, data=data, headers=headers) as reply,
+    ):
+        return reply.status, await reply.json()
+
+
+async def stored(bus: Bus, stream: str = EVENTS, subjects: str = ALERTS) -> dict[str, int]:
+    info = await bus.js.stream_info(stream, subjects_filter=subjects)
+    return dict(info.state.subjects or {})
+
+
+async def test_missing_or_wrong_token_is_401_and_nothing_is_published(receiver: Receiver) -> None:
+    body = notification(alert("node-001", "f1"))
+    assert await post(receiver, body, token=None) == (
+        401,
+        {"error": "missing_token", "why": "Authorization: Bearer <token> is required"},
+    )
+    status, reply = await post(receiver, body, token="am-secret-7b1X")
+    assert (status, reply["error"]) == (401, "bad_token")
+    status, _ = await post(receiver, body, token="ünïcödé")
+    assert status == 401
+    assert await stored(receiver.bus) == {}
+    assert by_label(receiver.route.rejections) == {"missing_token": 1.0, "bad_token": 2.0}
+
+
+async def test_without_a_token_configured_every_post_is_refused(bus: Bus) -> None:
+    async for r in _receiver(bus):
+        status, reply = await post(r, notification(alert("node-001", "f1")))
+        assert (status, reply["error"]) == (503, "not_configured")
+        assert "set sources.alertmanager.token" in reply["why"]
+        assert await stored(bus) == {}
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (b"{not json", "body: Invalid JSON"),
+        (b"[]", "body: Input should be an object"),
+        (json.dumps({**notification(), "version": "3"}).encode(), "version: Input should be '4'"),
+        (
+            json.dumps({**notification(), "alerts": "x"}).encode(),
+            "alerts: Input should be a valid array",
+        ),
+        (json.dumps({"version": "4"}).encode(), "status: Field required"),
+    ],
+)
+async def test_a_malformed_post_is_400_with_the_reason(
+    receiver: Receiver, body: bytes, why: str
+) -> None:
+    status, reply = await post(receiver, body)
+    assert (status, reply["error"]) == (400, "malformed")
+    assert reply["why"].startswith(why), reply["why"]
+    assert total(receiver.route.rejections, "malformed") == 1
+    # The receiver goes on: a good post after it is taken.
+    assert (await post(receiver, notification(alert("node-001", "ok"))))[0] == 200
+
+
+async def test_an_oversize_body_or_batch_is_refused_and_counted(receiver: Receiver) -> None:
+    big = notification(*(alert("node-001", f"f{i}", pad="x" * 1000) for i in range(70)))
+    status, reply = await post(receiver, big)
+    assert (status, reply) == (413, {"error": "too_large", "why": "body over 65536 bytes"})
+
+    # Sent in chunks with no Content-Length: the reading itself stops at the limit.
+    async def chunks() -> AsyncIterator[bytes]:
+        data = json.dumps(big).encode()
+        for at in range(0, len(data), 8192):
+            yield data[at : at + 8192]
+
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(receiver.url, data=chunks(), headers=headers) as chunked,
+    ):
+        assert (chunked.status, (await chunked.json())["error"]) == (413, "too_large")
+    many = notification(*(alert("node-001", f"f{i}") for i in range(51)))
+    status, reply = await post(receiver, many)
+    assert (status, reply["error"]) == (413, "too_many_alerts")
+    assert "limit 50: set max_alerts in Alertmanager's webhook_configs" in reply["why"]
+    assert by_label(receiver.route.rejections) == {"too_large": 2.0, "too_many_alerts": 1.0}
+    assert await stored(receiver.bus) == {}
+
+
+async def test_an_alert_without_a_node_is_a_dead_letter_and_the_batch_goes_on(
+    receiver: Receiver,
+) -> None:
+    batch = notification(
+        alert("node-001", "f1", gpu="2", xid="79"),
+        alert(None, "f2", job="dcgm"),
+        alert("node-002", "f3", annotations="ok"),
+        {"status": "firing", "labels": {"Hostname": "node-002"}},  # no times, no fingerprint
+        {**alert("node-002", "f4"), "fingerprint": "a.>"},  # could not be a KV key
+    )
+    status, reply = await post(receiver, batch)
+    assert (status, reply) == (200, {"alerts": 5, "published": 2, "dead_letter": 3})
+    assert await stored(receiver.bus) == {
+        "gpuops.events.alert.node-001": 1,
+        "gpuops.events.alert.node-002": 1,
+    }
+    event = json.loads(
+        (await receiver.bus.js.get_last_msg(EVENTS, "gpuops.events.alert.node-001")).data
+    )
+    assert event["source"] == "alertmanager" and event["data"]["gpu"] == 2
+    assert event["data"]["labels"] == {
+        "alertname": "GpuXidError",
+        "Hostname": "node-001",
+        "gpu": "2",
+        "xid": "79",
+    }
+    assert await stored(receiver.bus, DLQ, "gpuops.dlq.>") == {
+        "gpuops.dlq.no_node": 1,
+        "gpuops.dlq.schema": 2,
+    }
+    letter = json.loads((await receiver.bus.js.get_last_msg(DLQ, "gpuops.dlq.no_node")).data)
+    assert letter["reason"] == "no_node" and json.loads(letter["payload"])["fingerprint"] == "f2"
+    assert by_label(receiver.metrics.dead_letters) == {"no_node": 1.0, "schema": 2.0}
+
+
+async def test_a_repeat_after_the_duplicate_window_is_acknowledged_and_not_published(
+    receiver: Receiver,
+) -> None:
+    bus = receiver.bus
+    # JetStream's own dedupe is a window (10 minutes here); Alertmanager repeats hours
+    # apart. Shrink the window so the repeat below comes after it, as in production.
+    config = (await bus.js.stream_info(EVENTS)).config
+    config.duplicate_window = 1.0
+    await bus.js.update_stream(config)
+    firing = notification(alert("node-001", "f1"))
+    assert (await post(receiver, firing))[1] == {"alerts": 1, "published": 1}
+    await asyncio.sleep(1.5)
+    assert (await post(receiver, firing)) == (200, {"alerts": 1, "duplicate": 1})
+    assert await stored(bus) == {"gpuops.events.alert.node-001": 1}
+    # The window had passed: the same message id published now would be stored again.
+    first = await bus.js.get_last_msg(EVENTS, "gpuops.events.alert.node-001")
+    await bus.js.publish(
+        "gpuops.events.alert.node-001",
+        first.data,
+        headers={"Nats-Msg-Id": json.loads(first.data)["id"]},
+    )
+    assert await stored(bus) == {"gpuops.events.alert.node-001": 2}
+    # Its resolution is news once; a firing retried after it is stale; firing again later is news.
+    resolved = notification(alert("node-001", "f1", status="resolved"))
+    assert (await post(receiver, resolved))[1] == {"alerts": 1, "published": 1}
+    assert (await post(receiver, resolved))[1] == {"alerts": 1, "duplicate": 1}
+    assert (await post(receiver, firing))[1] == {"alerts": 1, "stale": 1}
+    again = alert("node-001", "f1")
+    again["startsAt"] = "2026-03-01T11:00:00Z"
+    assert (await post(receiver, notification(again)))[1] == {"alerts": 1, "published": 1}
+    assert await stored(bus) == {"gpuops.events.alert.node-001": 4}
+    assert by_label(receiver.route.alerts) == {"published": 3.0, "duplicate": 2.0, "stale": 1.0}

@@ -1,0 +1,137 @@
+"""The Alertmanager receiver's pure parts: node and GPU from labels, ids, dedupe verdicts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuops.errors import EventError
+from gpuops.intake.alertmanager import (
+    AlertSeen,
+    Outcome,
+    WebhookAlert,
+    event_id,
+    gpu_of,
+    judge,
+    node_of,
+    to_event,
+)
+from gpuops.models import AlertEvent
+from gpuops.settings import AlertmanagerSettings, load_settings
+
+NAMES = AlertmanagerSettings().node_labels
+STARTS = "2026-03-01T10:00:00.123Z"
+
+
+def webhook_alert(status: str = "firing", **labels: str) -> WebhookAlert:
+    raw: dict[str, Any] = {
+        "status": status,
+        "labels": {"alertname": "GpuXidError", **labels},
+        "annotations": {"summary": "XID on GPU"},
+        "startsAt": STARTS,
+        "endsAt": "0001-01-01T00:00:00Z",
+        "generatorURL": "http://prometheus/graph",
+        "fingerprint": "0f3b2c1d",
+    }
+    return WebhookAlert.model_validate(raw)
+
+
+def test_the_node_is_the_first_label_present_and_instance_loses_its_port() -> None:
+    assert node_of({"Hostname": "gpu-a01", "instance": "x:9400"}, NAMES) == "gpu-a01"
+    assert node_of({"instance": "gpu-a02:9400", "node": "other"}, NAMES) == "gpu-a02"
+    assert node_of({"instance": "gpu-a03"}, NAMES) == "gpu-a03"
+    assert node_of({"instance": "[fd00::1]:9400"}, NAMES) == "fd00::1"
+    assert node_of({"Hostname": " ", "node": "gpu-a04"}, NAMES) == "gpu-a04"
+    assert node_of({"job": "dcgm"}, NAMES) is None
+    assert node_of({"host": "gpu-a05"}, ("host",)) == "gpu-a05"
+
+
+def test_a_gpu_is_an_index_label_or_nothing() -> None:
+    assert [gpu_of(v) for v in ("0", "7", "12")] == [0, 7, 12]
+    assert [gpu_of(v) for v in (None, "", "GPU-3b1c", "-1", "1.0", "٣", "9" * 20)] == [None] * 7
+
+
+def test_an_alert_becomes_an_alert_event_with_its_labels_kept() -> None:
+    event = to_event(
+        webhook_alert(Hostname="gpu-a01", gpu="3", xid="79"), AlertmanagerSettings(), 5.0
+    )
+    assert isinstance(event, AlertEvent)
+    assert (event.node, event.source, event.epoch) == ("gpu-a01", "alertmanager", 5.0)
+    data = event.data
+    assert (data.name, data.status, data.gpu, data.fingerprint) == (
+        "GpuXidError",
+        "firing",
+        3,
+        "0f3b2c1d",
+    )
+    assert data.labels == {
+        "alertname": "GpuXidError",
+        "Hostname": "gpu-a01",
+        "gpu": "3",
+        "xid": "79",
+    }
+    assert data.annotations == {"summary": "XID on GPU"}
+    assert data.starts_at == datetime(2026, 3, 1, 10, 0, 0, 123000, tzinfo=UTC)
+    assert data.ends_at is None, "a firing alert has no end yet"
+    assert event.id == event_id("0f3b2c1d", "firing", data.starts_at)
+
+
+def test_ids_are_the_same_for_a_repeat_and_differ_by_status_and_occurrence() -> None:
+    t = datetime(2026, 3, 1, tzinfo=UTC)
+    later = datetime(2026, 3, 2, tzinfo=UTC)
+    assert event_id("f", "firing", t) == event_id("f", "firing", t)
+    assert (
+        len(
+            {
+                event_id("f", "firing", t),
+                event_id("f", "resolved", t),
+                event_id("f", "firing", later),
+                event_id("g", "firing", t),
+            }
+        )
+        == 4
+    )
+
+
+@pytest.mark.parametrize(
+    ("labels", "reason", "why"),
+    [
+        (
+            {"job": "dcgm"},
+            "no_node",
+            "no node label: the alert has none of Hostname, instance, node",
+        ),
+        ({"Hostname": "bad/name"}, "bad_node", "alert.node: String should match pattern"),
+        ({"Hostname": "gpu-a01", "alertname": ""}, "schema", "no alertname label"),
+    ],
+)
+def test_an_alert_that_cannot_be_an_event_says_why(
+    labels: dict[str, str], reason: str, why: str
+) -> None:
+    with pytest.raises(EventError) as dead:
+        to_event(webhook_alert(**labels), AlertmanagerSettings(), 5.0)
+    assert dead.value.reason == reason and dead.value.message.startswith(why)
+
+
+def test_a_repeat_is_a_duplicate_and_an_older_notification_stale() -> None:
+    seen = AlertSeen(status="firing", starts_at=100.0, event_id="e", at=1.0)
+    assert judge(None, "firing", 100.0) is Outcome.PUBLISHED
+    assert judge(seen, "firing", 100.0) is Outcome.DUPLICATE
+    assert judge(seen, "resolved", 100.0) is Outcome.PUBLISHED
+    assert judge(seen, "firing", 200.0) is Outcome.PUBLISHED, "fired again: a new occurrence"
+    assert judge(seen, "resolved", 50.0) is Outcome.STALE
+    resolved = seen.model_copy(update={"status": "resolved"})
+    assert judge(resolved, "resolved", 100.0) is Outcome.DUPLICATE
+    assert judge(resolved, "firing", 100.0) is Outcome.STALE, "a retry after its resolution"
+
+
+def test_the_token_comes_from_the_environment_and_is_kept_secret(tmp_path: Path) -> None:
+    environ = {"GPUOPS_SOURCES__ALERTMANAGER__TOKEN": "am-token-3f"}
+    (tmp_path / "gpuops.yml").write_text("sources: {alertmanager: {gpu_label: gpu}}\n")
+    settings = load_settings(tmp_path / "gpuops.yml", {}, environ).sources.alertmanager
+    assert settings.token is not None and settings.token.get_secret_value() == "am-token-3f"
+    assert "am-token-3f" not in repr(settings)
+    assert settings.node_labels == ("Hostname", "instance", "node") and settings.gpu_label == "gpu"
