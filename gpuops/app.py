@@ -33,6 +33,7 @@ from gpuops.catalog import Catalog, load_catalog
 from gpuops.clock import Clock
 from gpuops.cmdwire import CommandReply
 from gpuops.commands import DRY_RUN_KEY, Commands, Switch
+from gpuops.console import Console, Latest
 from gpuops.decide.breaker import BreakerState
 from gpuops.errors import EngineError
 from gpuops.heartbeat import EVERY_S as HEARTBEAT_EVERY_S
@@ -47,9 +48,11 @@ from gpuops.inventory import Inventory, load_inventory
 from gpuops.match.builtin import with_builtins
 from gpuops.match.loader import load_rules, rule_files
 from gpuops.match.rules import RuleSet
+from gpuops.models import Event
 from gpuops.pipeline import Pipeline
 from gpuops.record.audit import Auditor
 from gpuops.record.density import render as render_density
+from gpuops.record.nodestate import node_counts
 from gpuops.settings import Settings
 from gpuops.signing import load_key
 
@@ -88,6 +91,7 @@ class App:
     # loop -> (why, monotonic time): a loop that failed recently, for /healthz.
     failing: dict[str, tuple[str, float]] = field(init=False, default_factory=dict)
     started: float = field(init=False, default=0.0)
+    latest: Latest = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -108,6 +112,7 @@ class App:
             notifier=self.notifier,
         )
         self.engine.matcher.seed(self.inventory.hosts, self.clock.now())
+        self.latest = Latest(self.inventory)
         if s.role in ("all", "engine"):
             self.intakes = [
                 self._intake(EVENTS, "events", False),
@@ -144,12 +149,16 @@ class App:
             stream=stream,
             subject=f"gpuops.{what}.>",
             durable="gpuops-engine-telemetry" if telemetry else "gpuops-engine",
-            handler=self.engine.pipeline.handle,
+            handler=self._handle_telemetry if telemetry else self.engine.pipeline.handle,
             batch=self.settings.intake_batch if telemetry else 16,
             ack_all=telemetry,
             max_future_s=self.settings.max_future_skew_s,
             on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),
         )
+
+    async def _handle_telemetry(self, event: Event) -> None:
+        self.latest.observe(event)  # the console's heatmap: the newest sample per GPU
+        await self.engine.pipeline.handle(event)
 
     @property
     def pipeline(self) -> Pipeline:
@@ -291,6 +300,15 @@ class App:
             tracker.underused(threshold, development), threshold, len(tracker.gpus)
         )
 
+    def console(self) -> Console:
+        """The web console over this engine's stores, commands and newest samples."""
+        return Console(
+            self.commands(),
+            self.settings.console,
+            self.latest,
+            Evidence(self.settings.state_dir / "runs"),
+        )
+
     def scheduler(self) -> DriftScheduler:
         """The drift-check schedules of the settings, run by this engine."""
 
@@ -317,6 +335,8 @@ class App:
         mounts = [chatops.mount]
         if self.intakes:  # what the receiver publishes is this engine's to decide
             mounts.append(self.alertmanager().mount)
+        if self.settings.console.enabled:
+            mounts.append(self.console().mount)
         server = HttpServer(registry, self.health, mounts=mounts)
         self.http_port = await server.start(self.settings.http or "127.0.0.1:0")
         return server
@@ -385,6 +405,10 @@ class App:
                 m.consumer_pending.labels(intake.durable).set(info.num_pending)
         breaker, _ = await self.engine.breaker.get()
         m.breaker_open.set(1.0 if breaker.state is BreakerState.OPEN else 0.0)
+        m.set_one_of(m.breaker_state, breaker.state.value, (b.value for b in BreakerState))
+        counts = node_counts(await self.engine.states.all(), self.inventory.hosts)
+        for state, n in counts.items():
+            m.node_states.labels(state).set(n)
 
     async def _watch_rules(self) -> None:
         """Reload when a rule file changes (polling: works on every filesystem)."""

@@ -8,6 +8,7 @@ check runs during the scenario, as the scheduler would run it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import shutil
 import tempfile
@@ -251,8 +252,14 @@ async def run_demo(
     state_dir: Path | None,
     console: Console,
     scenario: str = "demo",
+    http: str = "127.0.0.1:0",
+    linger_s: float = 0.0,
 ) -> bool:
-    """Run the scenario to the end; True when every fault was handled."""
+    """Run the scenario to the end; True when every fault was handled.
+
+    The engine serves the console (and /metrics) on `http` while the demo runs, and
+    `linger_s` longer after the summary, so a person can look around.
+    """
     wall0 = time.monotonic()
     root = (
         Path(tempfile.mkdtemp(prefix="gpuops-demo-")) if state_dir is None else state_dir / "demo"
@@ -275,6 +282,7 @@ async def run_demo(
         inventory=root / "sim" / "inventory",
         tick_s=0.2,
         safety=safety,
+        http=http,
     )
     rules, inventory = load_world(settings)
     plan = load_scenario(scenario, fleet.nodes)
@@ -292,6 +300,9 @@ async def run_demo(
         driver = SimDriver(fleet, bus, clock, plan, on_inject=demo.injected)
         engine = asyncio.create_task(app.run())
         feeder = asyncio.create_task(driver.run(app.stop))
+        url = await _console_url(app, http)
+        if not json_summary:
+            console.print(f"console: {url} (served while the demo runs)", highlight=False)
         checked = await _until_done(
             demo,
             clock,
@@ -301,6 +312,11 @@ async def run_demo(
             lambda: _say(app, demo, plan, clock),
         )
         states = await _node_states(app, demo, wall0 + timeout_s)
+        if linger_s > 0:
+            if not json_summary:
+                console.print(f"console stays up for {linger_s:g}s at {url} (Ctrl-C ends it)")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(app.stop.wait(), linger_s)
         app.stop.set()
         await asyncio.gather(engine, feeder)
     ok = (
@@ -334,6 +350,17 @@ async def _say(app: App, demo: _Demo, plan: Scenario, clock: ScaledClock) -> Non
             demo.budget(said, reply, now)
         else:
             demo.say(now, "command", f"{said.command}: {reply.splitlines()[0]}")
+
+
+async def _console_url(app: App, http: str) -> str:
+    """The console's address once the engine listens (it picks the port for `:0`)."""
+    for _ in range(200):
+        if app.http_port:
+            break
+        await asyncio.sleep(0.05)
+    host = http.rpartition(":")[0] or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"http://{host}:{app.http_port}/console/fleet"
 
 
 async def _drift_check(

@@ -318,7 +318,7 @@ class ChatopsData(_Open):
     args: list[str] = Field(default_factory=list)
     user: str = ""
     channel: str = ""
-    platform: Literal["slack", "mattermost", "cli"] = "cli"
+    platform: Literal["slack", "mattermost", "cli", "console"] = "cli"
     reason: str = ""  # the free text after a command's arguments (drain NODE REASON)
 
 

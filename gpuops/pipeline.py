@@ -113,6 +113,8 @@ class Pipeline:
 
         d = await self.decider.decide(match, rule, write, approved_by)
         self.metrics.decisions.labels(d.reason.value).inc()
+        since = self.clock.now() - match.event_ts
+        self.metrics.event_to_decision.labels(match.rule).observe(max(0.0, since))
         await self.recorder.decided(d, intents)
         return d
 

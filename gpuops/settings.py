@@ -183,6 +183,33 @@ class ExecutorSettings(BaseModel):
     evidence_max_bytes: int = Field(default=1 << 30, ge=1 << 20)
 
 
+class ConsoleToken(BaseModel):
+    """A console login: whoever holds the token acts as `user` (under the ChatOps table)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    user: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@-]+$")
+    token: SecretStr
+
+
+class ConsoleSettings(BaseModel):
+    """The web console on the engine's HTTP address: who may look, who may act (docs/console.md)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    # Read-only pages are open to whoever reaches the address unless this is set.
+    login_required: bool = False
+    tokens: tuple[ConsoleToken, ...] = ()
+    # A reverse proxy that authenticates people names them in this header; it is believed
+    # only from the proxies' own addresses (anyone else could send it too).
+    user_header: str | None = Field(default=None, max_length=64)
+    trusted_proxies: tuple[str, ...] = ()
+    session_s: float = Field(default=8 * 3600.0, gt=0, le=30 * 86400.0)
+    push_s: float = Field(default=2.0, ge=0.2, le=60, description="live update period")
+    max_streams: int = Field(default=32, ge=1, le=1000, description="live pages at once")
+
+
 class PrometheusSourceSettings(BaseModel):
     """`gpuops ingest prometheus`: where to read DCGM fields, how often, and its bounds."""
 
@@ -250,6 +277,7 @@ class Settings(BaseModel):
     chatops: ChatopsSettings = ChatopsSettings()
     drift: DriftSettings = DriftSettings()
     power: PowerSettings = PowerSettings()  # budgets and the controller (docs/power.md)
+    console: ConsoleSettings = ConsoleSettings()
     sources: SourcesSettings = SourcesSettings()
     http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
     run_timeout_s: float = Field(default=900.0, gt=0)

@@ -131,6 +131,10 @@ def sim_fault(root: Path, node: str, fault: str, gpu: int, params: tuple[str, ..
 @click.option("--speed", type=float, help="simulated seconds per second [default: 10; peak: 5]")
 @click.option("--json-summary", is_flag=True, help="print the summary as JSON")
 @click.option("--timeout", type=float, help="wall seconds at most [default: 110; peak: 240]")
+@click.option(
+    "--http", default="127.0.0.1:0", show_default=True, help="console and /metrics (port 0: any)"
+)
+@click.option("--linger", type=float, default=0.0, help="keep the console up this long after")
 @click.pass_context
 def demo(
     ctx: click.Context,
@@ -139,6 +143,8 @@ def demo(
     speed: float | None,
     json_summary: bool,
     timeout: float | None,
+    http: str,
+    linger: float,
 ) -> None:
     """Run the whole loop on a simulated fleet: faults, rules, playbooks, recovery."""
     from gpuops.demo import run_demo
@@ -158,6 +164,8 @@ def demo(
             state_dir=(ctx.obj or {}).get("state_dir"),
             console=out,
             scenario=scenario,
+            http=http,
+            linger_s=linger,
         )
     )
     sys.exit(0 if ok else 1)

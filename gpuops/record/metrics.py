@@ -7,6 +7,8 @@ tick every few seconds, not per event.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 # Seconds, from a sample's decision to a node's recovery after a reboot and a probe.
@@ -44,6 +46,21 @@ class Metrics:
         self.nats_connected = Gauge(
             "gpuops_nats_connected", "1 while NATS is connected", registry=r
         )
+        # One series per state, so a graph stacks them and an alert can read "open".
+        self.breaker_state = Gauge(
+            "gpuops_breaker_state", "1 for the fleet breaker's current state", ["state"], registry=r
+        )
+        self.node_states = Gauge(
+            "gpuops_nodes", "Inventory nodes in each state", ["state"], registry=r
+        )
+
+        self.event_to_decision = Histogram(
+            "gpuops_event_to_decision_seconds",
+            "From an event's own time to the decision on its match, by rule",
+            ["rule"],
+            buckets=BUCKETS,
+            registry=r,
+        )
 
         self.detect_to_decide = Histogram(
             "gpuops_detect_to_decide_seconds",
@@ -74,6 +91,11 @@ class Metrics:
             registry=r,
         )
         self.episodes_open = Gauge("gpuops_episodes_open", "Faults not yet recovered", registry=r)
+
+    def set_one_of(self, gauge: Gauge, current: str, every: Iterable[str]) -> None:
+        """A gauge by state: 1 for `current`, 0 for every other state."""
+        for state in every:
+            gauge.labels(state).set(1.0 if state == current else 0.0)
 
     def exposition(self) -> bytes:
         """The text exposition format."""

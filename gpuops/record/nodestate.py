@@ -12,7 +12,7 @@ followed by validation before it returns.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
@@ -157,6 +157,18 @@ def after_silence(record: NodeRecord, at: float, limit_s: float) -> NodeRecord |
         return None
     why = f"no validation probe answer within {limit_s:.0f}s of {record.why.split(';')[0]}"
     return moved(record, S.NEEDS_HUMAN, why, at)
+
+
+def node_counts(records: Iterable[NodeRecord], hosts: Collection[str]) -> dict[str, int]:
+    """Nodes of `hosts` per state (every state listed); a node never recorded is healthy."""
+    counts = dict.fromkeys((s.value for s in NodeState), 0)
+    recorded = 0
+    for record in records:
+        if record.node in hosts:
+            counts[record.state.value] += 1
+            recorded += 1
+    counts[NodeState.HEALTHY.value] += len(hosts) - recorded
+    return counts
 
 
 Transition = Callable[[NodeRecord], "NodeRecord | None"]

@@ -102,3 +102,20 @@ def test_init_then_validate_test_rules_and_replay_in_the_site(
     actions = {(a["node"], a["action"]) for a in map(json.loads, replay.stdout.splitlines())}
     assert {("gpu-a01-01", "power_limit.yml"), ("gpu-a01-02", "reboot.yml")} <= actions
     assert "31 events, 0 unreadable" in replay.stderr
+
+
+def test_the_console_ships_its_pages_and_chart_library(installed: Path, tmp_path: Path) -> None:
+    code = (
+        "from gpuops.console.web import STATIC, TEMPLATES, UPLOT\n"
+        "names = ['fleet.html', 'node.html', 'now.html', 'login.html', 'base.html']\n"
+        "assert all((TEMPLATES / n).is_file() for n in names), names\n"
+        "scripts = ['fleet.js', 'node.js', 'now.js', 'console.css']\n"
+        "assert all((STATIC / n).is_file() for n in scripts), scripts\n"
+        "vendor = STATIC / 'vendor'\n"
+        "for suffix in ('.iife.min.js', '.min.css', '.LICENSE'):\n"
+        "    assert (vendor / (UPLOT + suffix)).is_file(), suffix\n"
+        "print(TEMPLATES)"
+    )
+    done = _run([installed / "python", "-c", code], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(str(installed.parent))

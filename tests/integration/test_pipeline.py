@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,11 @@ from tests.conftest import (
 )
 
 pytestmark = pytest.mark.integration
+
+
+def _observations(histogram: Any) -> float:
+    """How many values a histogram child took (its buckets are kept per bucket)."""
+    return float(sum(b.get() for b in histogram._buckets))
 
 
 async def _publish(bus: Bus, event: dict) -> None:
@@ -57,6 +63,8 @@ async def test_overheat_and_low_power_limit_run_their_playbooks(
             await _publish(bus, _hot_sample(fleet, "node-001", t, 3, temp_c=88.0))
             await _publish(bus, _hot_sample(fleet, "node-002", t, 1))
         await wait_for(lambda: counted(app.engine.metrics.runs) >= 2, 60)
+        decided = app.engine.metrics.event_to_decision.labels("gpu-overheat")
+        assert _observations(decided) >= 1, "event-to-decision observed per decision"
         # People see the fault as one open episode, not the samples behind it.
         status = await Commands(bus, SystemClock(), None, ChatopsSettings()).status()
         [hot] = [e for e in status["episodes"] if e["rule"] == "gpu-overheat"]

@@ -1,0 +1,156 @@
+"""The console's HTTP surface on a running engine: read-only by default, actions only for
+a logged-in user the ChatOps table grants, from the console's own pages, inputs bounded."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from gpuops.bus.conn import Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.decide.breaker import BreakerState
+from gpuops.record.audit import read_audit
+from gpuops.sim.fleet import SimFleet
+from tests.conftest import engine_settings, running_engine, wait_for
+
+pytestmark = pytest.mark.integration
+ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789"
+
+
+def _settings(tmp_path: Path, fleet: SimFleet, url: str, **console: object) -> object:
+    return engine_settings(
+        tmp_path,
+        fleet,
+        url,
+        http="127.0.0.1:0",
+        console={
+            "tokens": [{"user": "alice", "token": ALICE}, {"user": "bob", "token": BOB}],
+            "user_header": "X-Forwarded-User",
+            "trusted_proxies": ["127.0.0.1"],
+            **console,
+        },
+        chatops={
+            "permissions": {c: {"users": ["alice"]} for c in ("breaker", "silence", "unsilence")}
+        },
+    )
+
+
+def _token(html: str) -> str:
+    found = re.search(r'name="form_token" value="([0-9a-f]+)"', html)
+    assert found, "the page carries a form token"
+    return found.group(1)
+
+
+async def test_reading_is_open_acting_needs_a_granted_login_from_the_console(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = _settings(tmp_path, fleet, nats_server.url)
+    async with running_engine(settings, bus) as app:  # type: ignore[arg-type]
+        await app.engine.breaker.set_state(BreakerState.OPEN, "test storm", app.clock.now(), "t")
+        await wait_for(lambda: app.http_port, 30)
+        base = f"http://127.0.0.1:{app.http_port}"
+        # The gauges people graph: nodes by state, the breaker's state (refreshed by the tick).
+        metrics = app.engine.metrics
+        await wait_for(lambda: metrics.breaker_state.labels("open")._value.get() == 1.0, 30)
+        assert metrics.breaker_state.labels("closed")._value.get() == 0.0
+        assert metrics.node_states.labels("healthy")._value.get() == 2.0
+        async with aiohttp.ClientSession(base, cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            for page in ("/console/fleet", "/console/now", "/console/node/node-001"):
+                async with http.get(page) as r:
+                    assert r.status == 200, page
+                    assert "default-src 'self'" in r.headers["Content-Security-Policy"]
+            async with http.get("/console/api/fleet") as r:
+                fleet_json = await r.json()
+            assert fleet_json["nodes"] == ["node-001", "node-002"]
+            # Nobody logged in: no action.
+            async with http.post("/console/breaker", data={"to": "reset"}) as r:
+                assert r.status == 401
+            # A bearer token needs no form token, but bob is not granted the breaker.
+            headers = {"Authorization": f"Bearer {BOB}"}
+            async with http.post(
+                "/console/breaker", data={"to": "reset"}, headers=headers, allow_redirects=False
+            ) as r:
+                assert r.status == 303 and "ok=0" in r.headers["Location"]
+                assert "may%20not%20run" in r.headers["Location"]
+            # alice behind the trusted proxy: a form from another site is refused ...
+            proxied = {"X-Forwarded-User": "alice"}
+            async with http.get("/console/now", headers=proxied) as r:
+                token = _token(await r.text())
+            forged = {**proxied, "Origin": "https://evil.example"}
+            form = {"to": "reset", "form_token": token}
+            async with http.post("/console/breaker", data=form, headers=forged) as r:
+                assert r.status == 403
+            # ... and her own page's form resets the breaker through the command table.
+            own = {**proxied, "Origin": base}
+            async with http.post(
+                "/console/breaker", data=form, headers=own, allow_redirects=False
+            ) as r:
+                assert r.status == 303 and "ok=1" in r.headers["Location"]
+            # Silences: created and expired from the page, as alice (a bearer token here).
+            alice = {"Authorization": f"Bearer {ALICE}"}
+            silence = {"target": "node:node-002", "duration": "2h", "reason": "fan swap"}
+            async with http.post("/console/silences", data=silence, headers=alice) as r:
+                assert r.status == 200 and "fan swap" in await r.text()
+            [made] = await app.engine.silences.all()
+            assert (made.target, made.by) == ("node:node-002", "alice")
+            async with http.post(f"/console/silences/{made.id}/expire", headers=alice) as r:
+                assert r.status == 200 and f"silence {made.id} removed" in await r.text()
+            assert await app.engine.silences.all() == []
+        state, _ = await app.engine.breaker.get()
+        assert state.state is BreakerState.CLOSED and "alice" in state.why
+        await wait_for(lambda: metrics.breaker_state.labels("closed")._value.get() == 1.0, 30)
+        async with aiohttp.ClientSession() as http, http.get(f"{base}/metrics") as r:
+            text = await r.text()
+        assert 'gpuops_nodes{state="healthy"} 2.0' in text
+        assert 'gpuops_breaker_state{state="open"} 0.0' in text
+    notes = [r.summary async for r in read_audit(bus.js) if r.type == "note"]
+    assert any(n.startswith("alice@console: breaker reset") for n in notes), notes
+    assert any("refused breaker from bob@console" in n for n in notes), notes
+
+
+async def test_session_login_and_bounded_inputs(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = _settings(tmp_path, fleet, nats_server.url, login_required=True)
+    async with running_engine(settings, bus) as app:  # type: ignore[arg-type]
+        await wait_for(lambda: app.http_port, 30)
+        base = f"http://127.0.0.1:{app.http_port}"
+        async with aiohttp.ClientSession(base, cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            async with http.get("/console/now", allow_redirects=False) as r:
+                assert r.status == 302 and r.headers["Location"].startswith("/console/login")
+            origin = {"Origin": base}
+            async with http.post("/console/login", data={"token": "wrong"}, headers=origin) as r:
+                assert r.status == 401 and "unknown token" in await r.text()
+            async with http.post(
+                "/console/login",
+                data={"token": ALICE, "next": "https://evil.example/"},
+                headers=origin,
+                allow_redirects=False,
+            ) as r:
+                assert r.status == 303 and r.headers["Location"] == "/console/now"
+            async with http.get("/console/now") as r:
+                assert r.status == 200 and "alice" in await r.text()
+            bad = {
+                "/console/api/fleet?group=nope": 400,
+                "/console/events?since=-1": 400,
+                "/console/node/node-999": 404,
+                "/console/node/node-001?days=x": 400,
+                "/console/runs/..%2F..%2Fetc": 404,
+            }
+            for path, status in bad.items():
+                async with http.get(path) as r:
+                    assert r.status == status, path
+            form = {"answer": "approve", "reason": "x" * 501, "form_token": "t"}
+            async with http.post("/console/approvals/abc", data=form, headers=origin) as r:
+                assert r.status == 400 and "at most 500" in await r.text()
+            async with http.post(
+                "/console/approvals/NOT-AN-ID", data={**form, "reason": "ok"}, headers=origin
+            ) as r:
+                assert r.status == 400
+            async with http.post("/console/logout", allow_redirects=False) as r:
+                assert r.status == 303
+            async with http.get("/console/now", allow_redirects=False) as r:
+                assert r.status == 302

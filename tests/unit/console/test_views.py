@@ -1,0 +1,37 @@
+"""A node's timeline entries from audit records: faults, drops, runs, validation, notes."""
+
+from __future__ import annotations
+
+from gpuops.console.views import entry
+from gpuops.models import AuditRecord
+
+
+def _decision(rule: str, reason: str, accepted: bool) -> AuditRecord:
+    facts = {"index": 3, "uuid": "GPU-1", "temp_c": 88.0, "temp_slowdown_c": 89.0}
+    body = {"decision": {"reason": reason, "accepted": accepted, "detail": ""}, "facts": facts}
+    return AuditRecord(type="decision", at=1.0, node="n", rule=rule, summary="s", body=body)
+
+
+def test_decisions_are_faults_drops_or_validation() -> None:
+    fault = entry(_decision("gpu-overheat", "accepted", True))
+    assert fault.kind == "fault" and fault.facts == {"temp_c": 88.0, "temp_slowdown_c": 89.0}
+    assert entry(_decision("drift-needs-approval", "approval_pending", False)).kind == "fault"
+    drop = entry(_decision("gpu-overheat", "cooldown", False))
+    assert (drop.kind, drop.detail) == ("drop", "cooldown")
+    assert entry(_decision("validation-passed", "accepted", True)).kind == "validation"
+
+
+def test_a_run_links_its_output_and_names_its_revision_and_failed_task() -> None:
+    body = {
+        "status": "failed",
+        "run_id": "20260101T120000-1a2b3c4d",
+        "revision": "838293f8f3cd0000",
+        "failed_task": "drain",
+        "failed_message": "jobs would not leave",
+    }
+    run = entry(AuditRecord(type="run", at=2.0, node="n", rule="r", summary="x", body=body))
+    assert (run.kind, run.run_id, run.outcome) == ("run", "20260101T120000-1a2b3c4d", "failed")
+    assert run.revision == "838293f8f3cd0000"
+    assert run.detail == "task 'drain': jobs would not leave"
+    note = entry(AuditRecord(type="note", at=3.0, node="n", summary="episode resolved"))
+    assert (note.kind, note.title) == ("note", "episode resolved")
