@@ -34,6 +34,7 @@ from gpuops.clock import Clock
 from gpuops.cmdwire import CommandReply
 from gpuops.commands import DRY_RUN_KEY, Commands, Switch
 from gpuops.console import Console, Latest
+from gpuops.console.latest import SIGNALS
 from gpuops.decide.breaker import BreakerState
 from gpuops.errors import EngineError
 from gpuops.heartbeat import EVERY_S as HEARTBEAT_EVERY_S
@@ -307,7 +308,30 @@ class App:
             self.settings.console,
             self.latest,
             Evidence(self.settings.state_dir / "runs"),
+            budgets=self.power_budgets,
         )
+
+    async def power_budgets(self) -> list[dict[str, Any]]:
+        """The budgets that hold now, where each comes from, and the watts its GPUs draw
+        by their newest samples (the console's panel)."""
+        power = SIGNALS.index("power_w")
+        rows = []
+        for budget in await self.engine.power.budgets():
+            used = sum(
+                value
+                for node in budget.nodes
+                for cell in self.latest.gpus(node).values()
+                if (value := cell.values[power]) is not None
+            )
+            rows.append(
+                {
+                    "name": budget.group,
+                    "limit_w": round(budget.watts),
+                    "used_w": round(used),
+                    "source": budget.source,
+                }
+            )
+        return rows
 
     def scheduler(self) -> DriftScheduler:
         """The drift-check schedules of the settings, run by this engine."""

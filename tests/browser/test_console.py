@@ -153,7 +153,6 @@ def test_node_page_shows_the_timeline_of_a_remediation(
     assert "PLAY [" in browser.find_element("tag name", "body").text
 
 
-@pytest.mark.slow  # waits for a real baseline.yml run after the approval (15-20 s here)
 def test_approving_in_the_page_runs_the_playbook(
     live: LiveEngine, browser: Any, tmp_path: Path
 ) -> None:

@@ -3,7 +3,9 @@ a logged-in user the ChatOps table grants, from the console's own pages, inputs 
 
 from __future__ import annotations
 
+import json
 import re
+import time
 from pathlib import Path
 
 import aiohttp
@@ -12,6 +14,7 @@ import pytest
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.decide.breaker import BreakerState
+from gpuops.models import new_event, subject_for
 from gpuops.record.audit import read_audit
 from gpuops.sim.fleet import SimFleet
 from tests.conftest import engine_settings, running_engine, wait_for
@@ -154,3 +157,30 @@ async def test_session_login_and_bounded_inputs(
                 assert r.status == 303
             async with http.get("/console/now", allow_redirects=False) as r:
                 assert r.status == 302
+
+
+async def test_the_now_page_shows_each_budget_that_holds_and_what_its_gpus_draw(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = engine_settings(
+        tmp_path,
+        fleet,
+        nats_server.url,
+        http="127.0.0.1:0",
+        dry_run=True,  # the controller decides; nothing runs
+        power={"budgets": [{"group": "rack-a1", "watts": "5kW"}]},
+    )
+    async with running_engine(settings, bus) as app:
+        await wait_for(lambda: app.http_port, 30)
+        gpus = [{"index": i, "power_w": 450.0, "power_limit_w": 700.0} for i in range(4)]
+        event = new_event("telemetry", "node-001", time.time(), {"gpus": gpus}, "test")
+        await bus.js.publish(subject_for("telemetry", "node-001"), json.dumps(event).encode())
+        await wait_for(lambda: app.latest.gpus("node-001"), 30)
+        base = f"http://127.0.0.1:{app.http_port}"
+        async with aiohttp.ClientSession(base) as http, http.get("/console/now") as page:
+            html = await page.text()
+
+    panel = html[html.index('<section id="power-budgets">') :]
+    row = re.search(r"<tr[^>]*><td>rack-a1</td><td>(\d+)</td><td>(\d+)</td><td>([^<]+)</td>", panel)
+    assert row is not None, panel[:600]
+    assert row.groups() == ("5000", "1800", "base"), "the budget, the GPUs' draw, its source"
