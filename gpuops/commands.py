@@ -384,6 +384,11 @@ class Commands:
             )
         return await self.drift_check(args[0] if args else "all")
 
+    async def do_power(self, args: list[str], caller: Caller) -> str:
+        return await do_power(
+            args, caller.user, self.control, self.power, self.inventory, self.clock.now()
+        )
+
     async def do_density(self, args: list[str], caller: Caller) -> str:
         if self.density is None:
             raise CommandError(
@@ -420,7 +425,7 @@ COMMANDS: dict[str, Command] = {
         Command("breaker", Commands.do_breaker, "breaker reset|half-open", _G),
         Command("drift-check", Commands.do_drift_check, "drift-check [GROUP]", _G),
         Command("dry-run", Commands.do_dry_run, "dry-run on|off", _G),
-        Command("power", do_power, POWER_USAGE, _G),
+        Command("power", Commands.do_power, POWER_USAGE, _G),
         Command("density", Commands.do_density, "density [THRESHOLD%]", _R),
         Command("help", Commands.do_help, "help", _R),
     )

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import (
     KeyDeletedError,
     KeyNotFoundError,
@@ -21,6 +23,8 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
+
+from gpuops.bus.reader import one_read
 
 T = TypeVar("T", bound=BaseModel)
 _UNSAFE = re.compile(r"[^-/_=.a-zA-Z0-9]")
@@ -68,6 +72,7 @@ class NatsKV:
 
     def __init__(self, bucket: KeyValue) -> None:
         self.bucket = bucket
+        self._name: str | None = None  # the bucket's name, asked once
 
     async def get(self, key: str) -> Entry | None:
         try:
@@ -96,19 +101,27 @@ class NatsKV:
             return
 
     async def keys(self, prefix: str = "") -> list[str]:
-        # A watch on `prefix>` is filtered by the server; `KeyValue.keys` filters client-side.
-        watcher = await self.bucket.watch(
-            f"{prefix}>" if prefix else ">", ignore_deletes=True, meta_only=True
-        )
+        # The bucket's newest message per key, headers only, read through a consumer that
+        # is deleted after (gpuops.bus.reader): KeyValue.keys and watch leave theirs on
+        # the server, and listing every second would reach its limit of consumers. The
+        # filter `prefix>` is applied by the server.
+        if self._name is None:
+            self._name = (await self.bucket.status()).bucket
+        pre = f"$KV.{self._name}."
+        stream, subject = f"KV_{self._name}", f"{pre}{prefix}>"
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, headers_only=True)
         found: list[str] = []
-        try:
-            async for entry in watcher:
-                if entry is None:  # caught up
+        async with one_read(self.bucket._js, subject, stream, config) as sub:
+            left = (await sub.consumer_info()).num_pending or 0
+            while left > 0:
+                try:
+                    msgs = await sub.fetch(min(left, 1024), timeout=2.0)
+                except (NatsTimeout, TimeoutError):
                     break
-                if entry.operation is None:
-                    found.append(entry.key)
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
+                for msg in msgs:
+                    if (msg.headers or {}).get("KV-Operation") in (None, "PUT"):
+                        found.append(msg.subject.removeprefix(pre))
+                left = msgs[-1].metadata.num_pending or 0 if msgs else 0
         return found
 
 

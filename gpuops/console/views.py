@@ -17,6 +17,7 @@ from nats.js.errors import NotFoundError
 
 from gpuops import subjects
 from gpuops.bus.conn import AUDIT, TELEMETRY
+from gpuops.bus.reader import one_read
 from gpuops.clock import rfc3339
 from gpuops.models import EVENT_ADAPTER, AuditRecord, TelemetryEvent
 
@@ -39,24 +40,20 @@ async def read_since(
     config = ConsumerConfig(
         deliver_policy=DeliverPolicy.BY_START_TIME,
         opt_start_time=datetime.fromtimestamp(since, UTC),
-        inactive_threshold=30.0,
     )
     try:
-        sub = await js.pull_subscribe(subject, stream=stream, config=config)
+        async with one_read(js, subject, stream, config) as sub:
+            left = (await sub.consumer_info()).num_pending or 0
+            while left > 0 and limit > 0:
+                try:
+                    msgs = await sub.fetch(min(256, left, limit), timeout=1.0)
+                except (NatsTimeout, TimeoutError):
+                    return
+                for msg in msgs:
+                    yield msg.data
+                left, limit = msgs[-1].metadata.num_pending or 0, limit - len(msgs)
     except NotFoundError:
         return
-    try:
-        left = (await sub.consumer_info()).num_pending or 0
-        while left > 0 and limit > 0:
-            try:
-                msgs = await sub.fetch(min(256, left, limit), timeout=1.0)
-            except (NatsTimeout, TimeoutError):
-                return
-            for msg in msgs:
-                yield msg.data
-            left, limit = msgs[-1].metadata.num_pending or 0, limit - len(msgs)
-    finally:
-        await sub.unsubscribe()
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,23 +20,29 @@ from gpuops.power.engine import allocations
 from gpuops.power.units import format_watts, parse_watts
 
 if TYPE_CHECKING:
-    from gpuops.commands import Caller, Commands
+    from gpuops.inventory import Inventory
 
 USAGE = "power budget GROUP WATTS DURATION [REASON] | power budget GROUP --end | power status"
 END = "--end"
 
 
-async def do_power(commands: Commands, args: list[str], caller: Caller) -> str:
-    """The handler of the command table's `power`."""
-    control = commands.control
+async def do_power(
+    args: list[str],
+    user: str,
+    control: KV,
+    settings: PowerSettings,
+    inventory: Inventory | None,
+    now: float,
+) -> str:
+    """The command table's `power`, for `user` (the command table checked the grant)."""
     if args[:1] == ["status"]:
-        return await power_status(control, commands.power, commands.clock.now())
+        return await power_status(control, settings, now)
     if args[:1] != ["budget"] or len(args) < 3:
         raise CommandUsageError("budget GROUP WATTS DURATION, budget GROUP --end, or status")
     group = group_name(args[1])
-    if commands.inventory is None:
+    if inventory is None:
         raise CommandError("budgets are set through the engine (it knows the inventory)")
-    if group != FLEET and not commands.inventory.group_hosts(group):
+    if group != FLEET and not inventory.group_hosts(group):
         raise CommandError(f"group {args[1]!r} is not in the inventory")
     overrides = Overrides(control)
     if args[2] == END:
@@ -44,7 +50,7 @@ async def do_power(commands: Commands, args: list[str], caller: Caller) -> str:
         if ended is None:
             raise CommandError(f"no budget override on {group}")
         return f"power budget {group}: override of {format_watts(ended.watts)} ended"
-    override = _override(group, args[2:], caller.user, commands.clock.now(), commands.power)
+    override = _override(group, args[2:], user, now, settings)
     await overrides.set(override)
     said = f": {override.reason}" if override.reason else ""
     return (

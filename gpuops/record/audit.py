@@ -17,6 +17,7 @@ from nats.js.errors import NotFoundError
 from gpuops import subjects
 from gpuops.bus.conn import AUDIT
 from gpuops.bus.publish import Publisher
+from gpuops.bus.reader import one_read
 from gpuops.models import AuditRecord
 
 log = logging.getLogger(__name__)
@@ -101,9 +102,8 @@ async def read_audit(
         return
     if info.state.messages == 0:
         return
-    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, inactive_threshold=30.0)
-    sub = await js.pull_subscribe(subject, stream=AUDIT, config=config)
-    try:
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    async with one_read(js, subject, AUDIT, config) as sub:
         while True:
             try:
                 msgs = await sub.fetch(batch, timeout=0.5)
@@ -117,8 +117,6 @@ async def read_audit(
                     log.warning("skipping unreadable audit record at %s", msg.metadata.sequence)
             if msgs and msgs[-1].metadata.num_pending == 0:
                 return
-    finally:
-        await sub.unsubscribe()
 
 
 def as_json_line(record: AuditRecord) -> str:
