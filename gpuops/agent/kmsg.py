@@ -42,7 +42,7 @@ MAX_MESSAGE = 512
 SOURCE = "kmsg"
 PciKey = tuple[int, int, int]  # PCI domain, bus, device
 
-_RECORD = re.compile(rb"^\d+,\d+,\d+,[^;]*;")
+_RECORD = re.compile(rb"^(?P<pri>\d+),\d+,\d+,[^;]*;")
 _XID = re.compile(
     r"NVRM: Xid \(PCI:(?P<pci>[0-9A-Fa-f]{1,8}:[0-9A-Fa-f]{1,2}:[0-9A-Fa-f]{1,2})(?:\.[0-7])?\):"
     r" (?P<xid>\d{1,6}),\s*(?P<rest>.*)"
@@ -93,6 +93,10 @@ class KmsgParser:
         if head is None:
             self.stats.malformed += 1
             return None
+        # Only the kernel's own records (facility 0): anyone may write a `user` record
+        # to /dev/kmsg, and a forged "NVRM: Xid ... 79" would start a reboot ladder.
+        if int(head["pri"]) >> 3 != 0:
+            return None
         message = line[head.end() :].decode("utf-8", "replace").rstrip("\n")
         if "NVRM: Xid" in message:
             return self._xid(message)
@@ -101,7 +105,7 @@ class KmsgParser:
         return None
 
     def _xid(self, message: str) -> HealthSignal | None:
-        m = _XID.search(message)
+        m = _XID.match(message)  # the driver's line starts so; a quote inside another is not it
         key = pci_key(m["pci"]) if m else None
         if m is None or key is None:
             self.stats.malformed += 1
@@ -118,7 +122,7 @@ class KmsgParser:
         return HealthSignal("xid", data, SOURCE)
 
     def _sxid(self, message: str) -> HealthSignal | None:
-        m = _SXID.search(message)
+        m = _SXID.match(message)
         if m is None:
             self.stats.malformed += 1
             return None

@@ -25,6 +25,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
 from gpuops.bus.reader import one_read
+from gpuops.errors import BusError
 
 T = TypeVar("T", bound=BaseModel)
 _UNSAFE = re.compile(r"[^-/_=.a-zA-Z0-9]")
@@ -116,8 +117,9 @@ class NatsKV:
             while left > 0:
                 try:
                     msgs = await sub.fetch(min(left, 1024), timeout=2.0)
-                except (NatsTimeout, TimeoutError):
-                    break
+                except (NatsTimeout, TimeoutError) as exc:
+                    # A short list would read as "no such silence": fail, do not guess.
+                    raise BusError(f"listing {self._name} cut short ({left} keys unread)") from exc
                 for msg in msgs:
                     if (msg.headers or {}).get("KV-Operation") in (None, "PUT"):
                         found.append(msg.subject.removeprefix(pre))

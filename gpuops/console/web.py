@@ -199,9 +199,9 @@ class Console:
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
-        await response.prepare(request)
-        self.streams += 1
+        self.streams += 1  # before the first await: requests arriving together count too
         try:
+            await response.prepare(request)
             while not self._closing.is_set():
                 since = await self._push(response, nodes, since)
                 with contextlib.suppress(TimeoutError):
@@ -236,7 +236,7 @@ class Console:
         """A node's state, its timeline from the audit trail, and its GPUs' recent charts."""
         viewer = self._viewer(request)
         node = self._known_node(request)
-        days = _bounded_int(request.query.get("days", str(TIMELINE_DAYS)), 90, low=1)
+        days = _bounded_int(request.query.get("days", str(TIMELINE_DAYS)), 30, low=1)
         entries = await timeline(self.commands.bus.js, node, time.time() - days * 86400.0)
         record = await self.commands.states.get(node)
         gpus = sorted(self.latest.gpus(node).items())
@@ -261,8 +261,11 @@ class Console:
         return web.json_response(data, dumps=_compact)
 
     async def run_output(self, request: web.Request) -> web.Response:
-        """A kept run's output, as ansible-playbook printed it."""
-        self._viewer(request)
+        """A kept run's output, as ansible-playbook printed it: for a logged-in user only,
+        even on a read-only console (a run's output can show host variables)."""
+        viewer = self._viewer(request)
+        if not viewer.known:
+            raise web.HTTPFound("/console/login?next=" + quote(request.path_qs, safe=""))
         try:
             text = self.evidence.stdout(request.match_info["run_id"])
         except EngineError as exc:

@@ -180,7 +180,8 @@ class PowerController:
             if any(k in member for k in keys):
                 continue
             new.update({k: self.policy_w(k) for k in keys})
-            if all(self._shows(k, self.policy_w(k), now) for k in keys):
+            # No reading of the node yet (an engine just started): it is still ours.
+            if keys and all(self._shows(k, self.policy_w(k), now) for k in keys):
                 released.append(node)  # telemetry shows it: the node is no longer ours
                 self.managed.discard(node)
         return Plan(now, groups, self._changes(new, member, now), released)

@@ -29,7 +29,14 @@ class YieldToBudget(BaseStage):
     def _about_power(self, p: Proposal) -> bool:
         if p.rule.name == POWER_RULE or p.rule.by_person:
             return False
-        return p.rule.name in self.rules or any(a.playbook == POWER_PLAYBOOK for a in p.actions)
+        # The drift fix of the setting `power_limit` (baseline.yml only=power_limit) sets
+        # the policy value too: on a budgeted node that would undo the controller.
+        baseline_power = p.match.facts.get("setting") == "power_limit"
+        return (
+            p.rule.name in self.rules
+            or baseline_power
+            or any(a.playbook == POWER_PLAYBOOK for a in p.actions)
+        )
 
     async def check(self, p: Proposal) -> Drop | None:
         if not self._about_power(p):

@@ -104,7 +104,8 @@ def _unusable(s: Series, gpu_label: str) -> str | None:
     if s.labels.get(dcgm.MIG_LABEL):
         return "mig_instance"
     gpu = s.labels.get(gpu_label, "")
-    if not gpu.isdigit() or int(gpu) > MAX_GPU_INDEX:
+    # isascii: "²".isdigit() is true, and int("²") would break the whole scrape.
+    if not (gpu.isascii() and gpu.isdigit()) or int(gpu) > MAX_GPU_INDEX:
         return "bad_gpu"
     return None
 

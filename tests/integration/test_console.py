@@ -146,6 +146,13 @@ async def test_session_login_and_bounded_inputs(
             for path, status in bad.items():
                 async with http.get(path) as r:
                     assert r.status == status, path
+            # A path out of runs/ to a file that is there is refused by name, not by luck.
+            outside = settings.state_dir / "etc"  # type: ignore[attr-defined]
+            outside.mkdir(parents=True)
+            (outside / "stdout").write_text("secret")
+            async with http.get("/console/runs/..%2Fetc") as r:
+                assert r.status == 404 and "secret" not in (text := await r.text())
+                assert "not a run id" in text, text
             form = {"answer": "approve", "reason": "x" * 501, "form_token": "t"}
             async with http.post("/console/approvals/abc", data=form, headers=origin) as r:
                 assert r.status == 400 and "at most 500" in await r.text()

@@ -154,3 +154,14 @@ def test_an_unreadable_log_ends_the_reader_quietly(tmp_path: Path) -> None:
     got: list[HealthSignal] = []
     reader.follow(threading.Event(), got.append)  # returns: no exception, nothing emitted
     assert got == [] and not reader.ready.is_set()
+
+
+def test_a_forged_or_quoted_xid_is_not_a_signal() -> None:
+    parser = _parser()
+    forged = b"14,8,9,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus."
+    quoted = b"6,9,9,-;usb 1-1: Product: NVRM: Xid (PCI:0000:18:00): 79, from a USB string"
+    real = b"3,10,9,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus."
+
+    assert parser.parse(forged) is None, "facility user (14 >> 3 == 1): anyone can write it"
+    assert parser.parse(quoted) is None, "the driver's line starts with NVRM"
+    assert parser.parse(real) is not None

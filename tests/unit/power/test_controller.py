@@ -159,3 +159,14 @@ def test_a_budget_that_ends_before_its_cut_ran_restores_policy_before_letting_go
     plan = c.plan([], T0 + 30)
     assert plan.released == [] and c.managed == {"n1"}
     assert [set(ch.limits.values()) for ch in plan.changes] == [{700.0}], "restore sent"
+
+
+def test_after_a_restart_a_node_is_not_let_go_before_its_telemetry_shows_policy() -> None:
+    # An engine that starts again knows the nodes it held (their records) before any
+    # sample arrives: with nothing read yet, nothing shows policy, so they stay held.
+    c = PowerController(PowerSettings(), {"n1": NodePolicy(policy_w=700.0)})
+    c.managed.add("n1")
+
+    plan = c.plan([], T0)
+
+    assert plan.released == [] and c.managed == {"n1"}
