@@ -216,6 +216,11 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_Constant(self, node: ast.Constant) -> None:
+        if isinstance(node.value, str) and node.value.startswith(DURATION_MARK):
+            text = node.value.removeprefix(DURATION_MARK)
+            raise ValueError(
+                f"{text} is a duration: it may only be a window's length, as in p95(field, {text})"
+            )
         if not isinstance(node.value, int | float | str | bool | type(None)):
             raise ValueError(f"constant {node.value!r} is not allowed")
         if isinstance(node.value, int) and abs(node.value) > 2**64:
@@ -225,6 +230,8 @@ class _Checker(ast.NodeVisitor):
 def _window(fn: str, arg: ast.expr) -> float:
     """The window of a window function: a duration with a unit, up to MAX_WINDOW_S."""
     text = arg.value if isinstance(arg, ast.Constant) else None
+    if isinstance(text, str):
+        text = text.removeprefix(DURATION_MARK)
     if not isinstance(text, str) or not re.match(DURATION_PATTERN, text.strip()):
         raise ValueError(
             f"{fn}(): the window must be a duration like 10m or 24h, not {ast.unparse(arg)!r}"
@@ -265,6 +272,11 @@ class _ToFactLookup(ast.NodeTransformer):
         return ast.copy_location(lookup, node)
 
 
+# Marks a duration the loader quoted (`24h` -> "\u23f1 24h"), so one anywhere but as a
+# window's length (`temp_c > 10m`) is refused rather than compared as text, never true.
+DURATION_MARK = "\u23f1"
+
+
 def _quote_durations(source: str) -> str:
     """`p95(util_gpu, 24h)` is not Python: quote a number glued to a duration unit.
 
@@ -287,7 +299,7 @@ def _quote_durations(source: str) -> str:
                 start = starts[num.start[0] - 1] + num.start[1]
                 spans.append((start, start + len(text), text))
     for start, end, text in reversed(spans):
-        source = f'{source[:start]}"{text}"{source[end:]}'
+        source = f'{source[:start]}"{DURATION_MARK}{text}"{source[end:]}'
     return source
 
 

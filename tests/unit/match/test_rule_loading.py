@@ -29,6 +29,9 @@ CASES = {
         "5: rule idle: when: p95(): window 30d is out of range (over 0, at most 7d)"
     ),
     "agg_text_field.yml": "5: rule idle: when: max(): field 'uuid' is not numeric",
+    "duration_outside_window.yml": (
+        "5: rule hot: when: 10m is a duration: it may only be a window's length"
+    ),
     "agg_group_sum_per_gpu.yml": (
         "5: rule rack-power: when: sum(power_w) aggregates the members of a group"
     ),
