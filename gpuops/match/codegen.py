@@ -67,6 +67,10 @@ def _slow(e: Entry, make: MakeMatch, cleared: list[Cleared] | None) -> Callable[
     rule, window, key, field, fired = e.rule, e.window, e.key, e.field, e.fired
     agg, extra, cond = e.agg, e.extra or {}, e.rule.condition
     observe = window.observe
+    # An alert rule holds (key, fingerprint): only its own alert's resolution clears it.
+    clear_alert = (
+        _clear_alert(e, cleared) if e.alert and fired is not None and cleared is not None else None
+    )
 
     def run(f: Fact, t: float, eid: str, out: list[Match]) -> None:
         k = key(f)
@@ -86,9 +90,12 @@ def _slow(e: Entry, make: MakeMatch, cleared: list[Cleared] | None) -> Callable[
             if observe(k, at, True, g.get(field) if field else None):
                 out.append(make(rule, k, g, t, eid))
                 if fired is not None:
-                    fired.add(k)
+                    fired.add((k, f.get("fingerprint")) if e.alert else k)
             return
         observe(k, at, False)
+        if clear_alert is not None:
+            clear_alert(f, t)
+            return
         if fired and k in fired and cleared is not None:
             fired.discard(k)
             gpu = f.get("gpu")

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from gpuops.clock import ManualClock, rfc3339
+from gpuops.inventory import Inventory
 from gpuops.match.loader import load_rules
 from gpuops.match.matcher import Matcher
 from gpuops.models import EVENT_ADAPTER, Event
@@ -108,3 +109,26 @@ async def test_a_resolved_alert_resolves_the_episode_its_firing_opened(rules_dir
     assert await engine.recorder.episodes.all_open() == []
     [done] = [ep for _, ep in await engine.recorder.episodes.store.all()]
     assert done.why_resolved == "the condition cleared" and done.cleared_at == T0 + 600
+
+
+def test_an_alert_rule_reading_inventory_variables_clears_only_on_its_own_resolution(
+    tmp_path: Path,
+) -> None:
+    # Reading `tier` from the inventory puts the rule on the evaluated-per-sample path.
+    (tmp_path / "a.yml").write_text(
+        """
+rules:
+  - name: hot-prod
+    on: alert
+    when: name == "GpuTempHigh" and status == "firing" and tier == "prod"
+"""
+    )
+    hosts = frozenset({"node-001"})
+    inventory = Inventory(tmp_path, hosts, {"all": hosts}, {"node-001": {"tier": "prod"}})
+    matcher = Matcher(load_rules([tmp_path], ROOT / "playbooks", inventory), inventory=inventory)
+    assert [m.rule for m in matcher.match(alert("GpuTempHigh", "firing", "hot0"))] == ["hot-prod"]
+
+    matcher.match(alert("GpuXidError", "firing", "x", at=1, xid="13"))  # false for this rule
+    assert matcher.take_cleared() == [], "another alert on the node is not the resolution"
+    matcher.match(alert("GpuTempHigh", "resolved", "hot0", at=2))
+    assert matcher.take_cleared() == [("hot-prod", "node-001", None, T0 + 2)]
