@@ -29,6 +29,9 @@ MAX_MAGNITUDE = 2**64
 # Checked in pydantic's core, not in Python: telemetry is every GPU every few seconds.
 Num = Annotated[float, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
 Int = Annotated[int, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
+# No node NVML reports has more GPUs; an index past it is a broken or forged sample, and
+# every per-GPU state (windows, the power controller, the density day) is keyed by it.
+MAX_GPUS = 64
 
 
 def subject_token(node: str) -> str:
@@ -111,7 +114,7 @@ AlertText = Annotated[str, Field(max_length=MAX_ALERT_TEXT)]
 class GpuSample(_Open):
     """One GPU's readings in a telemetry event; a field NVML did not support is null."""
 
-    index: int = Field(ge=0, le=MAX_MAGNITUDE)
+    index: int = Field(ge=0, lt=MAX_GPUS)
     uuid: str | None = None
     name: str | None = None
     temp_c: Num | None = None
@@ -181,7 +184,7 @@ class GpuSample(_Open):
 class TelemetryData(_Open):
     """Every GPU of a node in one sample."""
 
-    gpus: list[GpuSample] = Field(min_length=1)
+    gpus: list[GpuSample] = Field(min_length=1, max_length=MAX_GPUS)
 
 
 class XidData(_Open):

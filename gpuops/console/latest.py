@@ -1,7 +1,7 @@
 """The newest sample of every GPU in the inventory, kept in memory for the fleet heatmap.
 
-Bounded by the inventory: a sample about a host it lacks is ignored, and so is a GPU
-index past `MAX_GPUS`. Each cell remembers the sequence number of the sample that wrote
+Bounded by the inventory: a sample about a host it lacks is ignored (format v1 allows no GPU
+index past `MAX_GPUS`). Each cell remembers the sequence number of the sample that wrote
 it, so a live page asks only for what changed since the last frame it drew.
 """
 
@@ -16,7 +16,6 @@ from gpuops.models import Event, TelemetryEvent
 # The readings the heatmap colours by, in the order a cell carries them after
 # [node position, gpu, seconds old]. Memory bandwidth is null where a source lacks it.
 SIGNALS = ("temp_c", "temp_slowdown_c", "power_w", "power_limit_w", "util_gpu", "dram_bw_util")
-MAX_GPUS = 64  # no node NVML reports has more; a larger index is a broken sample
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +58,9 @@ class Latest:
             return
         self.seq += 1
         cells = self._cells[i]
-        for gpu in event.data.gpus:
-            if gpu.index < MAX_GPUS:
-                values = tuple(_round(getattr(gpu, f)) for f in SIGNALS)
-                cells[gpu.index] = Cell(self.seq, event.epoch, values)
+        for gpu in event.data.gpus:  # index < MAX_GPUS: format v1 refuses others
+            values = tuple(_round(getattr(gpu, f)) for f in SIGNALS)
+            cells[gpu.index] = Cell(self.seq, event.epoch, values)
 
     def nodes_of(self, group: str | None) -> Sequence[str] | None:
         """The nodes of a group in order (every node for none or `all`); None: no such group."""

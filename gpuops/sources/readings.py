@@ -16,13 +16,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpuops.models import NODE_PATTERN, GpuSample, new_event
+from gpuops.models import MAX_GPUS, NODE_PATTERN, GpuSample, new_event
 from gpuops.sources import dcgm
 
 log = logging.getLogger(__name__)
 
 SOURCE = "prometheus"
-MAX_GPU_INDEX = 1023  # no node has more; a larger `gpu` label is junk
+MAX_GPU_INDEX = MAX_GPUS - 1  # no node has more; a larger `gpu` label is junk
 MAX_LABELS = 64  # GpuSample.labels holds at most this many, values of at most 1024 chars
 MAX_LABEL_VALUE = 1024
 _NODE = re.compile(NODE_PATTERN)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gpuops.console.latest import MAX_GPUS, SIGNALS, Latest
+import pytest
+from pydantic import ValidationError
+
+from gpuops.console.latest import SIGNALS, Latest
 from gpuops.inventory import Inventory
-from gpuops.models import EVENT_ADAPTER, Event
+from gpuops.models import EVENT_ADAPTER, MAX_GPUS, Event
 from gpuops.record.nodestate import NodeRecord, NodeState, node_counts
 from gpuops.sim.fleet import envelope
 
@@ -27,7 +30,7 @@ def test_keeps_the_newest_sample_of_inventory_gpus_only() -> None:
     latest.observe(_sample("a", {0: 40.0, 1: 41.0}))
     latest.observe(_sample("a", {1: 88.04}))
     latest.observe(_sample("elsewhere", {0: 99.0}))  # not in the inventory
-    latest.observe(_sample("b", {MAX_GPUS: 99.0, 2: 50.0}))  # an index no node has
+    latest.observe(_sample("b", {2: 50.0}))
     frame = latest.frame(latest.nodes, now=1_800_000_010.0)
     temp = 3 + SIGNALS.index("temp_c")
     assert [(r[0], r[1], r[2], r[temp]) for r in frame.rows] == [
@@ -35,6 +38,13 @@ def test_keeps_the_newest_sample_of_inventory_gpus_only() -> None:
         (0, 1, 10, 88.0),
         (1, 2, 10, 50.0),
     ]
+
+
+def test_an_index_no_node_has_never_reaches_the_heatmap() -> None:
+    # Refused where events are read (format v1: index below MAX_GPUS), so no per-GPU state
+    # anywhere (heatmap, windows, the power controller) grows with forged indexes.
+    with pytest.raises(ValidationError, match="less than 64"):
+        _sample("b", {MAX_GPUS: 99.0})
 
 
 def test_a_frame_since_a_sequence_has_only_what_changed_after_it() -> None:
