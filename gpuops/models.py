@@ -283,8 +283,10 @@ class IbData(_Open):
     """A node's InfiniBand ports in one sample: the summary rules use, and each port.
 
     A port counts as down when it is not ACTIVE, unless it was disabled on purpose
-    (phys_state Disabled). Counters are summed over the ports that expose them (null
-    when none does); they only grow until a reset, so rules use `increase`.
+    (phys_state Disabled) or, for the agent, it has not been ACTIVE since the agent
+    started (a spare port nobody cabled is not a fault). Counters are summed over the
+    ports that expose them (null when none does); they only grow until a reset, so rules
+    use `increase`.
     """
 
     ports: int = Field(default=0, ge=0, le=MAX_MAGNITUDE)

@@ -90,6 +90,7 @@ class Agent:
         self.kmsg = KmsgParser(backend.pci_bus_ids)
         self._ib_last: tuple[Any, ...] | None = None
         self._ib_sent_at = float("-inf")
+        self._ib_seen_up: set[str] = set()  # ports seen ACTIVE: only they can be "down"
 
     async def run(self, stop: asyncio.Event) -> None:
         """All loops until `stop`; they sample and spool from the start, connected or not."""
@@ -198,7 +199,7 @@ class Agent:
         """
         if self.s.ib_root is None or not self.nc.is_connected:
             return
-        data = await asyncio.to_thread(read_ib, self.s.ib_root)
+        data = await asyncio.to_thread(read_ib, self.s.ib_root, self._ib_seen_up)
         if data is None:
             return  # no InfiniBand here: nothing to say, and not a fault
         now = self.clock.now()

@@ -26,13 +26,21 @@ DEFAULT_ROOT = Path("/sys/class/infiniband")
 MAX_FILE = 256  # bytes read from one sysfs file; real ones are a few dozen
 
 
-def read_ib(root: Path) -> dict[str, Any] | None:
-    """The `ib` event data for every port under `root`, or None when there is none."""
+def read_ib(root: Path, seen_up: set[str] | None = None) -> dict[str, Any] | None:
+    """The `ib` event data for every port under `root`, or None when there is none.
+
+    With `seen_up` (the agent keeps it for its life), a port counts as down only once it
+    has been ACTIVE: a spare port nobody cabled, or one whose peer is not there yet, is
+    not a fault that drains the node at every start. Without it, every port not ACTIVE
+    counts (a one-off reading for a person).
+    """
     ports = list_ports(root)
     if not ports:
         return None
     detail = [read_port(device, port_dir) for device, port_dir in ports]
-    return summarise(detail)
+    if seen_up is not None:
+        seen_up.update(_name(p) for p in detail if str(p["state"]).upper() == "ACTIVE")
+    return summarise(detail, seen_up)
 
 
 def list_ports(root: Path) -> list[tuple[str, Path]]:
@@ -79,14 +87,18 @@ def is_down(port: dict[str, Any]) -> bool:
     return state.upper() != "ACTIVE" and phys.lower() != "disabled"
 
 
-def summarise(detail: list[dict[str, Any]]) -> dict[str, Any]:
+def _name(port: dict[str, Any]) -> str:
+    return f"{port['device']}/{port['port']}"
+
+
+def summarise(detail: list[dict[str, Any]], seen_up: set[str] | None = None) -> dict[str, Any]:
     """The node-level fields rules use, with the ports for people."""
-    down = [p for p in detail if is_down(p)]
+    down = [p for p in detail if is_down(p) and (seen_up is None or _name(p) in seen_up)]
     out: dict[str, Any] = {
         "ports": len(detail),
         "ports_active": sum(1 for p in detail if p["state"].upper() == "ACTIVE"),
         "ports_down": len(down),
-        "down_ports": [f"{p['device']}/{p['port']}" for p in down],
+        "down_ports": [_name(p) for p in down],
         "detail": detail,
     }
     for name in IB_COUNTERS:

@@ -155,7 +155,8 @@ async def test_agent_publishes_ib_events_and_kernel_log_errors_without_double_xi
     )
     ib_root = tmp_path / "infiniband"
     make_port(ib_root, "mlx5_0", symbol_error=4)
-    make_port(ib_root, "mlx5_1", state="1: DOWN", phys="2: Polling")
+    flapping = make_port(ib_root, "mlx5_1")
+    make_port(ib_root, "mlx5_2", state="1: DOWN", phys="2: Polling")  # a spare, never up
     kmsg = tmp_path / "kmsg"
     os.mkfifo(kmsg)
     settings = AgentSettings(
@@ -173,6 +174,8 @@ async def test_agent_publishes_ib_events_and_kernel_log_errors_without_double_xi
     task = asyncio.create_task(agent.run(stop))
     try:
         await wait_for(lambda: agent.sent.get("xid") == 1, 15)  # NVML's, first
+        await wait_for(lambda: agent.sent.get("ib") == 1, 15)  # all up but the spare
+        (flapping / "state").write_text("1: DOWN\n")  # a port that was up goes down
         lines = (
             b"3,1,100,-;NVRM: Xid (PCI:0000:2a:00): 79, pid=1, GPU has fallen off the bus.\n"
             b"3,2,101,-;NVRM: Xid (PCI:0000:18:00): 13, Graphics SM Warp Exception\n"
@@ -203,8 +206,8 @@ async def test_agent_publishes_ib_events_and_kernel_log_errors_without_double_xi
         assert sxid["source"] == "kmsg" and sxid["data"]["fatal"] is True
         ib = [EVENT_ADAPTER.validate_python(e) for e in stored if e["kind"] == "ib"]
         assert ib and all(e.source == "agent" for e in ib)
-        assert ib[0].data.ports_down == 1 and ib[0].data.symbol_error == 4  # type: ignore[union-attr]
-        assert ib[0].data.down_ports == ["mlx5_1/1"]  # type: ignore[union-attr]
+        assert ib[0].data.ports_down == 0 and ib[0].data.symbol_error == 4  # type: ignore[union-attr]
+        assert ib[-1].data.down_ports == ["mlx5_1/1"], "not the spare"  # type: ignore[union-attr]
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

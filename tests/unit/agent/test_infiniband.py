@@ -94,3 +94,19 @@ def test_sizes_are_bounded_and_the_event_validates(tmp_path: Path) -> None:
         "data": data,
     }
     assert EVENT_ADAPTER.validate_python(event).kind == "ib"
+
+
+def test_the_agent_counts_a_port_down_only_once_it_has_been_up(tmp_path: Path) -> None:
+    port = make_port(tmp_path, "mlx5_0")
+    make_port(tmp_path, "mlx5_1", state="1: DOWN", phys="2: Polling")  # a spare, never cabled
+    seen: set[str] = set()
+
+    first = read_ib(tmp_path, seen)
+    assert first is not None and first["ports_down"] == 0, "the spare is not a fault"
+    (port / "state").write_text("1: DOWN\n")  # the cabled one loses its link
+    (port / "phys_state").write_text("2: Polling\n")
+    later = read_ib(tmp_path, seen)
+
+    assert later is not None and later["down_ports"] == ["mlx5_0/1"]
+    once = read_ib(tmp_path)
+    assert once is not None and once["ports_down"] == 2, "a one-off reading counts every port"
