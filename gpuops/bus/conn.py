@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
 from nats.js import JetStreamContext
 from nats.js.api import (
     DiscardPolicy,
@@ -21,7 +22,12 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.errors import (
+    BadRequestError,
+    BucketNotFoundError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 from nats.js.errors import Error as JsError
 from nats.js.kv import KeyValue
 
@@ -161,12 +167,29 @@ async def connect(
     nc = await first_connect(url, cfg, name, credentials)
     js = nc.jetstream(timeout=10)
     try:
-        kv = await _set_up(js, cfg, setup)
+        kv = await _set_up_patiently(js, cfg, setup)
     except (JsError, NatsError, TimeoutError) as exc:
         await nc.close()
         raise BusError(f"cannot set up JetStream at {url} ({setup}): {exc}") from exc
     user = credentials.user if credentials is not None else (cfg.user or "")
     return Bus(nc=nc, js=js, kv=kv, url=url, user=user)
+
+
+async def _set_up_patiently(
+    js: JetStreamContext, cfg: NatsSettings, setup: Setup
+) -> dict[str, KeyValue]:
+    """`_set_up`, tried again while JetStream does not answer in time (a cluster whose
+    members are electing a leader, or catching up after one came back) for as long as a
+    first connect may take; a refusal (an error answer) is not tried again."""
+    deadline = asyncio.get_running_loop().time() + cfg.connect_timeout_s
+    while True:
+        try:
+            return await _set_up(js, cfg, setup)
+        except (TimeoutError, NoRespondersError, ServiceUnavailableError) as exc:
+            if asyncio.get_running_loop().time() >= deadline:
+                raise
+            log.warning("JetStream did not answer (%s); setting up again", type(exc).__name__)
+            await asyncio.sleep(1.0)
 
 
 async def _set_up(js: JetStreamContext, cfg: NatsSettings, setup: Setup) -> dict[str, KeyValue]:
