@@ -64,6 +64,14 @@ async def _leader(bus: Bus) -> int:
     return int(info.cluster.leader.removeprefix(f"{CLUSTER_NAME}-n"))
 
 
+async def _engine_reads(bus: Bus) -> bool:
+    try:
+        await bus.js.consumer_info(EVENTS, "gpuops-engine", timeout=2)
+    except (NatsError, JsError, TimeoutError):
+        return False
+    return True
+
+
 async def _settled(bus: Bus, published: int) -> bool:
     try:
         info = await bus.js.consumer_info(EVENTS, "gpuops-engine", timeout=2)
@@ -92,6 +100,8 @@ async def test_kill_9_of_the_stream_leader_loses_no_event_and_stores_no_intent_t
     bus, published = cluster_bus, 0
     engine.start()
     try:
+        # The kill lands on a running engine, not on one still setting up its streams.
+        await wait_for(lambda: _engine_reads(bus), 60)
         for round_ in range(3):
             if round_ == 1:
                 killed = await _leader(bus)
