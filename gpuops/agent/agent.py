@@ -251,15 +251,7 @@ class Agent:
 
     async def flush_spool(self) -> None:
         """Publish held events in order; stop at the first that fails."""
-        pending = self.spool.pending()
-        done = 0
-        for item in pending:
-            if not await self._send(item):
-                break
-            done += 1
-        if done:
-            self.spool.commit(done)
-            log.info("flushed %d spooled events", done)
+        await self.spool.flush(self._send)
 
     async def _send(self, item: Spooled) -> bool:
         if not self.nc.is_connected:

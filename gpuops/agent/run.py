@@ -96,11 +96,7 @@ async def run_agent(settings: Settings, opts: dict[str, Any]) -> None:
         ib_root=node_paths(opts, node)[0],
         kmsg_path=node_paths(opts, node)[1],
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     url, credentials = agent_endpoint(settings.nats, settings.state_dir)
     nc = Client()
     # Connecting runs beside the agent, not before it: with NATS down at boot the agent
@@ -111,12 +107,22 @@ async def run_agent(settings: Settings, opts: dict[str, Any]) -> None:
     try:
         await Agent(agent_settings, backend, nc, SystemClock()).run(stop)
     finally:
-        await _cancel(connecting)
-        await _close(nc)
+        await cancel_connecting(connecting)
+        await close_client(nc)
         backend.close()
 
 
-async def _cancel(task: asyncio.Task[None]) -> None:
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM: a long-running loop's way to end cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def cancel_connecting(task: asyncio.Task[None]) -> None:
     """Cancel until it ends: nats-py's connect loop swallows a cancel that lands in its cleanup."""
     while not task.done():
         task.cancel()
@@ -125,7 +131,7 @@ async def _cancel(task: asyncio.Task[None]) -> None:
         task.result()
 
 
-async def _close(nc: Client) -> None:
+async def close_client(nc: Client) -> None:
     """Flush and close a connected client; a client still connecting is just dropped."""
     if not (nc.is_connected or nc.is_reconnecting):
         return  # never connected: there is nothing to flush, and nats-py cannot close it

@@ -8,9 +8,13 @@ replaces a lost one.
 from __future__ import annotations
 
 import json
+import logging
 import os
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,20 @@ class Spool:
     def commit(self, n: int) -> None:
         """Forget the first `n` events (they were published)."""
         self._write(self._read()[n:])
+
+    async def flush(self, send: Callable[[Spooled], Awaitable[bool]]) -> bool:
+        """Send held events in order, stopping at the first that fails (NATS is still
+        away); True when none is left."""
+        pending = self.pending()
+        done = 0
+        for item in pending:
+            if not await send(item):
+                break
+            done += 1
+        if done:
+            self.commit(done)
+            log.info("flushed %d spooled events", done)
+        return done == len(pending)
 
     def _read(self) -> list[Spooled]:
         if not self.path.exists():

@@ -333,16 +333,7 @@ class PromSource:
 
     async def flush_spool(self) -> bool:
         """Publish held events in order; False when one failed (NATS is still away)."""
-        pending = self.spool.pending()
-        done = 0
-        for item in pending:
-            if not await self._send(item):
-                break
-            done += 1
-        if done:
-            self.spool.commit(done)
-            log.info("flushed %d spooled events", done)
-        return done == len(pending)
+        return await self.spool.flush(self._send)
 
     async def _send(self, item: Spooled) -> bool:
         if not self.connected():

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import signal
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client
 
-from gpuops.agent.run import _cancel, _close
+from gpuops.agent.run import cancel_connecting, close_client, stop_on_signals
 from gpuops.agent.spool import Spool
 from gpuops.bus.conn import agent_endpoint, connect_forever
 from gpuops.bus.publish import JetStreamPublisher, MemoryPublisher
@@ -43,11 +41,7 @@ async def run_ingest(settings: Settings, http: str | None) -> None:
     """Scrape and publish until SIGINT/SIGTERM, whether NATS answers or not."""
     cfg = settings.sources.prometheus
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     # The agent's user may publish any node's telemetry and health events: what this does.
     url, credentials = agent_endpoint(settings.nats, settings.state_dir)
     nc = Client()
@@ -70,5 +64,5 @@ async def run_ingest(settings: Settings, http: str | None) -> None:
         await source.run(stop)
     finally:
         await server.stop()
-        await _cancel(connecting)
-        await _close(nc)
+        await cancel_connecting(connecting)
+        await close_client(nc)

@@ -19,12 +19,12 @@ from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
 from gpuops.bus.cluster import CLUSTER_NAME, LocalCluster
-from gpuops.bus.conn import DLQ, EVENTS, Bus, connect
+from gpuops.bus.conn import EVENTS, Bus, connect
 from gpuops.models import new_event, subject_for
 from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet
 from tests.conftest import wait_for
-from tests.faults.test_crash import Engine, _decisions, _intent_keys
+from tests.faults.test_crash import Engine, assert_all_decided_once
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -115,18 +115,7 @@ async def test_kill_9_of_the_stream_leader_loses_no_event_and_stores_no_intent_t
     finally:
         engine.stop()
 
-    stored = (await bus.js.stream_info(EVENTS)).state.messages
-    dead = (await bus.js.stream_info(DLQ)).state.messages
-    assert stored == published and dead == 0, "every event stored once, none refused"
-    info = await bus.js.consumer_info(EVENTS, "gpuops-engine")
-    assert int(info.ack_floor.stream_seq) == published == stored + dead
-    decisions = await _decisions(bus)
-    accepted = [d for d in decisions if d["decision"]["accepted"]]
-    promised = [k for d in accepted for k in d["intents"]]
-    queued = await _intent_keys(bus)
-    assert len(queued) == len(set(queued)), "no intent stored twice"
-    assert set(promised) == set(queued), "no intent without its decision, nor the reverse"
-    assert accepted, "the test made remediations happen"
+    await assert_all_decided_once(bus, published)
     replicas = (await bus.js.stream_info(EVENTS)).cluster
     assert replicas is not None and all(p.current for p in replicas.replicas or []), (
         "the member that came back caught up"

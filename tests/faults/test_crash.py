@@ -112,6 +112,12 @@ async def test_kill_9_while_deciding_loses_no_decision_and_no_intent(
     finally:
         engine.stop()
     assert engine.kills == 4
+    await assert_all_decided_once(bus, published)
+
+
+async def assert_all_decided_once(bus: Bus, published: int) -> None:
+    """Counted from the streams: every event stored and acked (decided), none refused;
+    every accepted decision has its intents, and no intent is stored twice."""
     stored = (await bus.js.stream_info(EVENTS)).state.messages
     dead = (await bus.js.stream_info(DLQ)).state.messages
     assert stored == published and dead == 0, "every event was stored and none was refused"
