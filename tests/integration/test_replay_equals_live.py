@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from gpuops.app import App
-from gpuops.bus.conn import ACTIONS, EVENTS, Bus
+from gpuops.bus.conn import ACTIONS, EVENTS, Bus, connect
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import ManualClock
 from gpuops.commands import Caller
