@@ -2,10 +2,12 @@
 clustered JetStream (RAFT), for tests and benchmarks of gpuops on more than one server.
 
 Each member is an EmbeddedNats with its own store and a `cluster` block naming the
-others' route ports. Route ports must be known before the first member starts (each
-lists the others), so they are picked free up front; client ports are chosen by each
-server and read back. A member can be killed (SIGKILL, as a crash) and started again on
-its port and store, which is how a real member comes back.
+others' route ports. Members do not advertise each other to clients (`no_advertise`): a
+client reaches the members its URL names and no others, so a test can put a proxy
+between one client and the cluster and cut it. Route ports must be known before the
+first member starts (each lists the others), so they are picked free up front; client
+ports are chosen by each server and read back. A member can be killed (SIGKILL, as a
+crash) and started again on its port and store, which is how a real member comes back.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ class LocalCluster:
         return (
             f"server_name: {CLUSTER_NAME}-n{i}\n"
             f"cluster {{\n  name: {CLUSTER_NAME}\n  listen: 127.0.0.1:{self.routes[i]}\n"
-            f"  routes: [{others}]\n}}\n"
+            f"  routes: [{others}]\n  no_advertise: true\n}}\n"
         )
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -15,7 +16,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 from gpuops import subjects
 from gpuops.clock import Clock
-from gpuops.errors import EventError
+from gpuops.errors import EventError, LeaseLost
 from gpuops.intake.decode import dead_letter, decode
 from gpuops.models import Event
 
@@ -74,20 +75,26 @@ class Intake:
         sub = await self.js.pull_subscribe(
             self.subject, durable=self.durable, stream=self.stream, config=self.consumer_config()
         )
-        while not stop.is_set():
-            try:
-                msgs = await sub.fetch(self.batch, timeout=0.5)
-            except (NatsTimeout, TimeoutError):
-                continue
-            except NatsError as exc:  # a reconnect in progress: wait, the consumer is durable
-                log.warning("fetch from %s failed (%s); retrying", self.durable, exc)
-                await asyncio.sleep(1.0)
-                continue
-            await self.process(msgs)
+        try:
+            while not stop.is_set():
+                try:
+                    msgs = await sub.fetch(self.batch, timeout=0.5)
+                except (NatsTimeout, TimeoutError):
+                    continue
+                except NatsError as exc:  # a reconnect in progress: the consumer is durable
+                    log.warning("fetch from %s failed (%s); retrying", self.durable, exc)
+                    await asyncio.sleep(1.0)
+                    continue
+                await self.process(msgs)
+        finally:
+            # Pull requests sent while NATS was away go out when it is back; with nobody
+            # listening on their inbox, the server delivers nothing to them.
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def process(self, msgs: list[Msg]) -> None:
         """Handle a batch in order; each message is acked after its handling is recorded."""
-        for msg in msgs:
+        for i, msg in enumerate(msgs):
             try:
                 event = self._decode(msg)
             except EventError as exc:
@@ -97,6 +104,15 @@ class Intake:
                 continue
             try:
                 await self.handler(event)
+            except LeaseLost:
+                # The partition went to another replica: the rest of the batch is its to
+                # decide, and an ack (of all up to the last) would mark it done for it.
+                if self.ack_all and i:
+                    await msgs[i - 1].ack()
+                for left in msgs[i:] if not self.ack_all else ():
+                    with contextlib.suppress(Exception):  # deliverable again at once
+                        await left.nak()
+                return
             except Exception:
                 log.exception("handling %s %s failed; it will be redelivered", event.kind, event.id)
                 if not self.ack_all:

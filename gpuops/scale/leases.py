@@ -105,6 +105,8 @@ class Ownership:
     # The newest view of the bucket, for status and metrics: partition -> owner.
     owners: dict[int, str] = field(default_factory=dict)
     replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
+    # Takeovers under way, beside the rounds (partition -> its task).
+    gaining: dict[int, asyncio.Task[None]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.started = self.clock.now()
@@ -127,9 +129,13 @@ class Ownership:
         """Renew and balance every `every_s` until stopped; then give everything back."""
         try:
             while not stop.is_set():
+                began = time.monotonic()
                 await self.round()
+                # Every `every_s` from the start of the last round, not after it: a round
+                # that took a while on a busy host must not push the renewal past the lease.
+                left = max(0.0, self.every_s - (time.monotonic() - began))
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.every_s)
+                    await asyncio.wait_for(stop.wait(), left)
         finally:
             await self.release_all()
 
@@ -174,8 +180,10 @@ class Ownership:
         self.owners = {p: lease.owner for p, (lease, _) in leases.items()}
         share = math.ceil(self.partitions / len(set(self.replicas) | {self.me}))
         over = len(self.held) - share
-        for p in sorted(self.held, key=lambda p: preference(self.me, p))[: max(0, over)]:
-            await self.release(p)
+        # Given back together: each waits for its consumers to stop, and one after another
+        # they would hold up the next renewal of the leases kept.
+        giving = sorted(self.held, key=lambda p: preference(self.me, p))[: max(0, over)]
+        await asyncio.gather(*(self.release(p) for p in giving))
         for p in sorted(range(self.partitions), key=lambda p: -preference(self.me, p)):
             if len(self.held) >= share:
                 break
@@ -194,11 +202,20 @@ class Ownership:
         self.held[p] = Held(got, got, self._valid_until(sent), since)
         self.owners[p] = self.me
         log.info("took partition %d (epoch %d)", p, got)
+        # Beside the round, not in it: a takeover reads the stream for a second or more on
+        # a busy host, and the leases already held must be renewed meanwhile, or a replica
+        # taking several partitions lets the others lapse.
+        self.gaining[p] = asyncio.create_task(self._gain(p))
+
+    async def _gain(self, p: int) -> None:
         try:
             await self.on_gain(p)
         except Exception:
             log.exception("starting partition %d failed; giving it back", p)
+            self.gaining.pop(p, None)
             await self.release(p)
+        finally:
+            self.gaining.pop(p, None)
 
     async def release(self, p: int) -> None:
         """Stop the partition's work, then give its lease back for another replica."""
@@ -220,6 +237,11 @@ class Ownership:
         self.held.pop(p, None)
         if self.owners.get(p) == self.me:
             del self.owners[p]
+        gain = self.gaining.pop(p, None)
+        if gain is not None:  # lost while still taking it over: that stops first
+            gain.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await gain
         await self.on_lose(p)
 
     def _valid_until(self, sent: float) -> float:

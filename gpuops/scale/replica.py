@@ -137,7 +137,24 @@ class Partitions:
 
     async def _consume(self, p: int, stop: asyncio.Event) -> None:
         intakes = [self.make_intake(s, s == TELEMETRY, p) for s in (EVENTS, TELEMETRY)]
-        await asyncio.gather(*(self._supervised(i, stop) for i in intakes))
+        watch = asyncio.create_task(self._watch(p, stop))
+        try:
+            await asyncio.gather(*(self._supervised(i, stop) for i in intakes))
+        finally:
+            watch.cancel()
+
+    async def _watch(self, p: int, stop: asyncio.Event) -> None:
+        """Stop fetching the moment the lease runs out here, not at the next round (which
+        may wait on KV for long): the next owner re-makes the partition's consumer under
+        the same name, and what this replica fetched from it would be taken from it."""
+        while not stop.is_set():
+            held = self.ownership.held.get(p)
+            left = held.valid_until - time.monotonic() if held is not None else 0.0
+            if left <= 0:
+                stop.set()
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(left, 1.0))
 
     async def _supervised(self, intake: Intake, stop: asyncio.Event) -> None:
         delay = 0.5

@@ -38,12 +38,23 @@ pytestmark = [pytest.mark.faults, pytest.mark.slow]
 class Engine:
     """`gpuops run` as a process that the test kills and starts again."""
 
-    def __init__(self, tmp: Path, url: str, fleet: SimFleet, role: str, **env: str) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        url: str,
+        fleet: SimFleet,
+        role: str,
+        *,
+        name: str = "",
+        rules: Path = ROOT / "rules",
+        **env: str,
+    ) -> None:
         self.args = [sys.executable, "-m", "gpuops.cli", "--state-dir", str(tmp / "state")]
-        self.args += ["run", "--nats", url, "--rules", str(ROOT / "rules"), "--role", role]
+        self.args += ["run", "--nats", url, "--rules", str(rules), "--role", role]
         self.args += ["--inventory", str(fleet.root / "inventory")]
         self.env = {**os.environ, **{f"GPUOPS_{k.upper()}": v for k, v in env.items()}}
-        self.log = (tmp / f"engine-{role}.log").open("a")
+        self.log_path = tmp / f"engine-{name or role}.log"  # replicas: one log each
+        self.log = self.log_path.open("a")
         self.proc: subprocess.Popen[str] | None = None
         self.kills = 0
 
