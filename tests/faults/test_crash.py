@@ -53,8 +53,7 @@ class Engine:
         self.args += ["run", "--nats", url, "--rules", str(rules), "--role", role]
         self.args += ["--inventory", str(fleet.root / "inventory")]
         self.env = {**os.environ, **{f"GPUOPS_{k.upper()}": v for k, v in env.items()}}
-        self.log_path = tmp / f"engine-{name or role}.log"  # replicas: one log each
-        self.log = self.log_path.open("a")
+        self.log = (tmp / f"engine-{name or role}.log").open("a")  # replicas: one log each
         self.proc: subprocess.Popen[str] | None = None
         self.kills = 0
 
