@@ -238,10 +238,12 @@ class Ownership:
         if self.owners.get(p) == self.me:
             del self.owners[p]
         gain = self.gaining.pop(p, None)
-        if gain is not None:  # lost while still taking it over: that stops first
-            gain.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await gain
+        if gain is not None and gain is not asyncio.current_task():
+            # Lost while still taking it over: the takeover ends first, not halfway (its
+            # durable deleted and not made again would send the next owner back to the
+            # partition's first message).
+            with contextlib.suppress(Exception):
+                await asyncio.shield(gain)
         await self.on_lose(p)
 
     def _valid_until(self, sent: float) -> float:
