@@ -15,9 +15,12 @@ warning), raise `Unsupported`: the caller then uses Ansible's loader.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -67,6 +70,27 @@ class Parts(NamedTuple):
 
 def read(path: Path) -> Parts:
     """Read the inventory at `path` (file or directory); `Unsupported` says why not."""
+    with _collector_paused():
+        return _read(path)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while reading.
+
+    Everything read stays alive, so each collection rescans a growing heap for nothing:
+    with it running, libyaml's node graph for 12,500 hosts takes 2.5 times as long.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _read(path: Path) -> Parts:
     import ansible.constants as C
 
     _check_settings(C)
