@@ -51,11 +51,15 @@ def load_inventory(path: Path) -> Inventory:
     try:
         parts = inventory_fast.read(path)
     except inventory_fast.Unsupported as why:
-        log.info("inventory %s: read with Ansible's loader (the fast reader declined: %s)", path, why)
+        log.info(
+            "inventory %s: read with Ansible's loader (the fast reader declined: %s)", path, why
+        )
         return load_inventory_ansible(path)
     check_subject_tokens(parts.hosts, path)
     took = time.perf_counter() - start
-    log.info("inventory %s: %d hosts read by the fast reader in %.2f s", path, len(parts.hosts), took)
+    log.info(
+        "inventory %s: %d hosts read by the fast reader in %.2f s", path, len(parts.hosts), took
+    )
     return Inventory(path=path, **parts._asdict())
 
 

@@ -294,7 +294,9 @@ def _parts(
     for name, groups in host_groups.items():
         key = frozenset(groups)
         if key not in layers:
-            order = sorted(groups - {data.groups["all"]}, key=lambda g: (depth[g], g.priority, g.name))
+            order = sorted(
+                groups - {data.groups["all"]}, key=lambda g: (depth[g], g.priority, g.name)
+            )
             layers[key] = _group_layer(data.groups["all"], order, files)
         hostvars[name] = _host_vars(data.hosts[name], order_names(groups), layers[key], files)
         hostvars[name].update(magic)
@@ -302,7 +304,9 @@ def _parts(
         hosts=frozenset(data.hosts),
         groups={n: frozenset(h) for n, h in members.items() if n not in ("all", "ungrouped")},
         hostvars=hostvars,
-        children={n: frozenset(c.name for c in g.children) for n, g in data.groups.items() if g.children},
+        children={
+            n: frozenset(c.name for c in g.children) for n, g in data.groups.items() if g.children
+        },
     )
 
 

@@ -20,7 +20,8 @@ from typing import Any
 
 import yaml
 
-SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+from gpuops import inventory_yaml
+
 SECTIONS = ("vars", "children", "hosts")
 _INI_SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:\#.*)?$")
 _INI_GROUP = re.compile(r"^([^:\]\s]+)\s*(?:\#.*)?$")
@@ -192,7 +193,7 @@ def load_yaml(text: str, path: str) -> Any:
     except Exception:  # not JSON: YAML next, as Ansible does
         pass
     try:
-        return yaml.load(text, Loader=SafeLoader)  # noqa: S506 -- the safe loader, in C
+        return inventory_yaml.load(text)
     except yaml.constructor.ConstructorError as exc:
         raise Unsupported(f"{path}: {exc.problem} (Ansible's own YAML tags)") from exc
     except yaml.YAMLError:

@@ -54,7 +54,11 @@ def _write(root: Path, files: dict[str, str]) -> None:
 
 @pytest.mark.parametrize(
     "inventory",
-    ["inventories/example", "inventories/example/hosts.yml", "deploy/k8s/base/config/inventory.yml"],
+    [
+        "inventories/example",
+        "inventories/example/hosts.yml",
+        "deploy/k8s/base/config/inventory.yml",
+    ],
 )
 def test_every_inventory_in_the_repository_reads_the_same(inventory: str) -> None:
     # molecule/ has none: its scenarios give their hosts in molecule.yml, not in files.
@@ -114,8 +118,9 @@ all:
 }
 
 SHAPES: dict[str, tuple[dict[str, str], str]] = {
-    "yaml-odd-corners": ({
-        "inv.yaml": """
+    "yaml-odd-corners": (
+        {
+            "inv.yaml": """
 gpu:
   hosts:
     node-[01:03]:
@@ -139,9 +144,12 @@ all:
     lone:
 other: not-a-group
 """,
-    }, "inv.yaml"),
-    "ini": ({
-        "hosts": """# an INI inventory without an extension
+        },
+        "inv.yaml",
+    ),
+    "ini": (
+        {
+            "hosts": """# an INI inventory without an extension
 bastion ansible_host=10.1.1.1
 
 [gpu:children]
@@ -161,18 +169,23 @@ label = two words
 budget=1000
 ansible_group_priority=3
 """,
-    }, "hosts"),
-    "directory": ({
-        "10-base.yml": "all:\n  children:\n    gpu:\n      hosts: {n1: {x: 1}, n2: {}}\n",
-        "20-more.ini": "[gpu]\nn1 x=2\nn3\n[spare]\nn9\n",
-        "30-empty.yml": "",
-        "README.md": "not an inventory\n",
-        ".hidden": "[nope]\nn0\n",
-        "sub/40-nested.json": '{"spare": {"hosts": {"n10": {"j": [1, 2]}}}}',
-        "group_vars/gpu/main.yml": "g: 1\n",
-        "host_vars/n2/a.yml": "h: a\n",
-        "host_vars/n2/b.yml": "h: b\n",
-    }, "."),
+        },
+        "hosts",
+    ),
+    "directory": (
+        {
+            "10-base.yml": "all:\n  children:\n    gpu:\n      hosts: {n1: {x: 1}, n2: {}}\n",
+            "20-more.ini": "[gpu]\nn1 x=2\nn3\n[spare]\nn9\n",
+            "30-empty.yml": "",
+            "README.md": "not an inventory\n",
+            ".hidden": "[nope]\nn0\n",
+            "sub/40-nested.json": '{"spare": {"hosts": {"n10": {"j": [1, 2]}}}}',
+            "group_vars/gpu/main.yml": "g: 1\n",
+            "host_vars/n2/a.yml": "h: a\n",
+            "host_vars/n2/b.yml": "h: b\n",
+        },
+        ".",
+    ),
     "precedence": (PRECEDENCE, "hosts.yml"),
 }
 
@@ -203,15 +216,19 @@ def test_a_directory_of_sources_reads_the_same(tmp_path: Path) -> None:
     assert inv.hostvars["n10"]["inventory_file"] == str(tmp_path / "sub" / "40-nested.json")
 
 
-SCRIPT = "#!/bin/sh\necho '{\"gpu\": {\"hosts\": [\"s1\"]}, \"_meta\": {\"hostvars\": {}}}'\n"
+SCRIPT = '#!/bin/sh\necho \'{"gpu": {"hosts": ["s1"]}, "_meta": {"hostvars": {}}}\'\n'
 DECLINED = {
     "script": ({"inv.sh": SCRIPT}, "executable"),
     "unsafe": ({"hosts.yml": "all:\n  hosts:\n    s1: {cmd: !unsafe '{{ x }}'}\n"}, "tags"),
     "plugin": ({"hosts.yml": "plugin: ansible.builtin.constructed\n"}, "inventory plugin"),
     "toml": ({"hosts.toml": "[gpu.hosts.s1]\n"}, "TOML"),
-    "vault": ({"inv/hosts.yml": "gpu:\n  hosts: {s1: {}}\n", "inv/group_vars/gpu.yml": (
-        "$ANSIBLE_VAULT;1.1;AES256\n6162\n"
-    )}, "vault"),
+    "vault": (
+        {
+            "inv/hosts.yml": "gpu:\n  hosts: {s1: {}}\n",
+            "inv/group_vars/gpu.yml": ("$ANSIBLE_VAULT;1.1;AES256\n6162\n"),
+        },
+        "vault",
+    ),
 }
 
 
@@ -220,7 +237,8 @@ def test_what_the_fast_reader_does_not_understand_it_declines(
     tmp_path: Path, files: dict[str, str], why: str
 ) -> None:
     _write(tmp_path, files)
-    (tmp_path / "inv.sh").exists() and os.chmod(tmp_path / "inv.sh", 0o755)
+    if (tmp_path / "inv.sh").exists():
+        os.chmod(tmp_path / "inv.sh", 0o755)
     source = tmp_path / next(iter(files)).split("/")[0]
     with pytest.raises(inventory_fast.Unsupported, match=why):
         inventory_fast.read(source)
@@ -254,7 +272,9 @@ def test_a_setting_that_changes_how_vars_load_sends_it_to_ansible(
 
 NAMES = st.sampled_from(["g0", "g1", "g2", "g3", "rack_a", "rack_b"])
 HOSTS = st.sampled_from(["h0", "h1", "h2", "h3", "10.0.0.1", "h4.example.com"])
-VARS = st.dictionaries(st.sampled_from(["a", "b", "c"]), st.integers(0, 9) | st.text("xy", max_size=2), max_size=3)
+VARS = st.dictionaries(
+    st.sampled_from(["a", "b", "c"]), st.integers(0, 9) | st.text("xy", max_size=2), max_size=3
+)
 
 
 @st.composite
@@ -267,11 +287,17 @@ def _trees(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
         if draw(st.booleans()):
             body["vars"]["ansible_group_priority"] = draw(st.integers(1, 3))
         body["hosts"] = {h: draw(VARS) or None for h in draw(st.sets(HOSTS, max_size=3))}
-        kids = draw(st.sets(st.sampled_from(names[rank + 1 :]), max_size=2)) if rank + 1 < len(names) else set()
+        kids = (
+            draw(st.sets(st.sampled_from(names[rank + 1 :]), max_size=2))
+            if rank + 1 < len(names)
+            else set()
+        )
         body["children"] = {k: None for k in sorted(kids)}
         bodies[name] = body
     tops = draw(st.sets(st.sampled_from(names), min_size=1))
-    doc: dict[str, Any] = {"all": {"vars": draw(VARS), "children": {n: bodies[n] for n in names if n in tops}}}
+    doc: dict[str, Any] = {
+        "all": {"vars": draw(VARS), "children": {n: bodies[n] for n in names if n in tops}}
+    }
     for n in names:
         if n not in tops:
             doc[n] = bodies[n]
@@ -282,7 +308,9 @@ def _trees(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_trees())
-def test_generated_yaml_inventories_read_the_same(tree: tuple[dict[str, Any], dict[str, Any]]) -> None:
+def test_generated_yaml_inventories_read_the_same(
+    tree: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
     doc, group_vars = tree
     # A fresh directory each time: Ansible caches group_vars lookups by path.
     with tempfile.TemporaryDirectory(prefix="gpuops-inv-") as tmp:
