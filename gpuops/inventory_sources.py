@@ -25,6 +25,11 @@ from gpuops import inventory_yaml
 SECTIONS = ("vars", "children", "hosts")
 _INI_SECTION = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:\#.*)?$")
 _INI_GROUP = re.compile(r"^([^:\]\s]+)\s*(?:\#.*)?$")
+# A host line shlex would split just as str.split does: no quotes, escapes, comments
+# or whitespace but spaces and tabs (shlex is ~40 us a line, most of an INI read).
+_INI_NOT_PLAIN = re.compile(r"['\"\\#]|[^\S \t]")
+# How a Python literal can start; text that starts otherwise, quoteless, is a string.
+_LITERAL_START = frozenset("0123456789-+.([{")
 
 
 NOT_YAML: Any = object()  # load_yaml's answer for text that is neither JSON nor YAML
@@ -315,7 +320,7 @@ def _ini_child(data: Data, group: str, line: str, pending: dict[str, dict[str, A
 
 
 def _ini_hosts(data: Data, group: str, line: str) -> None:
-    tokens = shlex.split(line, comments=True)
+    tokens = shlex.split(line, comments=True) if _INI_NOT_PLAIN.search(line) else line.split()
     names, port = expand_pattern(tokens[0])
     if tokens[0].strip().endswith(":") and port is None:
         raise ValueError(f"host pattern {tokens[0]!r} ends in ':'")
@@ -333,6 +338,8 @@ def _ini_hosts(data: Data, group: str, line: str) -> None:
 
 def ini_value(text: str) -> Any:
     """A value as the ini plugin reads it: a Python literal where it is one, else the text."""
+    if _plain_text(text):
+        return text
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SyntaxWarning)
@@ -340,6 +347,13 @@ def ini_value(text: str) -> Any:
     except (ValueError, SyntaxError):
         value = text
     return _ini_coerce(value)
+
+
+def _plain_text(text: str) -> bool:
+    """Text ast.literal_eval would refuse (a name, a path, an address), known without it."""
+    if not text or text[0] in _LITERAL_START or text in ("True", "False", "None"):
+        return False
+    return "'" not in text and '"' not in text
 
 
 def _ini_coerce(value: Any) -> Any:

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from gpuops import inventory_fast
 from gpuops.inventory import Inventory, load_inventory, load_inventory_ansible
 from gpuops.inventory_bench import write_inventory
+from gpuops.inventory_sources import ini_value
 from gpuops.sim.fleet import SimFleet
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -319,3 +320,20 @@ def test_generated_yaml_inventories_read_the_same(
         for name, found in group_vars.items():
             _write(root, {f"group_vars/{name}.yml": yaml.safe_dump(found)})
         _assert_same(root / "hosts.yml")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text("ab1_0.-+'\"[]{}(),: jTrueNo/", max_size=10))
+def test_ini_values_are_the_ini_plugins(text: str) -> None:
+    from ansible._internal._datatag._tags import Origin
+    from ansible.plugins.inventory.ini import InventoryModule
+
+    plugin = InventoryModule()
+    plugin._origin = Origin(path="/inventory", line_num=1)
+    try:
+        expected = plugin._parse_value(text)
+    except Exception as exc:  # literal_eval's other errors fail the ini plugin's read too
+        with pytest.raises(type(exc)):
+            ini_value(text)
+        return
+    assert ini_value(text) == expected
