@@ -1,6 +1,6 @@
 """The Ansible inventory: which hosts exist, their groups and variables.
 
-Read by gpuops.inventory_fast where it can (12,500 hosts in about a second), else by
+Read by gpuops.inventory_fast where it can (12,500 hosts in about a CPU-second), else by
 Ansible's own parser; both give the same `Inventory`.
 """
 
