@@ -253,6 +253,18 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> None:
         click.echo(line)
 
 
+@bench.command("inventory")
+@click.option("--hosts", type=int, default=12_500, show_default=True)
+@click.option("--compare", is_flag=True, help="also load --compare-hosts with Ansible's loader")
+@click.option("--compare-hosts", type=int, default=2_000, show_default=True)
+def bench_inventory(hosts: int, compare: bool, compare_hosts: int) -> None:
+    """Seconds to ready and peak RSS of loading a fleet inventory, each in a fresh process."""
+    from gpuops.inventory_bench import bench_inventory as run_bench
+
+    for line in run_bench(hosts=hosts, compare=compare_hosts if compare else None):
+        click.echo(line)
+
+
 @bench.command("storm")
 @click.option("--nodes", type=int, default=200, show_default=True, help="simulated nodes drained")
 @click.option("--batch-size", type=int, help="hosts per run (default: executor.batch_size)")
