@@ -110,7 +110,7 @@ async def _bench(spec: IntakeBench) -> dict[str, Any]:
 
 async def _with_server(spec: IntakeBench, url: str, work: Path) -> dict[str, Any]:
     from gpuops.app import App
-    from gpuops.bus.conn import TELEMETRY, connect
+    from gpuops.bus.conn import connect
     from gpuops.clock import SystemClock
     from gpuops.match.loader import load_rules
     from gpuops.settings import NatsSettings
@@ -123,9 +123,7 @@ async def _with_server(spec: IntakeBench, url: str, work: Path) -> dict[str, Any
     engine = asyncio.create_task(app.run())
     try:
         out = await _measure(spec, url, app)
-        out["pending"] = (
-            await bus.js.consumer_info(TELEMETRY, "gpuops-engine-telemetry")
-        ).num_pending
+        out["pending"] = await _pending(bus, app.settings.nats.partitions)
         await _settle(app, spec)
         out.update(await _intents(bus, spec))
         return out
@@ -134,6 +132,15 @@ async def _with_server(spec: IntakeBench, url: str, work: Path) -> dict[str, Any
         with contextlib.suppress(Exception):
             await asyncio.wait_for(engine, 30)
         await bus.close()
+
+
+async def _pending(bus: Any, partitions: int) -> int:
+    """Telemetry not yet delivered, over every partition's consumer."""
+    from gpuops.bus.conn import TELEMETRY
+    from gpuops.scale.replica import durables
+
+    infos = [await bus.js.consumer_info(TELEMETRY, d) for d in durables(True, partitions)]
+    return sum(i.num_pending for i in infos)
 
 
 def _settings(work: Path, url: str) -> Any:

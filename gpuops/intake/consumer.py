@@ -101,17 +101,16 @@ class Intake:
         self.urgent = urgent
         self.dead: Counter[str] = Counter()
 
-    def config(self) -> ConsumerConfig:
-        """The durable consumer this intake reads."""
+    def consumer_config(self) -> ConsumerConfig:
+        """The durable consumer's settings (a takeover makes it with these)."""
         return ConsumerConfig(
-            durable_name=self.durable,
-            filter_subject=self.subject,
             ack_policy=AckPolicy.ALL if self.ack_all else AckPolicy.EXPLICIT,
             # Long enough for a batch handled slowly on a loaded host not to come back;
             # short enough that what a crashed engine held is decided again soon.
             ack_wait=120.0 if self.ack_all else 60.0,
             max_deliver=20,  # a handler bug must not redeliver one event forever
             max_ack_pending=max(1000, self.batch * 4),
+            filter_subject=self.subject,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -129,7 +128,9 @@ class Intake:
         try:
             await self.js.consumer_info(self.stream, self.durable)
         except NotFoundError:
-            await self.js.add_consumer(self.stream, self.config())
+            config = self.consumer_config()
+            config.durable_name = self.durable
+            await self.js.add_consumer(self.stream, config)
 
     async def _pull(self, puller: Puller, stop: asyncio.Event) -> None:
         while not stop.is_set():
