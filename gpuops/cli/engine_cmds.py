@@ -265,6 +265,21 @@ def bench_inventory(hosts: int, compare: bool, compare_hosts: int) -> None:
         click.echo(line)
 
 
+@bench.command("intake")
+@click.option("--gpus", type=int, default=50_000, show_default=True, help="GPUs at 1 Hz")
+@click.option("--seconds", type=float, default=20.0, show_default=True, help="seconds measured")
+@click.option("--health", type=int, default=200, show_default=True, help="XID events injected")
+def bench_intake(gpus: int, seconds: float, health: int) -> None:
+    """Engine CPU per GPU sample and health event -> intent latency under telemetry."""
+    from gpuops.bench_intake import IntakeBench
+    from gpuops.bench_intake import bench_intake as run_bench
+
+    if min(gpus, health) < 1 or seconds <= 0:
+        raise click.BadParameter("--gpus and --health must be at least 1, --seconds above 0")
+    for line in run_bench(IntakeBench(gpus=gpus, seconds=seconds, health=health)):
+        click.echo(line)
+
+
 @bench.command("storm")
 @click.option("--nodes", type=int, default=200, show_default=True, help="simulated nodes drained")
 @click.option("--batch-size", type=int, help="hosts per run (default: executor.batch_size)")
