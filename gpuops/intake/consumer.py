@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError
 
 from gpuops import subjects
 from gpuops.clock import Clock
-from gpuops.errors import BusError, EventError
+from gpuops.errors import BusError, EventError, LeaseLost
 from gpuops.intake.decode import dead_letter, decode_intake
 from gpuops.intake.fetch import Puller, ack, nak
 from gpuops.match.facts import Telemetry
@@ -175,6 +175,8 @@ class Intake:
             return
         try:
             await self.handler(event)
+        except LeaseLost:
+            raise  # the partition went to another replica: nothing more is handled or acked
         except Exception:
             log.exception("handling %s %s failed; it will be redelivered", event.kind, event.id)
             if not self.ack_all:
