@@ -131,6 +131,7 @@ class App:
                 self.engine.metrics,
             )
             self.engine.pipeline.owns = self.partitions.owns
+            self.engine.power.shared_with_others = self.partitions.shared_with_others
         if s.role in ("all", "executor"):
             self.executor = Executor(
                 self.bus,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -119,6 +120,9 @@ class PowerEngine:
         self.controller = PowerController(settings, node_policies(inventory, settings))
         self.hosts_of = {**inventory.groups, FLEET: inventory.hosts}
         self.told: dict[str, float] = {}  # group -> the budget a person was told of
+        self.split: set[str] = set()  # groups told to be split between replicas
+        # Whether another replica owns some of these nodes (set by the app: its leases).
+        self.shared_with_others: Callable[[frozenset[str]], bool] = lambda nodes: False
         self.last: Plan | None = None
         self._loaded = False
 
@@ -153,6 +157,7 @@ class PowerEngine:
             self._loaded = True
         budgets = await self.budgets() if budgets is None else budgets
         now = self.clock.now()
+        budgets = await self._whole(budgets, now)
         plan = self.controller.plan(budgets, now)
         self.last = plan
         sent = [c for c in plan.changes if await self._decide(c, plan, now)]
@@ -163,6 +168,31 @@ class PowerEngine:
         if sent:
             await self._note(plan, sent, now)
         return plan
+
+    async def _whole(self, budgets: list[GroupBudget], now: float) -> list[GroupBudget]:
+        """The budgets whose every node this replica owns (and so reads the power of).
+
+        A group split between engine replicas is kept by none of them: each would see
+        only its own nodes' draw, believe the group under budget and raise limits. People
+        are told once, so a budget is never silently not kept (docs/power.md, replicas)."""
+        whole = []
+        for b in budgets:
+            if all(self.pipeline.owns(n) for n in b.nodes):
+                whole.append(b)
+                self.split.discard(b.group)
+                continue
+            if b.group in self.split or not self.shared_with_others(b.nodes):
+                continue  # told already, or partitions not all taken yet (a start)
+            self.split.add(b.group)
+            text = (
+                f"power budget {b.line()} is not kept: its nodes are split between engine "
+                "replicas, and a replica reads only its own nodes' power; run one replica "
+                "where budgets must hold (docs/power.md)"
+            )
+            log.warning(text)
+            self.recorder.notifier.notify("power budget not kept", text)
+            await self.recorder.auditor.note(now, "", text, {"power_budget": b.group})
+        return whole
 
     async def _decide(self, change: NodeChange, plan: Plan, now: float) -> bool:
         if not self.pipeline.owns(change.node):
