@@ -226,6 +226,19 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> None:
         click.echo(line)
 
 
+@bench.command("decide")
+@click.option("--nodes", type=int, default=300, show_default=True, help="one match per node")
+@click.option("--rule", default="xid-48-dbe", show_default=True, help="a shipped xid rule")
+def bench_decide(nodes: int, rule: str) -> None:
+    """KV/JetStream round trips and latency of accepted and dropped decisions (real NATS)."""
+    from gpuops.bench_decide import bench_decide as run_bench
+
+    if nodes < 1:
+        raise click.BadParameter("--nodes at least 1")
+    for line in run_bench(nodes=nodes, rule=rule):
+        click.echo(line)
+
+
 @bench.command("storm")
 @click.option("--nodes", type=int, default=200, show_default=True, help="simulated nodes drained")
 @click.option("--batch-size", type=int, help="hosts per run (default: executor.batch_size)")
