@@ -10,12 +10,12 @@ reprovision). State in the control bucket under `breaker`, changed with compare-
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuops.bus.store import KV, Store
+from gpuops.bus.store import KV, Read, Store
 from gpuops.catalog import Catalog
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.match.durations import format_duration
@@ -55,6 +55,9 @@ class BreakerRecord(BaseModel):
         return {e.node for e in self.entries if now - e.at <= window}
 
 
+FLEET = "fleet"  # the breaker's one record
+
+
 def limit_for(fleet_size: int, share: float, absolute: int) -> int:
     """How many nodes may lose capacity within the window."""
     return max(1, min(math.ceil(fleet_size * share), absolute))
@@ -68,7 +71,7 @@ class BreakerStore:
 
     async def get(self) -> tuple[BreakerRecord, int]:
         """The state and its revision (closed and empty when never written)."""
-        value, rev = await self.store.get("fleet")
+        value, rev = await self.store.get(FLEET)
         return value or BreakerRecord(), rev
 
     async def set_state(self, state: BreakerState, why: str, at: float, by: str = "") -> None:
@@ -78,7 +81,7 @@ class BreakerStore:
             entries = () if state is BreakerState.CLOSED else (current or BreakerRecord()).entries
             return BreakerRecord(state=state, why=why, since=at, by=by, entries=entries)
 
-        await self.store.update(change, "fleet")
+        await self.store.update(change, FLEET)
 
 
 class FleetBreaker(BaseStage):
@@ -106,10 +109,14 @@ class FleetBreaker(BaseStage):
     def _counts(self, p: Proposal) -> bool:
         return p.acts and self.catalog.counts_for_breaker(a.playbook for a in p.actions)
 
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        return (self.store.store.read(FLEET),) if self._counts(p) else ()
+
     async def check(self, p: Proposal) -> Drop | None:
         if not self._counts(p):
             return None
-        state, rev = await self.store.get()
+        found, rev = await p.reads.get(self.store.store, FLEET)
+        state = found or BreakerRecord()
         if state.state is BreakerState.OPEN:
             return Drop(
                 Reason.BREAKER_OPEN, f"fleet breaker open ({state.why}); a person resets it"
@@ -129,7 +136,7 @@ class FleetBreaker(BaseStage):
         opened = BreakerRecord(
             state=BreakerState.OPEN, why=why, since=p.now, by="engine", entries=state.entries
         )
-        if await self.store.store.cas(opened, rev, "fleet") and self.on_trip is not None:
+        if await self.store.store.cas(opened, rev, FLEET) and self.on_trip is not None:
             await self.on_trip(why)
         return Drop(Reason.BREAKER_OPEN, f"tripped: {why}")
 
@@ -149,4 +156,5 @@ class FleetBreaker(BaseStage):
             kept = tuple(e for e in current.entries if p.now - e.at <= self.window_s)
             return current.model_copy(update={"entries": (*kept, Entry(node=p.node, at=p.now))})
 
-        await self.store.store.update(enter, "fleet")
+        known = p.reads.known(self.store.store, FLEET)
+        await self.store.store.update(enter, FLEET, known=known)
