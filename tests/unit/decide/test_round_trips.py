@@ -138,7 +138,7 @@ async def test_an_accepted_decision_reads_together_and_commits_together() -> Non
     rule = RULES["xid-48-dbe"]  # a GPU reset: every stage reads and remembers
     d = await engine.pipeline.decider.decide(match(rule.name), rule)
     assert d.accepted
-    reads, lock, commits = calls.waves()
+    reads, lock, breaker, commits = calls.waves()
     assert {c.op for c in reads} == {"get"} and _wheres(reads) == {
         "cooldowns:cooldown.*",
         "history:heavy.node-001",
@@ -147,8 +147,12 @@ async def test_an_accepted_decision_reads_together_and_commits_together() -> Non
         "control:breaker.fleet",
     }
     assert [(c.op, c.where) for c in lock] == [("cas", "locks:node.node-001")]
-    # Each commit starts from the revision its check read: no read before its write.
-    assert {c.op for c in commits} == {"put", "cas"} and len(commits) == 5
+    # The breaker counts the node in at check, once the stages above it let it through.
+    assert [(c.op, c.where) for c in breaker] == [("cas", "control:breaker.fleet")]
+    # Each commit starts from the revision its check read: no read before its write (the
+    # breaker's has nothing to add, and checks that on a fresh read).
+    assert [(c.op, c.where) for c in commits if c.op == "get"] == [("get", "control:breaker.fleet")]
+    assert len(commits) == 5
 
 
 async def test_handle_match_stores_intents_after_the_lock_and_before_any_commit() -> None:
@@ -159,16 +163,21 @@ async def test_handle_match_stores_intents_after_the_lock_and_before_any_commit(
     d = await engine.pipeline.handle_match(match(rule.name))
     assert d is not None and d.accepted
     log = sorted(calls.take(), key=lambda c: c.start)
-    lock = next(c for c in log if c.op == "cas")
     intent = next(c for c in log if c.where.startswith("gpuops.actions."))
-    writes = [c for c in log if c.op in ("put", "cas", "publish") and c not in (lock, intent)]
-    assert lock.where == "locks:node.node-001" and lock.end < intent.start
+    changes = [c for c in log if c.op in ("put", "cas", "publish") and c is not intent]
+    taken = [c for c in changes if c.start < intent.start]  # at check: lock, breaker count
+    assert [(c.op, c.where) for c in taken] == [
+        ("cas", "locks:node.node-001"),
+        ("cas", "control:breaker.fleet"),
+    ]
+    assert all(c.end < intent.start for c in taken)
+    writes = [c for c in changes if c not in taken]
     assert writes and all(intent.end < c.start for c in writes), "a commit before the intent"
     audit = [c for c in writes if c.where.startswith("gpuops.audit.")]
     assert len(audit) == 1, "the decision is in the audit trail when handle_match returns"
-    # Before: 22 calls one after another on NATS; now reads, lock, intents, then the
+    # Before: 23 calls one after another; now reads, lock, breaker, intents, then the
     # commits alongside the record stage (node state and episode: read, then write).
-    assert len(Calls(log).waves()) <= 6
+    assert len(Calls(log).waves()) <= 7
 
 
 async def test_a_running_cooldown_drops_without_a_kv_read() -> None:
@@ -189,7 +198,7 @@ async def test_stages_below_the_ladder_read_after_it_picked_the_rung() -> None:
     rule = RULES["xid-79-gpu-lost"]  # its actions come from the ladder's rung
     d = await engine.pipeline.decider.decide(match(rule.name, gpu=None), rule)
     assert d.accepted and d.actions[0].playbook == "reboot.yml"
-    first, second, lock, _ = calls.waves()
+    first, second, lock, breaker, _ = calls.waves()
     assert _wheres(first) == {
         "cooldowns:cooldown.*",
         "history:ladder.node-001.gpu-lost",
@@ -200,7 +209,7 @@ async def test_stages_below_the_ladder_read_after_it_picked_the_rung() -> None:
         "history:attempts.node-001",
         "control:breaker.fleet",
     }
-    assert [c.op for c in lock] == ["cas"]
+    assert [c.op for c in lock] == ["cas"] and [c.op for c in breaker] == ["cas"]
 
 
 async def test_a_commit_that_fails_leaves_the_event_to_decide_the_same_again() -> None:
