@@ -21,6 +21,7 @@ from gpuops.clock import Clock
 from gpuops.decide.stage import Decider
 from gpuops.errors import LeaseLost
 from gpuops.inventory import Inventory
+from gpuops.match.facts import Telemetry, as_telemetry
 from gpuops.match.matcher import Matcher
 from gpuops.models import Decision, Event, Intent, Match, action_subject
 from gpuops.record.audit import Auditor
@@ -65,9 +66,9 @@ class Pipeline:
         self.inventory = inventory
         self.metrics = metrics
         self.signing_key = signing_key
-        # Called with every event from a known host before matching: the density report's
-        # day of utilisation, the power controller.
-        self.observers: list[Callable[[Event], None]] = [self.density.observe]
+        # Called with every telemetry sample from a known host before matching: the
+        # density report's day of utilisation, the power controller.
+        self.observers: list[Callable[[Telemetry], None]] = [self.density.observe]
         # Whether this replica decides for a node now (its partition's lease); asked before
         # every decision and again before its intents are written (gpuops.scale).
         self.owns: Callable[[str], bool] = lambda node: True
@@ -79,15 +80,18 @@ class Pipeline:
         """Where decisions are recorded."""
         return self.recorder.auditor
 
-    async def handle(self, event: Event) -> None:
-        """Everything the engine does with one event."""
+    async def handle(self, event: Event | Telemetry) -> None:
+        """Everything the engine does with one event (telemetry: expanded to facts once)."""
         self.metrics.events.labels(event.kind).inc()
         if event.node not in self.inventory:
             await self._unknown_node(event)
             return
         self._fence(event.node)
-        for observe in self.observers:
-            observe(event)
+        telemetry = as_telemetry(event)
+        if telemetry is not None:
+            event = telemetry
+            for observe in self.observers:
+                observe(telemetry)
         for match in self.matcher.match(event):
             await self.handle_match(match)
         await self.settle_cleared()
@@ -161,7 +165,7 @@ class Pipeline:
             for action in d.actions
         ]
 
-    async def _unknown_node(self, event: Event) -> None:
+    async def _unknown_node(self, event: Event | Telemetry) -> None:
         self.metrics.unknown_nodes.inc()
         if len(self._unknown) < 1000 or event.node in self._unknown:
             self._unknown[event.node] = self._unknown.get(event.node, 0) + 1

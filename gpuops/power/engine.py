@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict
 from gpuops.bus.store import KV, Store
 from gpuops.clock import Clock
 from gpuops.inventory import Inventory
-from gpuops.models import Event, Match, TelemetryEvent
+from gpuops.match.facts import Telemetry, as_telemetry
+from gpuops.models import Event, Match
 from gpuops.pipeline import Pipeline
 from gpuops.power.budgets import FLEET, GroupBudget, Overrides, budgets_now
 from gpuops.power.config import PowerSettings
@@ -64,22 +65,24 @@ def allocations(kv: KV) -> Store[NodeAllocation]:
     return Store(kv, NodeAllocation, "power.alloc")
 
 
-def readings(event: TelemetryEvent) -> list[Reading]:
+def readings(event: Telemetry) -> list[Reading]:
     """The power readings of a telemetry event (GPUs that lack one are left out)."""
     out = []
-    for g in event.data.gpus:
-        if None in (g.power_w, g.power_limit_w, g.power_min_limit_w, g.power_max_limit_w):
+    for g in event.facts:
+        power, limit = g["power_w"], g["power_limit_w"]
+        low, high = g["power_min_limit_w"], g["power_max_limit_w"]
+        if power is None or limit is None or low is None or high is None:
             continue
         out.append(
             Reading(
-                g.index,
-                float(g.power_w or 0.0),
-                float(g.power_limit_w or 0.0),
-                float(g.power_min_limit_w or 0.0),
-                float(g.power_max_limit_w or 0.0),
-                g.power_default_limit_w,
-                float(g.util_gpu or 0.0),
-                int(g.clocks_event_reasons or 0),
+                g["index"],
+                float(power),
+                float(limit),
+                float(low),
+                float(high),
+                g["power_default_limit_w"],
+                float(g["util_gpu"] or 0.0),
+                int(g["clocks_event_reasons"] or 0),
             )
         )
     return out
@@ -119,10 +122,11 @@ class PowerEngine:
         self.last: Plan | None = None
         self._loaded = False
 
-    def observe(self, event: Event) -> None:
+    def observe(self, event: Event | Telemetry) -> None:
         """Take a telemetry event's power readings (others are not the controller's)."""
-        if isinstance(event, TelemetryEvent):
-            self.controller.observe(event.node, readings(event), event.epoch)
+        telemetry = as_telemetry(event)
+        if telemetry is not None:
+            self.controller.observe(telemetry.node, readings(telemetry), telemetry.epoch)
 
     async def budgets(self) -> list[GroupBudget]:
         """Every group's budget now."""
