@@ -4,7 +4,9 @@ The event handed in is acked by the intake only after `handle` returns, and `han
 returns only after every intent is stored in the actions queue and every decision is
 in the audit stream. The intents of a decision are stored before any stage commits
 what it remembers, and every commit is idempotent by event id, so a crash at any point
-either leaves nothing or lets the redelivered event decide the same again.
+either leaves nothing or lets the redelivered event decide the same again. The record
+of a decision (audit, node state, episode) is as idempotent, so it is written alongside
+the commits rather than after them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 from collections.abc import Callable
 
 from gpuops.bus.publish import Publisher
+from gpuops.bus.store import together
 from gpuops.clock import Clock
 from gpuops.decide.stage import Decider
 from gpuops.errors import LeaseLost
@@ -117,18 +120,23 @@ class Pipeline:
         async def write(d: Decision) -> None:
             self._fence(match.node)  # the lease may have run out while the stages read KV
             intents.extend(self._intents(d) if d.accepted else [])
-            for intent in intents:
-                await self.publisher.publish(
-                    action_subject(intent.node), intent.model_dump_json().encode(), intent.key
-                )
-                self.metrics.intents.inc()
+            # Each intent is stored once by its key, so they go together: a crash half-way
+            # lets the redelivered event store them all again, the stored ones as no-ops.
+            await together(*(self._store(intent) for intent in intents))
 
-        d = await self.decider.decide(match, rule, write, approved_by)
-        self.metrics.decisions.labels(d.reason.value).inc()
-        since = self.clock.now() - match.event_ts
-        self.metrics.event_to_decision.labels(match.rule).observe(max(0.0, since))
-        await self.recorder.decided(d, intents)
-        return d
+        async def record(d: Decision) -> None:
+            self.metrics.decisions.labels(d.reason.value).inc()
+            since = self.clock.now() - match.event_ts
+            self.metrics.event_to_decision.labels(match.rule).observe(max(0.0, since))
+            await self.recorder.decided(d, intents)
+
+        return await self.decider.decide(match, rule, write, approved_by, record)
+
+    async def _store(self, intent: Intent) -> None:
+        await self.publisher.publish(
+            action_subject(intent.node), intent.model_dump_json().encode(), intent.key
+        )
+        self.metrics.intents.inc()
 
     def _fence(self, node: str) -> None:
         """Refuse to decide for a node whose partition this replica does not hold now: the

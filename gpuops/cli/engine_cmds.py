@@ -253,6 +253,19 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> None:
         click.echo(line)
 
 
+@bench.command("decide")
+@click.option("--nodes", type=int, default=300, show_default=True, help="one match per node")
+@click.option("--rule", default="xid-48-dbe", show_default=True, help="a shipped xid rule")
+def bench_decide(nodes: int, rule: str) -> None:
+    """KV/JetStream round trips and latency of accepted and dropped decisions (real NATS)."""
+    from gpuops.bench_decide import bench_decide as run_bench
+
+    if nodes < 1:
+        raise click.BadParameter("--nodes at least 1")
+    for line in run_bench(nodes=nodes, rule=rule):
+        click.echo(line)
+
+
 @bench.command("inventory")
 @click.option("--hosts", type=int, default=12_500, show_default=True)
 @click.option("--compare", is_flag=True, help="also load --compare-hosts with Ansible's loader")
