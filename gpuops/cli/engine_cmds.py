@@ -30,12 +30,39 @@ if TYPE_CHECKING:
 @click.option("--dry-run/--no-dry-run", default=None, help="decide and record, never execute")
 @click.option("--role", type=click.Choice(["all", "engine", "executor"]), help="which loops to run")
 @click.option("--http", help="host:port for ChatOps, /metrics and /healthz (e.g. 127.0.0.1:8080)")
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="engine replicas to run from this command, one process each (they share the "
+    "partitions; see docs/operations.md)",
+)
 @click.pass_context
-def run(ctx: click.Context, /, **flags: Any) -> None:
+def run(ctx: click.Context, /, replicas: int, **flags: Any) -> None:
     """Run the engine (intake, match, decide, intents) and the executor."""
     settings = settings_from(ctx, **flags)
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+    if replicas > 1:
+        sys.exit(run_async(run_replicas(settings, replicas)))
     run_async(run_engine(settings))
+
+
+async def run_replicas(settings: Settings, replicas: int) -> int:
+    """This command's engine as `replicas` processes that share the partitions."""
+    from gpuops.scale.leases import default_replica_id
+    from gpuops.scale.supervisor import Supervisor, replica_children, strip_option
+
+    if settings.http and replicas > 1:
+        raise click.UsageError(
+            "--http with --replicas: each replica needs its own port; run them one by one "
+            "with GPUOPS_HTTP set for each, or leave --http out"
+        )
+    base = settings.replica_id or default_replica_id(str(settings.state_dir))
+    args = strip_option(sys.argv[1:], "--replicas", "--role")
+    children = replica_children(args, replicas, base, settings.role)
+    supervisor = Supervisor(children, settings.state_dir, embedded=not settings.nats.url)
+    return await supervisor.run()
 
 
 async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
@@ -223,6 +250,46 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> None:
     from gpuops.bench import bench_rules as run_bench
 
     for line in run_bench(n_rules=n_rules, gpus=gpus, seconds=seconds):
+        click.echo(line)
+
+
+@bench.command("decide")
+@click.option("--nodes", type=int, default=300, show_default=True, help="one match per node")
+@click.option("--rule", default="xid-48-dbe", show_default=True, help="a shipped xid rule")
+def bench_decide(nodes: int, rule: str) -> None:
+    """KV/JetStream round trips and latency of accepted and dropped decisions (real NATS)."""
+    from gpuops.bench_decide import bench_decide as run_bench
+
+    if nodes < 1:
+        raise click.BadParameter("--nodes at least 1")
+    for line in run_bench(nodes=nodes, rule=rule):
+        click.echo(line)
+
+
+@bench.command("inventory")
+@click.option("--hosts", type=int, default=12_500, show_default=True)
+@click.option("--compare", is_flag=True, help="also load --compare-hosts with Ansible's loader")
+@click.option("--compare-hosts", type=int, default=2_000, show_default=True)
+def bench_inventory(hosts: int, compare: bool, compare_hosts: int) -> None:
+    """Seconds to ready and peak RSS of loading a fleet inventory, each in a fresh process."""
+    from gpuops.inventory_bench import bench_inventory as run_bench
+
+    for line in run_bench(hosts=hosts, compare=compare_hosts if compare else None):
+        click.echo(line)
+
+
+@bench.command("intake")
+@click.option("--gpus", type=int, default=50_000, show_default=True, help="GPUs at 1 Hz")
+@click.option("--seconds", type=float, default=20.0, show_default=True, help="seconds measured")
+@click.option("--health", type=int, default=200, show_default=True, help="XID events injected")
+def bench_intake(gpus: int, seconds: float, health: int) -> None:
+    """Engine CPU per GPU sample and health event -> intent latency under telemetry."""
+    from gpuops.bench_intake import IntakeBench
+    from gpuops.bench_intake import bench_intake as run_bench
+
+    if min(gpus, health) < 1 or seconds <= 0:
+        raise click.BadParameter("--gpus and --health must be at least 1, --seconds above 0")
+    for line in run_bench(IntakeBench(gpus=gpus, seconds=seconds, health=health)):
         click.echo(line)
 
 

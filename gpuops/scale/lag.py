@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
+from typing import Any
 
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from gpuops.bus.conn import EVENTS, TELEMETRY
+from gpuops.bus.store import KV
+from gpuops.scale.leases import read_leases, read_replicas
 from gpuops.scale.partitions import durable, events_filter, telemetry_filter
+
+_PARTITIONS = re.compile(r"partition\((\d+),")
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,3 +84,53 @@ async def acked(js: JetStreamContext, telemetry: bool, partitions: int) -> int:
         max(0, lag.messages - lag.pending - lag.ack_pending)
         for lag in await lags(js, telemetry, partitions)
     )
+
+
+async def partition_count(js: JetStreamContext) -> int:
+    """How many partitions the telemetry stream is split into (1 when it is not)."""
+    config = (await js.stream_info(TELEMETRY)).config
+    found = _PARTITIONS.search(config.subject_transform.dest if config.subject_transform else "")
+    return int(found.group(1)) if found else 1
+
+
+async def replica_view(js: JetStreamContext, leases: KV) -> dict[str, Any]:
+    """The replicas, which partitions each owns, and each partition's lag (for status)."""
+    count = await partition_count(js)
+    owners = {p: lease.owner for p, (lease, _) in (await read_leases(leases, count)).items()}
+    events, telemetry = await lags(js, False, count), await lags(js, True, count)
+    return {
+        "replicas": [r.model_dump() for r in (await read_replicas(leases)).values()],
+        "partitions": [
+            {
+                "partition": p,
+                "owner": owners.get(p),
+                "events_lag": events[p].pending + events[p].ack_pending,
+                "telemetry_lag": telemetry[p].pending + telemetry[p].ack_pending,
+            }
+            for p in range(count)
+        ],
+    }
+
+
+def render_replicas(view: dict[str, Any]) -> list[str]:
+    """Status lines: each replica with its partitions, partitions nobody owns, the lag."""
+    parts = view.get("partitions", [])
+    lines = [f"replicas: {len(view.get('replicas', []))} over {len(parts)} partitions"]
+    for r in sorted(view.get("replicas", []), key=lambda r: r["id"]):
+        owned = [p["partition"] for p in parts if p["owner"] == r["id"]]
+        lag = sum(p["events_lag"] + p["telemetry_lag"] for p in parts if p["owner"] == r["id"])
+        listed = ",".join(map(str, owned)) or "none"
+        lines.append(f"  {r['id']} ({r['host']} pid {r['pid']}): partitions {listed}; lag {lag}")
+    orphans = [str(p["partition"]) for p in parts if p["owner"] is None]
+    if orphans:
+        lines.append(f"  not owned (waiting for a replica): {','.join(orphans)}")
+    behind = sorted(parts, key=lambda p: -(p["events_lag"] + p["telemetry_lag"]))[:3]
+    if behind and behind[0]["events_lag"] + behind[0]["telemetry_lag"]:
+        lines.append(
+            "  most behind: "
+            + ", ".join(
+                f"p{p['partition']} events {p['events_lag']} telemetry {p['telemetry_lag']}"
+                for p in behind
+            )
+        )
+    return lines
