@@ -54,7 +54,6 @@ from gpuops.record.audit import Auditor
 from gpuops.record.density import render as render_density
 from gpuops.record.nodestate import node_counts
 from gpuops.scale.leases import default_replica_id
-from gpuops.scale.partitions import durable
 from gpuops.scale.replica import Partitions, ReplicaLock, filters
 from gpuops.settings import Settings
 from gpuops.signing import load_key
@@ -161,14 +160,15 @@ class App:
         """This engine's name among the replicas."""
         return self.settings.replica_id or default_replica_id(str(self.settings.state_dir))
 
-    def _intake(self, stream: str, telemetry: bool, partition: int) -> Intake:
-        """The consumer of one partition of a stream."""
+    def _intake(self, stream: str, telemetry: bool, partition: int, name: str) -> Intake:
+        """The consumer of one partition of a stream (made by the partition's takeover)."""
         return Intake(
             self.bus.js,
             self.clock,
             stream=stream,
             subject=filters(telemetry, partition),
-            durable=durable(telemetry, partition),
+            durable=name,
+            create=False,
             handler=self.engine.pipeline.handle,
             batch=self.settings.intake_batch if telemetry else 16,
             ack_all=telemetry,
@@ -464,11 +464,11 @@ class App:
         for p in range(self.settings.nats.partitions):
             for stream, telemetry in ((EVENTS, False), (TELEMETRY, True)):
                 lag = 0
-                if p in mine:
+                name = self.partitions.names.get((telemetry, p))
+                if p in mine and name is not None:
                     with contextlib.suppress(Exception):
-                        info = await self.bus.js.consumer_info(stream, durable(telemetry, p))
+                        info = await self.bus.js.consumer_info(stream, name)
                         lag = info.num_pending or 0
-                        m.consumer_pending.labels(durable(telemetry, p)).set(lag)
                 m.partition_lag.labels(stream, str(p)).set(lag)
 
     async def _watch_rules(self) -> None:

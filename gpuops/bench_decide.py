@@ -89,8 +89,8 @@ class TimedKV:
     async def cas(self, key: str, value: bytes, revision: int) -> int | None:
         return await self.calls.timed("kv.cas", self.kv.cas(key, value, revision))
 
-    async def delete(self, key: str) -> None:
-        await self.calls.timed("kv.delete", self.kv.delete(key))
+    async def delete(self, key: str, revision: int | None = None) -> None:
+        await self.calls.timed("kv.delete", self.kv.delete(key, revision))
 
     async def keys(self, prefix: str = "") -> list[str]:
         return await self.calls.timed("kv.keys", self.kv.keys(prefix))

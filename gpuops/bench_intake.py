@@ -136,11 +136,9 @@ async def _with_server(spec: IntakeBench, url: str, work: Path) -> dict[str, Any
 
 async def _pending(bus: Any, partitions: int) -> int:
     """Telemetry not yet delivered, over every partition's consumer."""
-    from gpuops.bus.conn import TELEMETRY
-    from gpuops.scale.replica import durables
+    from gpuops.scale.lag import lags
 
-    infos = [await bus.js.consumer_info(TELEMETRY, d) for d in durables(True, partitions)]
-    return sum(i.num_pending for i in infos)
+    return sum(lag.pending for lag in await lags(bus.js, True, partitions))
 
 
 def _settings(work: Path, url: str) -> Any:

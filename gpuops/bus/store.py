@@ -62,8 +62,9 @@ class KV(Protocol):
         """Store if the key is still at `revision` (0: only if absent); None if someone won."""
         ...
 
-    async def delete(self, key: str) -> None:
-        """Remove the key (absent keys are fine)."""
+    async def delete(self, key: str, revision: int | None = None) -> None:
+        """Remove the key (absent keys are fine); with `revision`, only if it is still at
+        that revision (someone else's newer value stays)."""
         ...
 
     async def keys(self, prefix: str = "") -> list[str]:
@@ -98,10 +99,10 @@ class NatsKV:
         except KeyWrongLastSequenceError:
             return None
 
-    async def delete(self, key: str) -> None:
+    async def delete(self, key: str, revision: int | None = None) -> None:
         try:
-            await self.bucket.delete(key)
-        except (KeyNotFoundError, KeyDeletedError):
+            await self.bucket.delete(key, last=revision)
+        except (KeyNotFoundError, KeyDeletedError, KeyWrongLastSequenceError):
             return
 
     async def keys(self, prefix: str = "") -> list[str]:
@@ -153,7 +154,10 @@ class MemoryKV:
                 return None
             return await self.put(key, value)
 
-    async def delete(self, key: str) -> None:
+    async def delete(self, key: str, revision: int | None = None) -> None:
+        current = self.data.get(key)
+        if current is not None and revision is not None and current.revision != revision:
+            return
         self.data.pop(key, None)
 
     async def keys(self, prefix: str = "") -> list[str]:

@@ -85,6 +85,7 @@ class Intake:
         on_dead: Callable[[str], None] | None = None,
         priority: Priority | None = None,
         urgent: bool = False,
+        create: bool = True,
     ) -> None:
         self.js = js
         self.nc: Client = js._nc  # the context's connection: acks and pulls go on it
@@ -99,6 +100,9 @@ class Intake:
         self.on_dead = on_dead
         self.priority = priority
         self.urgent = urgent
+        # A partition's consumer is made by its takeover only: one found missing was
+        # taken over by another replica, and making it again would read twice.
+        self.create = create
         self.dead: Counter[str] = Counter()
 
     def consumer_config(self) -> ConsumerConfig:
@@ -128,6 +132,8 @@ class Intake:
         try:
             await self.js.consumer_info(self.stream, self.durable)
         except NotFoundError:
+            if not self.create:
+                raise LeaseLost(f"consumer {self.durable} is gone: taken over") from None
             config = self.consumer_config()
             config.durable_name = self.durable
             await self.js.add_consumer(self.stream, config)

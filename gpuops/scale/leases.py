@@ -107,6 +107,9 @@ class Ownership:
     replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
     # Takeovers under way, beside the rounds (partition -> its task).
     gaining: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    # Partitions whose work is stopping, beside the rounds (given back, or lost).
+    stopping: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    leaving: set[int] = field(default_factory=set)  # given back: renewed until stopped
 
     def __post_init__(self) -> None:
         self.started = self.clock.now()
@@ -150,18 +153,23 @@ class Ownership:
         """Stop deciding for leases whose time ran out here (NATS unreachable)."""
         for p in [p for p, h in self.held.items() if time.monotonic() >= h.valid_until]:
             log.warning("lease of partition %d ran out before it was renewed; stopping it", p)
-            await self._lose(p)
+            self._drop(p)
 
     async def _renew(self) -> None:
-        for p, held in list(self.held.items()):
-            sent = time.monotonic()
-            record = LeaseRecord(owner=self.me, epoch=held.epoch, since=held.since)
-            revision = await self.kv.cas(_key(p), _dump(record), held.revision)
-            if revision is None:
-                log.warning("partition %d was taken over by another replica; stopping it", p)
-                await self._lose(p)
-                continue
-            held.revision, held.valid_until = revision, self._valid_until(sent)
+        """Every lease at once: on a busy host one after another could outlast a lease."""
+        await asyncio.gather(*(self._renew_one(p, held) for p, held in list(self.held.items())))
+
+    async def _renew_one(self, p: int, held: Held) -> None:
+        sent = time.monotonic()
+        record = LeaseRecord(owner=self.me, epoch=held.epoch, since=held.since)
+        revision = await self.kv.cas(_key(p), _dump(record), held.revision)
+        if self.held.get(p) is not held:
+            return  # given back meanwhile
+        if revision is None:
+            log.warning("partition %d was taken over by another replica; stopping it", p)
+            self._drop(p)
+            return
+        held.revision, held.valid_until = revision, self._valid_until(sent)
 
     async def _register(self) -> None:
         record = ReplicaRecord(
@@ -179,25 +187,30 @@ class Ownership:
         leases = await read_leases(self.kv, self.partitions)
         self.owners = {p: lease.owner for p, (lease, _) in leases.items()}
         share = math.ceil(self.partitions / len(set(self.replicas) | {self.me}))
-        over = len(self.held) - share
-        # Given back together: each waits for its consumers to stop, and one after another
-        # they would hold up the next renewal of the leases kept.
-        giving = sorted(self.held, key=lambda p: preference(self.me, p))[: max(0, over)]
-        await asyncio.gather(*(self.release(p) for p in giving))
+        kept = [p for p in self.held if p not in self.leaving]
+        # Given back beside the round: each waits for its consumers to stop (renewed
+        # meanwhile), and the round must go on renewing the leases kept.
+        for p in sorted(kept, key=lambda p: preference(self.me, p))[: max(0, len(kept) - share)]:
+            self.leaving.add(p)
+            kept.remove(p)
+            self.stopping[p] = asyncio.create_task(self._give_back(p))
         for p in sorted(range(self.partitions), key=lambda p: -preference(self.me, p)):
-            if len(self.held) >= share:
+            if len(kept) >= share:
                 break
             lease, revision = leases.get(p, (None, 0))
-            if p in self.held or (lease is not None and lease.owner != self.me):
+            if p in self.held or p in self.stopping:
+                continue  # held, or its last work still stopping here
+            if lease is not None and lease.owner != self.me:
                 continue
-            await self._take(p, revision)
+            if await self._take(p, revision):
+                kept.append(p)
 
-    async def _take(self, p: int, revision: int) -> None:
+    async def _take(self, p: int, revision: int) -> bool:
         """Take a free partition (or one this replica held before a restart)."""
         sent, since = time.monotonic(), self.clock.now()
         got = await self.kv.cas(_key(p), _dump(LeaseRecord(owner=self.me, since=since)), revision)
         if got is None:
-            return  # another replica was quicker
+            return False  # another replica was quicker
         # The epoch is the revision it was taken at; the next renewal writes it down.
         self.held[p] = Held(got, got, self._valid_until(sent), since)
         self.owners[p] = self.me
@@ -206,6 +219,7 @@ class Ownership:
         # a busy host, and the leases already held must be renewed meanwhile, or a replica
         # taking several partitions lets the others lapse.
         self.gaining[p] = asyncio.create_task(self._gain(p))
+        return True
 
     async def _gain(self, p: int) -> None:
         try:
@@ -219,28 +233,55 @@ class Ownership:
 
     async def release(self, p: int) -> None:
         """Stop the partition's work, then give its lease back for another replica."""
-        if p not in self.held:
-            return
-        await self._lose(p)
-        with contextlib.suppress(Exception):  # NATS away: the lease expires on its own
-            await self.kv.delete(_key(p))
-        log.info("gave back partition %d", p)
+        if p in self.held:
+            self.leaving.add(p)
+            await self._give_back(p)
+
+    async def _give_back(self, p: int) -> None:
+        """Stop the work while the lease is still renewed, then drop the lease and delete
+        it (only at the revision renewed last: if it lapsed and another replica took the
+        partition meanwhile, that replica's lease stays)."""
+        try:
+            await self._stop_work(p)
+        finally:
+            held = self.held.pop(p, None)
+            self.leaving.discard(p)
+            self.stopping.pop(p, None)
+            if self.owners.get(p) == self.me:
+                del self.owners[p]
+            if held is not None:
+                with contextlib.suppress(Exception):  # NATS away: it expires on its own
+                    await self.kv.delete(_key(p), held.revision)
+                log.info("gave back partition %d", p)
 
     async def release_all(self) -> None:
         """Give every partition back (a clean stop: the others take them at once)."""
-        for p in list(self.held):
-            await self.release(p)
+        await asyncio.gather(*(self.release(p) for p in list(self.held) if p not in self.leaving))
+        await asyncio.gather(*self.stopping.values(), return_exceptions=True)
         with contextlib.suppress(Exception):
             await self.kv.delete(_replica_key(self.me))
 
-    async def _lose(self, p: int) -> None:
+    def _drop(self, p: int) -> None:
+        """A lease lost (ran out, or taken over): no longer held from now; its work stops
+        beside the round."""
         self.held.pop(p, None)
+        self.leaving.discard(p)
         if self.owners.get(p) == self.me:
             del self.owners[p]
+        if p not in self.stopping:
+            self.stopping[p] = asyncio.create_task(self._stopped(p))
+
+    async def _stopped(self, p: int) -> None:
+        try:
+            await self._stop_work(p)
+        finally:
+            self.stopping.pop(p, None)
+
+    async def _stop_work(self, p: int) -> None:
         gain = self.gaining.pop(p, None)
         if gain is not None and gain is not asyncio.current_task():
-            # Lost while still taking it over: the takeover ends first, not halfway (its
-            # durable deleted and not made again would send the next owner back to the
+            # Still being taken over: the takeover ends first, not halfway (its durable
+            # deleted and not made again would send the next owner back to the
             # partition's first message).
             with contextlib.suppress(Exception):
                 await asyncio.shield(gain)
@@ -278,8 +319,8 @@ async def read_replicas(kv: KV) -> dict[str, ReplicaRecord]:
 async def read_leases(kv: KV, partitions: int) -> dict[int, tuple[LeaseRecord, int]]:
     """Partition -> (its lease, the lease's revision), for the partitions someone holds."""
     out: dict[int, tuple[LeaseRecord, int]] = {}
-    for p in range(partitions):
-        entry = await kv.get(_key(p))
+    entries = await asyncio.gather(*(kv.get(_key(p)) for p in range(partitions)))
+    for p, entry in enumerate(entries):
         if entry is None:
             continue
         try:

@@ -55,9 +55,21 @@ def events_filter(partition: int) -> str:
     return f"{subjects.PREFIX}.events.{partition}.*.*"
 
 
-def durable(telemetry: bool, partition: int) -> str:
-    """The durable consumer of one partition of a stream (shared by whoever owns it)."""
-    return f"gpuops-engine-{'telemetry' if telemetry else 'events'}-p{partition}"
+def durable(telemetry: bool, partition: int, epoch: int | None = None) -> str:
+    """The durable consumer of one partition of a stream, as made by the owner that took
+    it at `epoch` (None: the name's stem, shared by every epoch's).
+
+    Each owner makes its own, named by its epoch, from where the last one's ack floor
+    stood: a replica that lost the partition cannot pull from, or ack on, the consumer
+    of the one that has it now, since it does not know its name."""
+    stem = f"gpuops-engine-{'telemetry' if telemetry else 'events'}-p{partition}"
+    return stem if epoch is None else f"{stem}-e{epoch}"
+
+
+def epoch_of(name: str, telemetry: bool, partition: int) -> int | None:
+    """The epoch of a partition's consumer by its name; None: not one of the partition's."""
+    rest = name.removeprefix(durable(telemetry, partition) + "-e")
+    return int(rest) if rest != name and rest.isdigit() else None
 
 
 def nodes_of(nodes: frozenset[str] | set[str], partition: int, partitions: int) -> set[str]:

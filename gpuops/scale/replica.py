@@ -24,7 +24,7 @@ from nats.js import JetStreamContext
 from gpuops.bus.conn import EVENTS, TELEMETRY
 from gpuops.bus.store import KV
 from gpuops.clock import Clock
-from gpuops.errors import ConfigError
+from gpuops.errors import ConfigError, LeaseLost
 from gpuops.intake.consumer import Intake
 from gpuops.match.matcher import Matcher
 from gpuops.record.metrics import Metrics
@@ -46,7 +46,7 @@ STOP_WAIT_S = 10.0
 # Telemetry is kept for minutes: a takeover replays at most what the stream still has.
 TELEMETRY_SPAN_MAX_S = 600.0
 
-MakeIntake = Callable[[str, bool, int], Intake]  # (stream, telemetry?, partition)
+MakeIntake = Callable[[str, bool, int, str], Intake]  # (stream, telemetry?, partition, durable)
 
 
 @dataclass
@@ -74,6 +74,9 @@ class Partitions:
     ownership: Ownership = field(init=False)
     workers: dict[int, Worker] = field(init=False, default_factory=dict)
     ready: set[int] = field(init=False, default_factory=set)
+    # (telemetry?, partition) -> the name of the consumer this replica made for it
+    names: dict[tuple[bool, int], str] = field(init=False, default_factory=dict)
+    _releasing: set[asyncio.Task[None]] = field(init=False, default_factory=set)
     _nodes: dict[int, frozenset[str]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -109,18 +112,24 @@ class Partitions:
     async def gain(self, p: int) -> None:
         """Take the partition over and start its consumers."""
         began = time.monotonic()
+        held = self.ownership.held.get(p)
+        if held is None:
+            return  # lost again before its takeover began
         for telemetry in (False, True):
-            intake = self.make_intake(TELEMETRY if telemetry else EVENTS, telemetry, p)
+            stream = TELEMETRY if telemetry else EVENTS
+            probe = self.make_intake(stream, telemetry, p, durable(telemetry, p, held.epoch))
             done = await take_over(
                 self.js,
-                stream=intake.stream,
-                durable=intake.durable,
-                subject=intake.subject,
-                config=intake.consumer_config(),
+                stream=stream,
+                telemetry=telemetry,
+                partition=p,
+                epoch=held.epoch,
+                config=probe.consumer_config(),
                 span_s=self._span(telemetry),
                 now=self.clock.now(),
                 feed=self.matcher.warm,
             )
+            self.names[(telemetry, p)] = done.durable
             log.info(
                 "partition %d %s: from seq %d, %d events replayed into the windows",
                 p,
@@ -143,10 +152,13 @@ class Partitions:
         return self.matcher.span_s(kinds - {"telemetry"})
 
     async def _consume(self, p: int, stop: asyncio.Event) -> None:
-        intakes = [self.make_intake(s, s == TELEMETRY, p) for s in (EVENTS, TELEMETRY)]
+        intakes = [
+            self.make_intake(s, s == TELEMETRY, p, self.names[(s == TELEMETRY, p)])
+            for s in (EVENTS, TELEMETRY)
+        ]
         watch = asyncio.create_task(self._watch(p, stop))
         try:
-            await asyncio.gather(*(self._supervised(i, stop) for i in intakes))
+            await asyncio.gather(*(self._supervised(i, stop, p) for i in intakes))
         finally:
             watch.cancel()
 
@@ -163,7 +175,7 @@ class Partitions:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), min(left, 1.0))
 
-    async def _supervised(self, intake: Intake, stop: asyncio.Event) -> None:
+    async def _supervised(self, intake: Intake, stop: asyncio.Event, p: int) -> None:
         delay = 0.5
         while not stop.is_set():
             try:
@@ -171,7 +183,15 @@ class Partitions:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # NATS away, a consumer lost: try again while held
+            except LeaseLost as exc:
+                # Its consumer is gone (another replica took the partition over): give the
+                # lease back, if it is still this replica's, so the partition is taken
+                # over afresh rather than left with nobody reading it.
+                log.warning("partition %d: %s; giving it back", p, exc)
+                stop.set()
+                self._releasing.add(asyncio.create_task(self.ownership.release(p)))
+                return
+            except Exception as exc:  # NATS away: try again while held
                 self.metrics.loop_restarts.labels(intake.durable).inc()
                 log.warning("%s failed (%s); restarting in %.1fs", intake.durable, exc, delay)
             with contextlib.suppress(TimeoutError):
@@ -208,11 +228,6 @@ async def check_layout(js: JetStreamContext, count: int) -> None:
                 f"as nats.partitions says: every replica must use the same nats.partitions "
                 "(the streams follow the last engine that set them up)"
             )
-
-
-def durables(telemetry: bool, partitions: int) -> list[str]:
-    """Every partition's durable of a stream."""
-    return [durable(telemetry, p) for p in range(partitions)]
 
 
 def filters(telemetry: bool, partition: int) -> str:

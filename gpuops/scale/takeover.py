@@ -3,10 +3,13 @@
 The partition's durable consumer says how far its last owner got: every message at or
 below the ack floor was decided (its handling was recorded before the ack). Those of
 the last `span` seconds are read again and fed to the matcher without deciding (so a
-`for: 60s` 40 s along goes on from 40 s, and a rule that fired stays fired); the
-consumer is then made anew to deliver from floor + 1. Making it anew also fences the
-last owner out: if it is alive but cut off, its consumer is gone when it comes back,
-so it cannot fetch or ack anything of the partition again.
+`for: 60s` 40 s along goes on from 40 s, and a rule that fired stays fired); a consumer
+named by the new owner's epoch is then made to deliver from floor + 1, and the old ones
+are deleted. That fences the last owner out: if it is alive but cut off, its consumer
+is gone when it comes back, it cannot make it again (a partition's intake never
+creates its consumer) and it does not know the new one's name. A takeover cut short
+between making the new consumer and deleting the old leaves both: the next one takes
+the highest floor of all and deletes them all.
 
 Messages after the floor that the last owner had decided but not acked are decided
 again; every decision is idempotent by event id, so that is the first decision again.
@@ -22,13 +25,14 @@ from datetime import UTC, datetime
 
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from gpuops.bus.reader import one_read
-from gpuops.errors import EventError
+from gpuops.errors import EventError, LeaseLost
 from gpuops.intake.decode import decode
 from gpuops.models import Event
+from gpuops.scale.partitions import durable, epoch_of
 
 log = logging.getLogger(__name__)
 
@@ -49,35 +53,62 @@ async def take_over(
     js: JetStreamContext,
     *,
     stream: str,
-    durable: str,
-    subject: str,
+    telemetry: bool,
+    partition: int,
+    epoch: int,
     config: ConsumerConfig,
     span_s: float,
     now: float,
     feed: Feed,
 ) -> Takeover:
-    """Warm the windows from what was decided, then (re)make the durable from floor + 1."""
-    floor = await _ack_floor(js, stream, durable)
+    """Warm the windows from what was decided, then make this epoch's durable from
+    floor + 1 and delete the earlier owners'."""
+    subject = config.filter_subject or ""
+    earlier = await partition_consumers(js, stream, telemetry, partition)
+    newer = [n for n in earlier if (epoch_of(n, telemetry, partition) or 0) > epoch]
+    if newer:  # a later owner took it already: this takeover is stale
+        raise LeaseLost(f"partition {partition} was taken over again ({newer[0]})")
+    floor = max((_floor(info) for info in earlier.values()), default=0)
     warmed = 0
     if floor and span_s > 0:
         warmed = await _warm(js, stream, subject, now - span_s, floor, feed)
-    with contextlib.suppress(NotFoundError):
-        await js.delete_consumer(stream, durable)
+    name = durable(telemetry, partition, epoch)
     fresh = ConsumerConfig.from_response(config.as_dict())
-    fresh.durable_name = fresh.name = durable
-    fresh.filter_subject = subject
+    fresh.durable_name = fresh.name = name
     if floor:
         fresh.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
         fresh.opt_start_seq = floor + 1
-    await js.add_consumer(stream, fresh)
-    return Takeover(stream, durable, floor, warmed)
+    if name not in earlier:
+        await js.add_consumer(stream, fresh)
+    for old in earlier:
+        if old != name:
+            with contextlib.suppress(NotFoundError):
+                await js.delete_consumer(stream, old)
+    return Takeover(stream, name, floor, warmed)
 
 
-async def _ack_floor(js: JetStreamContext, stream: str, durable: str) -> int:
-    try:
-        info = await js.consumer_info(stream, durable)
-    except NotFoundError:
-        return 0
+async def partition_consumers(
+    js: JetStreamContext, stream: str, telemetry: bool, partition: int
+) -> dict[str, ConsumerInfo]:
+    """The consumers of one partition of a stream (any epoch), by name."""
+    out: dict[str, ConsumerInfo] = {}
+    for info in await all_consumers(js, stream):
+        if info.name and epoch_of(info.name, telemetry, partition) is not None:
+            out[info.name] = info
+    return out
+
+
+async def all_consumers(js: JetStreamContext, stream: str) -> list[ConsumerInfo]:
+    """Every consumer of a stream (the server answers 256 at a time)."""
+    found: list[ConsumerInfo] = []
+    while True:
+        page = await js.consumers_info(stream, offset=len(found) or None)
+        found += page
+        if len(page) < 256:
+            return found
+
+
+def _floor(info: ConsumerInfo) -> int:
     return int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
 
 

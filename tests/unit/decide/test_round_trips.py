@@ -100,9 +100,9 @@ class NetKV:
         self.calls.log.append(Call("cas", f"{self.name}:{key}", start, next(TICKS)))
         return rev
 
-    async def delete(self, key: str) -> None:
+    async def delete(self, key: str, revision: int | None = None) -> None:
         await self._call("delete", key)
-        await self.kv.delete(key)
+        await self.kv.delete(key, revision)
 
     async def keys(self, prefix: str = "") -> list[str]:
         await self._call("keys", prefix)
