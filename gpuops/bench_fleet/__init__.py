@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -90,6 +91,8 @@ def run_round(spec: FleetSpec, fleet: SimFleet, count: int, work: Path, say: Say
             replica.stop()
         publishers.stop()
         cluster.stop()
+        # Three servers' stores hold a GiB of telemetry each: gone before the next round.
+        shutil.rmtree(work / "nats", ignore_errors=True)
 
 
 async def _measure(round_: Round) -> RoundFigures:

@@ -58,7 +58,8 @@ class Round:
     publishers: Publishers
     say: Callable[[str], None]
     cores: int
-    sent: dict[str, float] = field(default_factory=dict)  # probe event id -> time sent
+    # probe event id -> (time sent, time the stream acked it)
+    sent: dict[str, tuple[float, float]] = field(default_factory=dict)
     max_lag: list[float] = field(default_factory=list)
 
     async def run(self, bus: Bus) -> RoundFigures:
@@ -72,6 +73,7 @@ class Round:
             results = await asyncio.to_thread(self.publishers.results, 120.0)
             pending = await self._drain(bus)
             final = [await _scrape_hard(http, r) for r in self.replicas]
+        to_intent, to_stored = await self._latencies(bus)
         return RoundFigures(
             **_counts(self.spec, len(self.fleet.nodes), results),
             **_usage(first, last, self.spec.gpus),
@@ -85,7 +87,8 @@ class Round:
             max_lag=self.max_lag,
             load=(load0, os.getloadavg()[0]),
             health_sent=len(self.sent),
-            latencies_ms=await self._latencies(bus),
+            latencies_ms=to_intent,
+            stored_ms=to_stored,
         )
 
     async def _window(self, bus: Bus, http: aiohttp.ClientSession) -> tuple[Snapshot, Snapshot]:
@@ -99,9 +102,11 @@ class Round:
         try:
             await _sleep_until(opens)
             first = await self._snapshot(http)
-            await self._inject(bus, closes)
+            sending = await self._inject(bus, closes)
             await _sleep_until(closes)
-            return first, await self._snapshot(http)
+            last = await self._snapshot(http)
+            await asyncio.gather(*sending)
+            return first, last
         finally:
             lines.cancel()
 
@@ -164,16 +169,19 @@ class Round:
         lag = "?" if now.lag is None else f"{now.lag:,.0f}"
         return f"{name} {rate} samples/s lag {lag}"
 
-    async def _inject(self, bus: Bus, closes: float) -> None:
+    async def _inject(self, bus: Bus, closes: float) -> list[asyncio.Task[None]]:
         """Probe failures at a steady rate over the window, each on its own node (spread
-        over the fleet, so over the partitions)."""
+        over the fleet, so over the partitions); each is sent at its time, however long
+        the ones before take to be stored."""
         nodes = self.fleet.nodes
         count = min(self.spec.health, len(nodes))
         gap = max(0.0, closes - time.time()) / max(1, count)
-        start = time.time()
+        start, sending = time.time(), []
         for i in range(count):
             await _sleep_until(start + i * gap)
-            await self._probe_fail(bus, nodes[i * len(nodes) // count], i % self.spec.gpus)
+            node = nodes[i * len(nodes) // count]
+            sending.append(asyncio.create_task(self._probe_fail(bus, node, i % self.spec.gpus)))
+        return sending
 
     async def _probe_fail(self, bus: Bus, node: str, gpu: int) -> None:
         t = time.time()
@@ -185,7 +193,7 @@ class Round:
                 await bus.js.publish(subject_for("probe", node), payload, headers=headers)
             except (NatsError, JsError, TimeoutError):
                 continue
-            self.sent[event["id"]] = t
+            self.sent[event["id"]] = (t, time.time())
             return
 
     async def _drain(self, bus: Bus) -> int:
@@ -200,14 +208,16 @@ class Round:
             await asyncio.sleep(1.0)
         return left
 
-    async def _latencies(self, bus: Bus) -> list[float]:
-        """decided_at of each injected event's intent minus the time it was sent, in ms."""
-        out = []
+    async def _latencies(self, bus: Bus) -> tuple[list[float], list[float]]:
+        """Of each injected event with an intent, in ms: the intent's decided_at minus the
+        time the event was sent, and the time the stream took to ack it."""
+        to_intent, to_stored = [], []
         for intent in await read_intents(bus):
             sent = self.sent.get(intent.event_id)
             if sent is not None:
-                out.append((intent.decided_at - sent) * 1000.0)
-        return out
+                to_intent.append((intent.decided_at - sent[0]) * 1000.0)
+                to_stored.append((sent[1] - sent[0]) * 1000.0)
+        return to_intent, to_stored
 
 
 def _counts(spec: FleetSpec, nodes: int, results: list[PublisherResult]) -> dict[str, Any]:

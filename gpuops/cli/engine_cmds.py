@@ -301,9 +301,15 @@ def bench_power(nodes: int, budget: float, window: str, seed: int) -> None:
 @click.option(
     "--publishers", type=int, default=0, help="publisher processes (default: 1 per 5,000 nodes)"
 )
-def bench_fleet(
-    nodes: int, gpus: int, replicas: str, seconds: int, warmup: int, health: int, publishers: int
-) -> None:
+@click.option(
+    "--stream-replicas",
+    "nats_replicas",
+    type=click.IntRange(1, 3),
+    default=3,
+    show_default=True,
+    help="copies of each stream and bucket on the 3-server cluster",
+)
+def bench_fleet(replicas: str, **options: int) -> None:
     """A 1 Hz simulated fleet against engine replicas on a local 3-server NATS cluster."""
     from gpuops.bench_fleet import FleetSpec
     from gpuops.bench_fleet import bench_fleet as run_bench
@@ -312,16 +318,7 @@ def bench_fleet(
         counts = tuple(int(c) for c in replicas.split(","))
     except ValueError as exc:
         raise click.BadParameter(f"{replicas!r} is not a list of counts like 1,2,4") from exc
-    spec = FleetSpec(
-        nodes=nodes,
-        gpus=gpus,
-        replicas=counts,
-        seconds=seconds,
-        warmup=warmup,
-        health=health,
-        publishers=publishers,
-    )
-    run_bench(spec, click.echo)
+    run_bench(FleetSpec(replicas=counts, **options), click.echo)
 
 
 @bench.command("soak", context_settings={"ignore_unknown_options": True, "help_option_names": []})
