@@ -28,7 +28,7 @@ from gpuops.act.notify import Notifier, Webhook
 from gpuops.build import Buckets, Engine, build_engine
 from gpuops.bus.conn import EVENTS, TELEMETRY, Bus
 from gpuops.bus.publish import JetStreamPublisher
-from gpuops.bus.store import Store
+from gpuops.bus.store import NatsKV, Store
 from gpuops.catalog import Catalog, load_catalog
 from gpuops.clock import Clock
 from gpuops.cmdwire import CommandReply
@@ -54,6 +54,9 @@ from gpuops.pipeline import Pipeline
 from gpuops.record.audit import Auditor
 from gpuops.record.density import render as render_density
 from gpuops.record.nodestate import node_counts
+from gpuops.scale.leases import default_replica_id
+from gpuops.scale.partitions import durable
+from gpuops.scale.replica import Partitions, ReplicaLock, filters
 from gpuops.settings import Settings
 from gpuops.signing import load_key
 
@@ -85,7 +88,7 @@ class App:
     engine: Engine = field(init=False)
     catalog: Catalog = field(init=False)
     executor: Executor | None = field(init=False, default=None)
-    intakes: list[Intake] = field(init=False, default_factory=list)
+    partitions: Partitions | None = field(init=False, default=None)
     stop: asyncio.Event = field(init=False, default_factory=asyncio.Event)
     http_port: int = field(init=False, default=0)
     watching: asyncio.Event = field(init=False, default_factory=asyncio.Event)
@@ -112,13 +115,21 @@ class App:
             signing_key=key,
             notifier=self.notifier,
         )
-        self.engine.matcher.seed(self.inventory.hosts, self.clock.now())
         self.latest = Latest(self.inventory)
         if s.role in ("all", "engine"):
-            self.intakes = [
-                self._intake(EVENTS, "events", False),
-                self._intake(TELEMETRY, "telemetry", True),
-            ]
+            self.partitions = Partitions(
+                self.bus.js,
+                NatsKV(self.bus.kv["leases"]),
+                self.replica_id,
+                s.nats.partitions,
+                s.nats.lease_s,
+                self.clock,
+                self.engine.matcher,
+                self.inventory.hosts,
+                self._intake,
+                self.engine.metrics,
+            )
+            self.engine.pipeline.owns = self.partitions.owns
         if s.role in ("all", "executor"):
             self.executor = Executor(
                 self.bus,
@@ -143,13 +154,19 @@ class App:
                 ),
             )
 
-    def _intake(self, stream: str, what: str, telemetry: bool) -> Intake:
+    @property
+    def replica_id(self) -> str:
+        """This engine's name among the replicas."""
+        return self.settings.replica_id or default_replica_id(str(self.settings.state_dir))
+
+    def _intake(self, stream: str, telemetry: bool, partition: int) -> Intake:
+        """The consumer of one partition of a stream."""
         return Intake(
             self.bus.js,
             self.clock,
             stream=stream,
-            subject=f"gpuops.{what}.>",
-            durable="gpuops-engine-telemetry" if telemetry else "gpuops-engine",
+            subject=filters(telemetry, partition),
+            durable=durable(telemetry, partition),
             handler=self._handle_telemetry if telemetry else self.engine.pipeline.handle,
             batch=self.settings.intake_batch if telemetry else 16,
             ack_all=telemetry,
@@ -180,11 +197,11 @@ class App:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         loops: dict[str, Callable[[], Awaitable[None]]] = {}
-        for intake in self.intakes:
-            loops[intake.durable] = lambda i=intake: i.run(self.stop)  # type: ignore[misc]
+        if self.partitions is not None:
+            loops["partitions"] = lambda: self.partitions.run(self.stop)  # type: ignore[union-attr]
         loops["heartbeat"] = self._heartbeat
         loops["notes"] = self._notes  # every role tells people (an executor: failed runs)
-        if self.intakes:
+        if self.partitions is not None:
             loops["tick"], loops["rules"] = self._tick, self._watch_rules
             loops["commands"] = self._answer_commands
             loops["power"] = lambda: self.engine.power.run(self.stop)
@@ -192,13 +209,21 @@ class App:
                 loops["drift"] = lambda: self.scheduler().run(self.stop)
         if self.executor is not None:
             loops["executor"] = lambda: self.executor.run(self.stop)  # type: ignore[union-attr]
+        with contextlib.ExitStack() as held:
+            if self.partitions is not None:
+                held.enter_context(ReplicaLock(self.settings.state_dir, self.replica_id))
+            await self._run_loops(loops)
+
+    async def _run_loops(self, loops: dict[str, Callable[[], Awaitable[None]]]) -> None:
         server = await self._start_http() if self.settings.http else None
         log.info(
-            "engine running: %d rules, %d hosts, role=%s, dry_run=%s",
+            "engine running: %d rules, %d hosts, role=%s, dry_run=%s, replica %s of %d partitions",
             len(self.rules.rules),
             len(self.inventory.hosts),
             self.settings.role,
             self.settings.dry_run,
+            self.replica_id,
+            self.settings.nats.partitions,
         )
         try:
             await asyncio.gather(*(self._supervised(n, f) for n, f in loops.items()))
@@ -357,7 +382,7 @@ class App:
             self.commands(), self.settings.chatops, self.engine.auditor, self.clock, registry
         )
         mounts = [chatops.mount]
-        if self.intakes:  # what the receiver publishes is this engine's to decide
+        if self.partitions is not None:  # what the receiver publishes is this engine's to decide
             mounts.append(self.alertmanager().mount)
         if self.settings.console.enabled:
             mounts.append(self.console().mount)
@@ -423,16 +448,28 @@ class App:
         """Consumer lag, breaker state and connection for /metrics."""
         m = self.engine.metrics
         m.nats_connected.set(1.0 if self.bus.nc.is_connected else 0.0)
-        for intake in self.intakes:
-            with contextlib.suppress(Exception):
-                info = await self.bus.js.consumer_info(intake.stream, intake.durable)
-                m.consumer_pending.labels(intake.durable).set(info.num_pending)
+        await self._observe_partitions()
         breaker, _ = await self.engine.breaker.get()
         m.breaker_open.set(1.0 if breaker.state is BreakerState.OPEN else 0.0)
         m.set_one_of(m.breaker_state, breaker.state.value, (b.value for b in BreakerState))
         counts = node_counts(await self.engine.states.all(), self.inventory.hosts)
         for state, n in counts.items():
             m.node_states.labels(state).set(n)
+
+    async def _observe_partitions(self) -> None:
+        """Each owned partition's lag, per stream (a partition given away reads 0)."""
+        if self.partitions is None:
+            return
+        m, mine = self.engine.metrics, set(self.partitions.ready)
+        for p in range(self.settings.nats.partitions):
+            for stream, telemetry in ((EVENTS, False), (TELEMETRY, True)):
+                lag = 0
+                if p in mine:
+                    with contextlib.suppress(Exception):
+                        info = await self.bus.js.consumer_info(stream, durable(telemetry, p))
+                        lag = info.num_pending or 0
+                        m.consumer_pending.labels(durable(telemetry, p)).set(lag)
+                m.partition_lag.labels(stream, str(p)).set(lag)
 
     async def _watch_rules(self) -> None:
         """Reload when a rule file changes (polling: works on every filesystem)."""

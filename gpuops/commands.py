@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from nats.errors import Error as NatsError
+from nats.js.errors import Error as JsError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuops import subjects
@@ -27,7 +29,7 @@ from gpuops.cmdwire import CommandError, CommandReply, CommandRequest, CommandUs
 from gpuops.decide.approval import ApprovalStatus, ApprovalStore
 from gpuops.decide.breaker import BreakerState, BreakerStore
 from gpuops.decide.silence import SilenceStore, parse_target, silence_span
-from gpuops.errors import ConfigError, EngineError
+from gpuops.errors import BusError, ConfigError, EngineError
 from gpuops.heartbeat import EngineState, Heartbeats, engine_state
 from gpuops.inventory import Inventory
 from gpuops.match.durations import format_duration
@@ -38,6 +40,7 @@ from gpuops.power.config import PowerSettings
 from gpuops.record.audit import Auditor, read_audit
 from gpuops.record.episodes import Episode, episode_line, read_open
 from gpuops.record.nodestate import NodeState, NodeStates
+from gpuops.scale.lag import render_replicas, replica_view
 from gpuops.settings import ChatopsSettings
 
 DRY_RUN_KEY = "dry_run"
@@ -286,7 +289,15 @@ class Commands:
                 for ep in await read_open(self.episodes)
             ],
             "dry_run": bool(dry and dry.on),
+            "scale": await self._replicas(),
         }
+
+    async def _replicas(self) -> dict[str, Any]:
+        """The engine replicas and their partitions (empty when it cannot be read)."""
+        try:
+            return await replica_view(self.bus.js, NatsKV(self.bus.kv["leases"]))
+        except (KeyError, BusError, JsError, NatsError, TimeoutError) as exc:
+            return {"error": str(exc) or type(exc).__name__}
 
     async def engine(self, now: float) -> EngineState:
         """Whether an engine runs, from the heartbeats."""
@@ -458,4 +469,9 @@ def render_status(s: dict[str, Any]) -> str:
     lines.append(f"open episodes: {len(episodes)}")
     lines += [f"  {ep['line']}" for ep in episodes[:20]]
     lines.append(f"dry-run: {'on' if s['dry_run'] else 'off'}")
+    scale = s.get("scale", {})
+    if "error" in scale:
+        lines.append(f"replicas: unknown ({scale['error']})")
+    elif scale:
+        lines += render_replicas(scale)
     return "\n".join(lines)

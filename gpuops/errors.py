@@ -64,6 +64,10 @@ class BusError(EngineError):
     """NATS could not be reached, started or configured."""
 
 
+class LeaseLost(BusError):
+    """This replica no longer owns the node's partition: another one decides for it now."""
+
+
 class ActionError(EngineError):
     """A playbook could not be prepared or run."""
 

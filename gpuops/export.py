@@ -60,10 +60,10 @@ class Selection:
         nodes = [token(n) for n in self.nodes] or ["*"]
         out: dict[str, list[str]] = {}
         if not self.kinds or "telemetry" in self.kinds:
-            out[TELEMETRY] = [f"{PREFIX}.telemetry.{n}" for n in nodes]
+            out[TELEMETRY] = [f"{PREFIX}.telemetry.*.{n}" for n in nodes]  # any partition
         kinds = [token(k) for k in self.kinds if k != "telemetry"]
         if kinds or not self.kinds:
-            out[EVENTS] = [f"{PREFIX}.events.{k}.{n}" for k in kinds or ["*"] for n in nodes]
+            out[EVENTS] = [f"{PREFIX}.events.*.{k}.{n}" for k in kinds or ["*"] for n in nodes]
         return out
 
 

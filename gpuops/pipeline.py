@@ -16,6 +16,7 @@ from collections.abc import Callable
 from gpuops.bus.publish import Publisher
 from gpuops.clock import Clock
 from gpuops.decide.stage import Decider
+from gpuops.errors import LeaseLost
 from gpuops.inventory import Inventory
 from gpuops.match.matcher import Matcher
 from gpuops.models import Decision, Event, Intent, Match, action_subject
@@ -64,6 +65,9 @@ class Pipeline:
         # Called with every event from a known host before matching: the density report's
         # day of utilisation, the power controller.
         self.observers: list[Callable[[Event], None]] = [self.density.observe]
+        # Whether this replica decides for a node now (its partition's lease); asked before
+        # every decision and again before its intents are written (gpuops.scale).
+        self.owns: Callable[[str], bool] = lambda node: True
         self._unknown: dict[str, int] = {}
         self._unknown_reported = float("-inf")
 
@@ -78,6 +82,7 @@ class Pipeline:
         if event.node not in self.inventory:
             await self._unknown_node(event)
             return
+        self._fence(event.node)
         for observe in self.observers:
             observe(event)
         for match in self.matcher.match(event):
@@ -92,7 +97,8 @@ class Pipeline:
     async def tick(self) -> None:
         """Matches that come from silence rather than from an event."""
         for match in self.matcher.tick(self.clock.now()):
-            await self.handle_match(match)
+            if self.owns(match.node):  # a silence of a node another replica now hears
+                await self.handle_match(match)
         await self._report_unknown(force=False)
 
     async def handle_match(self, match: Match, approved_by: str | None = None) -> Decision | None:
@@ -100,10 +106,12 @@ class Pipeline:
         rule = self.matcher.rules.get(match.rule)
         if rule is None:
             return None
+        self._fence(match.node)
         self.metrics.matches.labels(match.rule).inc()
         intents: list[Intent] = []
 
         async def write(d: Decision) -> None:
+            self._fence(match.node)  # the lease may have run out while the stages read KV
             intents.extend(self._intents(d) if d.accepted else [])
             for intent in intents:
                 await self.publisher.publish(
@@ -117,6 +125,12 @@ class Pipeline:
         self.metrics.event_to_decision.labels(match.rule).observe(max(0.0, since))
         await self.recorder.decided(d, intents)
         return d
+
+    def _fence(self, node: str) -> None:
+        """Refuse to decide for a node whose partition this replica does not hold now: the
+        event is not acked, and its partition's owner decides it."""
+        if not self.owns(node):
+            raise LeaseLost(f"partition of {node} is not held by this replica")
 
     def _intents(self, d: Decision) -> list[Intent]:
         m = d.match

@@ -62,6 +62,13 @@ class NatsSettings(BaseModel):
     audit_max_bytes: int = Field(default=8 << 30, ge=1 << 20)
     audit_max_age_s: float = Field(default=90 * 86400.0, gt=0)
     events_max_bytes: int = Field(default=4 << 30, ge=1 << 20)
+    # Telemetry and health events are split by node into this many partitions (NATS's
+    # subject mapping); engine replicas share them out. Every replica must agree, and it
+    # is set once: at least the most replicas you will run (docs/operations.md).
+    partitions: int = Field(default=8, ge=1, le=1024)
+    # A replica owns a partition while it renews its lease; one that stops renewing loses
+    # its partitions to the others this long after its last renewal.
+    lease_s: float = Field(default=10.0, ge=2, le=300)
 
 
 class SafetySettings(BaseModel):
@@ -296,6 +303,11 @@ class Settings(BaseModel):
     )
     signing_key: Path | None = Field(
         default=None, description="intent signing key shared by engine and executors"
+    )
+    replica_id: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_-]{1,64}$",
+        description="this engine replica's name (default: host name and state dir)",
     )
 
 

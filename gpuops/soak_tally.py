@@ -19,13 +19,16 @@ from nats.js.errors import NotFoundError
 from gpuops.bus.conn import ACTIONS, AUDIT, DLQ, EVENTS, TELEMETRY
 from gpuops.models import AuditRecord
 from gpuops.record.audit import read_audit
+from gpuops.scale.lag import lags, partition_count
 
-# The consumers that must have nothing pending at the end, per stream.
+# The consumers that must have nothing pending at the end, per stream: the engine's are
+# one per partition, counted together under these names (`engine_state`).
 CONSUMERS: tuple[tuple[str, str], ...] = (
     (EVENTS, "gpuops-engine"),
     (TELEMETRY, "gpuops-engine-telemetry"),
     (ACTIONS, "gpuops-executor"),
 )
+ENGINE_CONSUMERS = {"gpuops-engine": False, "gpuops-engine-telemetry": True}  # -> telemetry?
 
 # Playbook -> (tool, argument that marks the remediating call). A second such call for
 # one intent on one node is a remediation run twice; the playbooks' own markers and the
@@ -98,7 +101,10 @@ class StreamCounts:
 
 
 async def consumer_state(js: JetStreamContext, stream: str, durable: str) -> dict[str, int]:
-    """Pending, ack-pending, ack floor and redeliveries of one durable consumer."""
+    """Pending, ack-pending, ack floor and redeliveries of one durable consumer; for the
+    engine's, every partition's together, with `ack_floor` the number of messages acked."""
+    if durable in ENGINE_CONSUMERS:
+        return await engine_state(js, ENGINE_CONSUMERS[durable])
     try:
         info = await js.consumer_info(stream, durable)
     except NotFoundError:
@@ -111,6 +117,18 @@ async def consumer_state(js: JetStreamContext, stream: str, durable: str) -> dic
         "redelivered": int(info.num_redelivered or 0),
         "ack_floor": int(floor or 0),
         "delivered": int(delivered or 0),
+    }
+
+
+async def engine_state(js: JetStreamContext, telemetry: bool) -> dict[str, int]:
+    """The engine's consumers of one stream, all partitions together."""
+    parts = await lags(js, telemetry, await partition_count(js))
+    return {
+        "pending": sum(p.pending for p in parts),
+        "ack_pending": sum(p.ack_pending for p in parts),
+        "ack_floor": sum(max(0, p.messages - p.pending - p.ack_pending) for p in parts),
+        "delivered": sum(p.messages - p.pending for p in parts),
+        "missing": int(any(not p.exists and p.messages for p in parts)),
     }
 
 

@@ -85,9 +85,14 @@ def parse_event(subject: str) -> tuple[str, str]:
     """(kind, node token) of an intake subject; EventError("subject_mismatch") otherwise.
 
     Only the exact shapes count: a subject with an extra or missing token names no node,
-    and a check that skipped such subjects would let one node speak for another.
+    and a check that skipped such subjects would let one node speak for another. The
+    streams store a message under its partition (`gpuops.telemetry.<p>.<node>`,
+    `gpuops.events.<p>.<kind>.<node>`, see gpuops.scale.partitions): both shapes are read.
     """
     parts = subject.split(".")
+    stored = {"telemetry": 4, "events": 5}.get(parts[1] if len(parts) > 1 else "")
+    if len(parts) == stored and parts[2].isdigit():
+        del parts[2]  # the partition the stream stored it under
     if len(parts) == 3 and parts[:2] == [PREFIX, "telemetry"] and parts[2]:
         return "telemetry", parts[2]
     if len(parts) == 4 and parts[:2] == [PREFIX, "events"] and parts[2] and parts[3]:
@@ -96,3 +101,14 @@ def parse_event(subject: str) -> tuple[str, str]:
         "subject_mismatch",
         f"subject {subject!r} is not {PREFIX}.telemetry.<node> or {PREFIX}.events.<kind>.<node>",
     )
+
+
+def stored_telemetry(node: str) -> str:
+    """The subject filter of a node's samples as the stream stores them (any partition)."""
+    return f"{PREFIX}.telemetry.*.{_node(node)}"
+
+
+def stored_events(kind: str, node: str) -> str:
+    """The subject filter of a node's events of a kind as stored (`*` for any kind)."""
+    kind = kind if kind == "*" else token(kind) or "unknown"
+    return f"{PREFIX}.events.*.{kind}.{node if node == '*' else _node(node)}"

@@ -36,6 +36,8 @@ KV_BUCKETS = (
     "gpuops_control",
     "gpuops_history",
 )
+# Engine replicas' leases: only engines write them; the others read them (status).
+LEASES = "gpuops_leases"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +90,7 @@ PERMISSIONS: dict[Role, Permissions] = {
             "$JS.API.INFO",
             *_read_stream(ACTIONS),
             *_read_stream(AUDIT),
-            *_kv(KV_BUCKETS, KV_BUCKETS),
+            *_kv((*KV_BUCKETS, LEASES), KV_BUCKETS),
             *_FLOW,
         ),
         subscribe=(*_CLIENT,),
@@ -123,7 +125,7 @@ PERMISSIONS: dict[Role, Permissions] = {
             *_read_stream("GPUOPS_EVENTS"),
             *_read_stream("GPUOPS_TELEMETRY"),  # gpuops export
             *_read_stream("GPUOPS_DLQ"),
-            *_kv(KV_BUCKETS, ()),
+            *_kv((*KV_BUCKETS, LEASES), ()),
             *_FLOW,
         ),
         subscribe=("gpuops.agent.*.>", *_CLIENT),

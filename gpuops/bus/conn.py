@@ -44,6 +44,7 @@ from gpuops.bus.client import first_connect
 from gpuops.bus.embedded import announce, new_server, remembered_url, store_dir, url_file
 from gpuops.bus.server import EmbeddedNats
 from gpuops.errors import BusError
+from gpuops.scale.partitions import events_transform, telemetry_transform
 from gpuops.settings import NatsSettings
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ STREAMS: tuple[StreamConfig, ...] = (
     # Samples are replaced seconds later; keep little and drop the oldest.
     StreamConfig(
         name=TELEMETRY,
-        subjects=["gpuops.telemetry.>"],
+        # Exactly one node token: the stream stores it under its partition (below).
+        subjects=["gpuops.telemetry.*"],
         retention=RetentionPolicy.LIMITS,
         max_age=600.0,
         max_bytes=1 << 30,
@@ -68,7 +70,7 @@ STREAMS: tuple[StreamConfig, ...] = (
     ),
     StreamConfig(
         name=EVENTS,
-        subjects=["gpuops.events.>"],
+        subjects=["gpuops.events.*.*"],
         retention=RetentionPolicy.LIMITS,
         max_age=7 * _DAY,
         # Covers ChatOps's 5-minute signature window: a replayed command is stored once.
@@ -111,6 +113,8 @@ BUCKETS: dict[str, KeyValueConfig] = {
     "control": KeyValueConfig(bucket="gpuops_control", history=5),
     # remediation history per node: attempt counts and ladder rungs (survives restarts)
     "history": KeyValueConfig(bucket="gpuops_history", history=1, ttl=30 * _DAY),
+    # engine replicas and the partitions each owns; an entry not renewed expires (nats.lease_s)
+    "leases": KeyValueConfig(bucket="gpuops_leases", history=1),
 }
 
 
@@ -197,7 +201,7 @@ async def _set_up(js: JetStreamContext, cfg: NatsSettings, setup: Setup) -> dict
         return {}
     if setup == "create":
         await ensure_streams(js, cfg)
-        return {name: await ensure_bucket(js, c, cfg.replicas) for name, c in BUCKETS.items()}
+        return {name: await ensure_bucket(js, c, cfg) for name, c in BUCKETS.items()}
     try:
         return {name: await js.key_value(c.bucket) for name, c in BUCKETS.items()}
     except BucketNotFoundError as exc:
@@ -210,7 +214,11 @@ def stream_configs(cfg: NatsSettings | None = None) -> list[StreamConfig]:
     """The streams with the replicas and size limits of the settings."""
     cfg = cfg or NatsSettings()
     limits: dict[str, dict[str, Any]] = {
-        EVENTS: {"max_bytes": cfg.events_max_bytes},
+        EVENTS: {
+            "max_bytes": cfg.events_max_bytes,
+            "subject_transform": events_transform(cfg.partitions).as_dict(),
+        },
+        TELEMETRY: {"subject_transform": telemetry_transform(cfg.partitions).as_dict()},
         AUDIT: {"max_bytes": cfg.audit_max_bytes, "max_age": cfg.audit_max_age_s},
     }
     return [
@@ -265,13 +273,34 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
                 await asyncio.sleep(0.5)
 
 
-async def ensure_bucket(js: JetStreamContext, config: KeyValueConfig, replicas: int) -> KeyValue:
-    """Open a KV bucket, creating it the first time."""
+async def ensure_bucket(
+    js: JetStreamContext, config: KeyValueConfig, cfg: NatsSettings | None = None
+) -> KeyValue:
+    """Open a KV bucket, creating it the first time.
+
+    The leases bucket's entries expire `cfg.lease_s` after their last write, by the
+    server's clock: a replica that stops renewing loses its partitions without anyone
+    comparing clocks. A changed lease time is applied to the bucket that exists.
+    """
+    cfg = cfg or NatsSettings()
+    leases = config.bucket == BUCKETS["leases"].bucket
     try:
-        return await js.key_value(config.bucket)
+        bucket = await js.key_value(config.bucket)
     except BucketNotFoundError:
-        config.replicas = replicas
+        config = KeyValueConfig(**{**config.__dict__, "replicas": cfg.replicas})
+        if leases:
+            config.ttl = cfg.lease_s
         return await js.create_key_value(config)
+    if leases:
+        await _keep_ttl(js, f"KV_{config.bucket}", cfg.lease_s)
+    return bucket
+
+
+async def _keep_ttl(js: JetStreamContext, stream: str, ttl: float) -> None:
+    info = await js.stream_info(stream)
+    if abs((info.config.max_age or 0) - ttl) > 1e-3:
+        info.config.max_age = ttl
+        await js.update_stream(info.config)
 
 
 @asynccontextmanager

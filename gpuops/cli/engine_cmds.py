@@ -30,12 +30,39 @@ if TYPE_CHECKING:
 @click.option("--dry-run/--no-dry-run", default=None, help="decide and record, never execute")
 @click.option("--role", type=click.Choice(["all", "engine", "executor"]), help="which loops to run")
 @click.option("--http", help="host:port for ChatOps, /metrics and /healthz (e.g. 127.0.0.1:8080)")
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="engine replicas to run from this command, one process each (they share the "
+    "partitions; see docs/operations.md)",
+)
 @click.pass_context
-def run(ctx: click.Context, /, **flags: Any) -> None:
+def run(ctx: click.Context, /, replicas: int, **flags: Any) -> None:
     """Run the engine (intake, match, decide, intents) and the executor."""
     settings = settings_from(ctx, **flags)
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+    if replicas > 1:
+        sys.exit(run_async(run_replicas(settings, replicas)))
     run_async(run_engine(settings))
+
+
+async def run_replicas(settings: Settings, replicas: int) -> int:
+    """This command's engine as `replicas` processes that share the partitions."""
+    from gpuops.scale.leases import default_replica_id
+    from gpuops.scale.supervisor import Supervisor, replica_children, strip_option
+
+    if settings.http and replicas > 1:
+        raise click.UsageError(
+            "--http with --replicas: each replica needs its own port; run them one by one "
+            "with GPUOPS_HTTP set for each, or leave --http out"
+        )
+    base = settings.replica_id or default_replica_id(str(settings.state_dir))
+    args = strip_option(sys.argv[1:], "--replicas", "--role")
+    children = replica_children(args, replicas, base, settings.role)
+    supervisor = Supervisor(children, settings.state_dir, embedded=not settings.nats.url)
+    return await supervisor.run()
 
 
 async def run_engine(settings: Settings, clock: Clock | None = None) -> None:

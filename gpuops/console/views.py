@@ -125,7 +125,7 @@ async def timeline(js: JetStreamContext, node: str, since: float) -> list[Entry]
 async def telemetry(js: JetStreamContext, node: str, since: float) -> dict[str, Any]:
     """`{"fields": [...], "gpus": {index: [[t...], [field...]...]}}` for uPlot, per GPU."""
     series: dict[int, list[list[float | None]]] = {}
-    subject = subjects.telemetry(node)
+    subject = subjects.stored_telemetry(node)
     async for data in read_since(js, TELEMETRY, subject, since, MAX_SAMPLES * 4):
         try:
             event = EVENT_ADAPTER.validate_json(data)

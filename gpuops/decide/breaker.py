@@ -18,8 +18,12 @@ from pydantic import BaseModel, ConfigDict
 from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog
 from gpuops.decide.stage import BaseStage, Drop, Proposal
+from gpuops.errors import BusError
 from gpuops.match.durations import format_duration
 from gpuops.models import Reason
+
+# Compare-and-set tries before a decision gives up and its event is decided again later.
+CAS_TRIES = 16
 
 
 class BreakerState(StrEnum):
@@ -37,6 +41,7 @@ class Entry(BaseModel):
 
     node: str
     at: float
+    event_id: str = ""  # the decision that counted it (an abort takes back only its own)
 
 
 class BreakerRecord(BaseModel):
@@ -107,23 +112,35 @@ class FleetBreaker(BaseStage):
         return p.acts and self.catalog.counts_for_breaker(a.playbook for a in p.actions)
 
     async def check(self, p: Proposal) -> Drop | None:
+        """Count the node in as it passes, with compare-and-set: deciders working at once
+        (partitions, replicas) each see the others' nodes, so together they never let more
+        through than the limit. A later stage's drop takes the entry back (`abort`)."""
         if not self._counts(p):
             return None
-        state, rev = await self.store.get()
-        if state.state is BreakerState.OPEN:
-            return Drop(
-                Reason.BREAKER_OPEN, f"fleet breaker open ({state.why}); a person resets it"
-            )
-        if state.state is BreakerState.HALF_OPEN:
-            p.approval = True
-            p.closes_breaker = True
-            p.notes.append("breaker half-open: this one action needs approval and closes it")
-            return None
-        recent = state.recent(p.now, self.window_s)
-        if p.node in recent or len(recent) + 1 <= self.limit:
-            return None
+        for _ in range(CAS_TRIES):
+            state, rev = await self.store.get()
+            if state.state is BreakerState.OPEN:
+                return Drop(
+                    Reason.BREAKER_OPEN, f"fleet breaker open ({state.why}); a person resets it"
+                )
+            if state.state is BreakerState.HALF_OPEN:
+                p.approval = True
+                p.closes_breaker = True
+                p.notes.append("breaker half-open: this one action needs approval and closes it")
+                return None
+            recent = state.recent(p.now, self.window_s)
+            if p.node in recent:
+                return None
+            if len(recent) + 1 <= self.limit:
+                if await self.store.store.cas(self._entered(state, p), rev, "fleet"):
+                    return None
+                continue  # another decision changed it first: count again
+            return await self._trip(state, rev, len(recent) + 1, p)
+        raise BusError("fleet breaker: too many concurrent changes; the event is decided again")
+
+    async def _trip(self, state: BreakerRecord, rev: int, count: int, p: Proposal) -> Drop:
         why = (
-            f"{len(recent) + 1} nodes would lose capacity within "
+            f"{count} nodes would lose capacity within "
             f"{format_duration(self.window_s)} (limit {self.limit})"
         )
         opened = BreakerRecord(
@@ -132,6 +149,25 @@ class FleetBreaker(BaseStage):
         if await self.store.store.cas(opened, rev, "fleet") and self.on_trip is not None:
             await self.on_trip(why)
         return Drop(Reason.BREAKER_OPEN, f"tripped: {why}")
+
+    def _entered(self, state: BreakerRecord, p: Proposal) -> BreakerRecord:
+        kept = tuple(e for e in state.entries if p.now - e.at <= self.window_s)
+        entry = Entry(node=p.node, at=p.now, event_id=p.event_id)
+        return state.model_copy(update={"entries": (*kept, entry)})
+
+    async def abort(self, p: Proposal) -> None:
+        if not self._counts(p) or p.closes_breaker:
+            return
+
+        def leave(state: BreakerRecord | None) -> BreakerRecord | None:
+            if state is None:
+                return None
+            kept = tuple(
+                e for e in state.entries if not (e.node == p.node and e.event_id == p.event_id)
+            )
+            return None if kept == state.entries else state.model_copy(update={"entries": kept})
+
+        await self.store.store.update(leave, "fleet")
 
     async def commit(self, p: Proposal) -> None:
         if not self._counts(p):
@@ -145,8 +181,7 @@ class FleetBreaker(BaseStage):
         def enter(state: BreakerRecord | None) -> BreakerRecord | None:
             current = state or BreakerRecord()
             if p.node in current.recent(p.now, self.window_s):
-                return None
-            kept = tuple(e for e in current.entries if p.now - e.at <= self.window_s)
-            return current.model_copy(update={"entries": (*kept, Entry(node=p.node, at=p.now))})
+                return None  # counted at check (or by an earlier decision on it)
+            return self._entered(current, p)
 
         await self.store.store.update(enter, "fleet")

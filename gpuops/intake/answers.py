@@ -14,6 +14,8 @@ async def settle_approvals(approvals: ApprovalStore, pipeline: Pipeline, clock: 
     """Decide approved matches again; expire the unanswered ones."""
     now, auditor, notifier = clock.now(), pipeline.auditor, pipeline.recorder.notifier
     for record in await approvals.all():
+        if not pipeline.owns(record.node):
+            continue  # the replica that owns the node's partition settles it
         if record.status is ApprovalStatus.APPROVED:
             # Decide first, then mark: a crash in between decides again, which is
             # idempotent by the held match's event id (same intents, same keys).

@@ -57,18 +57,22 @@ class Intake:
         self.on_dead = on_dead
         self.dead: Counter[str] = Counter()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        """Fetch until `stop` is set."""
-        config = ConsumerConfig(
+    def consumer_config(self) -> ConsumerConfig:
+        """The durable consumer's settings (a takeover makes it with these)."""
+        return ConsumerConfig(
             ack_policy=AckPolicy.ALL if self.ack_all else AckPolicy.EXPLICIT,
             # Long enough for a batch handled slowly on a loaded host not to come back;
             # short enough that what a crashed engine held is decided again soon.
             ack_wait=120.0 if self.ack_all else 60.0,
             max_deliver=20,  # a handler bug must not redeliver one event forever
             max_ack_pending=max(1000, self.batch * 4),
+            filter_subject=self.subject,
         )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch until `stop` is set."""
         sub = await self.js.pull_subscribe(
-            self.subject, durable=self.durable, stream=self.stream, config=config
+            self.subject, durable=self.durable, stream=self.stream, config=self.consumer_config()
         )
         while not stop.is_set():
             try:

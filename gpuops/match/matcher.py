@@ -268,6 +268,36 @@ class Matcher:
                         out.append(_match(c.rule, key, fact, now, f"absent:{key_text(key)}:{last}"))
         return out
 
+    def warm(self, event: Event) -> None:
+        """Feed an event another replica already decided: windows, runs and `fired`
+        marks move as they did there, but nothing is matched again (a takeover)."""
+        pending = list(self._cleared)
+        self.match(event)
+        self._cleared[:] = pending  # its clearings were settled by whoever decided it
+
+    def span_s(self, kinds: Iterable[str]) -> float:
+        """The longest window of the rules on these kinds (what a takeover replays)."""
+        wanted = set(kinds)
+        return max(
+            (c.rule.span_s for k, cs in self._by_kind.items() if k in wanted for c in cs),
+            default=0.0,
+        )
+
+    def forget(self, nodes: frozenset[str] | set[str]) -> int:
+        """Drop the state keyed by these nodes (their partition went to another replica,
+        whose windows are the ones that count now); returns how many keys went."""
+        dropped = 0
+        for c in (c for cs in self._by_kind.values() for c in cs):
+            for held in (*_key_holders(c.window), *((c.fired,) if c.fired is not None else ())):
+                gone = [k for k in held if _node_of(k) in nodes]
+                for k in gone:
+                    if isinstance(held, set):
+                        held.discard(k)
+                    else:
+                        del held[k]
+                dropped += len(gone)
+        return dropped
+
     def seed(self, nodes: Iterable[str], now: float) -> None:
         """Expect every known node: an `absent` rule fires for one that never reports."""
         names = list(nodes)
@@ -303,6 +333,20 @@ class Matcher:
     def aggregate_bytes(self) -> int:
         """Bytes the aggregate series hold (the bench's per-key figure)."""
         return sum(c.agg.nbytes() for cs in self._by_kind.values() for c in cs if c.agg)
+
+
+def _key_holders(window: Window) -> list[Any]:
+    """The dicts and sets of a window that are keyed by its group key."""
+    names = ("state", "last", "rises", "fired")
+    return [h for n in names if isinstance(h := getattr(window, n, None), dict | set)]
+
+
+def _node_of(key: Hashable) -> object:
+    """The node a group key starts with (a node, or a (node, gpu) pair; alert keys are
+    (key, fingerprint))."""
+    while isinstance(key, tuple) and key:
+        key = key[0]
+    return key
 
 
 def consolidated(matches: list[Match], per_node: frozenset[str]) -> list[Match]:

@@ -104,6 +104,19 @@ class Rule:
         return bool(self.inventory_vars) or any(k.startswith("group:") for k in self.group_by)
 
     @property
+    def span_s(self) -> float:
+        """How far back the rule's answer depends on events: the longest of its window,
+        its count window, its silence, its increase window and its aggregate windows."""
+        spans = [
+            (self.for_s or 0.0) + (self.max_gap_s if self.for_s is not None else 0.0),
+            self.within_s or 0.0,
+            self.absent_s or 0.0,
+            self.increase.within_s if self.increase is not None else 0.0,
+            *(a.window_s or 0.0 for a in self.aggregates),
+        ]
+        return max(spans)
+
+    @property
     def temporal(self) -> str:
         """Which temporal form the rule uses: instant, for, count, absent or increase."""
         if self.for_s is not None:

@@ -161,6 +161,8 @@ class PowerEngine:
         return plan
 
     async def _decide(self, change: NodeChange, plan: Plan, now: float) -> bool:
+        if not self.pipeline.owns(change.node):
+            return False  # another replica owns the node's partition (and its samples)
         d = await self.pipeline.handle_match(self._match(change, plan, now))
         if d is None or not d.accepted:
             return False

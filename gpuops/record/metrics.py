@@ -40,6 +40,21 @@ class Metrics:
         self.consumer_pending = Gauge(
             "gpuops_consumer_pending", "Messages not yet delivered", ["consumer"], registry=r
         )
+        self.partition_lag = Gauge(
+            "gpuops_partition_lag",
+            "Messages of a partition this replica owns not yet delivered, by stream",
+            ["stream", "partition"],
+            registry=r,
+        )
+        self.partitions_held = Gauge(
+            "gpuops_partitions_held", "Partitions this replica owns and works on", registry=r
+        )
+        self.takeover_seconds = Histogram(
+            "gpuops_takeover_seconds",
+            "Taking a partition over: windows rebuilt from the stream and consumers made",
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120),
+            registry=r,
+        )
         self.breaker_open = Gauge(
             "gpuops_breaker_open", "1 when the fleet breaker is open", registry=r
         )

@@ -27,13 +27,14 @@ from nats.js.errors import Error as JsError
 from gpuops.bus.conn import EVENTS
 from gpuops.bus.server import EmbeddedNats
 from gpuops.models import new_event, subject_for
+from gpuops.scale.lag import drained
+from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet
 from tests.conftest import ROOT, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 OUTAGE_S = 15.0
-CONSUMER = "gpuops-engine"
 
 
 def _free_port() -> int:
@@ -107,16 +108,13 @@ async def _publish_xids(nc: Client, count: int) -> int:
 
 
 async def _all_processed(nc: Client, through_seq: int) -> bool:
-    """The engine's events consumer has acked everything up to `through_seq`."""
+    """The engine's events consumers (every partition's) acked everything up to `through_seq`."""
+    js = nc.jetstream(timeout=2)
     try:
-        info = await nc.jetstream(timeout=2).consumer_info(EVENTS, CONSUMER)
+        stored = (await js.stream_info(EVENTS)).state.last_seq
+        return stored >= through_seq and await drained(js, False, NatsSettings().partitions)
     except (NatsError, JsError, TimeoutError):
         return False
-    return bool(
-        info.num_pending == 0
-        and info.num_ack_pending == 0
-        and info.ack_floor.stream_seq >= through_seq
-    )
 
 
 async def test_engine_processes_events_after_a_15s_nats_outage(

@@ -101,7 +101,7 @@ async def endpoint(bus: Bus, fleet: SimFleet) -> AsyncIterator[Endpoint]:
 
 async def chatops_events(bus: Bus, node: str) -> int:
     """How many chatops events about `node` the events stream holds."""
-    info = await bus.js.stream_info(EVENTS, subjects_filter=f"gpuops.events.chatops.{node}")
+    info = await bus.js.stream_info(EVENTS, subjects_filter=f"gpuops.events.*.chatops.{node}")
     return sum((info.state.subjects or {}).values())
 
 

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import pytest
+from nats.js.errors import NoStreamResponseError
 
 from gpuops.bus.conn import DLQ, EVENTS, TELEMETRY, Bus
 from gpuops.clock import SystemClock
@@ -46,18 +47,22 @@ async def test_hostile_numbers_and_subjects_are_dead_lettered(bus: Bus) -> None:
         "gpuops.telemetry.node-002": [
             _telemetry("node-002", v) for v in ("1e400", "1" + "0" * 400)
         ],
-        # node-002's XID with an extra token after node-001's subject
-        "gpuops.events.xid.node-001.x": [_event("xid", "node-002", {"gpu": 0, "xid": 79})],
+        # node-002's XID on node-001's subject
+        "gpuops.events.xid.node-001": [_event("xid", "node-002", {"gpu": 0, "xid": 79})],
         "gpuops.events.heartbeat.node-001": [_event("heartbeat", "node-001", {"seq": 1})],
     }
     for subject, payloads in published.items():
         for payload in payloads:
             await bus.js.publish(subject, payload)
+    # A subject with an extra token names no node: no stream stores it, and the publisher
+    # is told so (nothing is taken and then lost).
+    with pytest.raises(NoStreamResponseError):
+        await bus.js.publish("gpuops.events.xid.node-001.x", _event("xid", "node-001", {}))
     await bus.js.publish("gpuops.telemetry.node-001", _telemetry("node-001", "88.5"))
     handled: list[Event] = []
     intakes = [
-        await _consume(bus, TELEMETRY, "gpuops.telemetry.>", handled),
-        await _consume(bus, EVENTS, "gpuops.events.>", handled),
+        await _consume(bus, TELEMETRY, "gpuops.telemetry.*.*", handled),
+        await _consume(bus, EVENTS, "gpuops.events.*.*.*", handled),
     ]
     stop = asyncio.Event()
     tasks = [asyncio.create_task(i.run(stop)) for i in intakes]

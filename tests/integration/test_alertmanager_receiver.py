@@ -22,7 +22,7 @@ from gpuops.settings import AlertmanagerSettings
 
 pytestmark = pytest.mark.integration
 TOKEN = "am-secret-7b1f"
-ALERTS = "gpuops.events.alert.>"
+ALERTS = "gpuops.events.*.alert.>"  # stored under their partition
 
 
 @dataclass
@@ -104,8 +104,14 @@ async def post(
 
 
 async def stored(bus: Bus, stream: str = EVENTS, subjects: str = ALERTS) -> dict[str, int]:
+    """Messages per subject, as published (the partition token the stream adds left out)."""
     info = await bus.js.stream_info(stream, subjects_filter=subjects)
-    return dict(info.state.subjects or {})
+    return {_published(k): n for k, n in (info.state.subjects or {}).items()}
+
+
+def _published(stored: str) -> str:
+    parts = stored.split(".")
+    return ".".join(parts[:2] + parts[3:]) if len(parts) == 5 else stored
 
 
 async def test_missing_or_wrong_token_is_401_and_nothing_is_published(receiver: Receiver) -> None:
@@ -196,7 +202,7 @@ async def test_an_alert_without_a_node_is_a_dead_letter_and_the_batch_goes_on(
         "gpuops.events.alert.node-002": 1,
     }
     event = json.loads(
-        (await receiver.bus.js.get_last_msg(EVENTS, "gpuops.events.alert.node-001")).data
+        (await receiver.bus.js.get_last_msg(EVENTS, "gpuops.events.*.alert.node-001")).data
     )
     assert event["source"] == "alertmanager" and event["data"]["gpu"] == 2
     assert event["data"]["labels"] == {
@@ -229,7 +235,7 @@ async def test_a_repeat_after_the_duplicate_window_is_acknowledged_and_not_publi
     assert (await post(receiver, firing)) == (200, {"alerts": 1, "duplicate": 1})
     assert await stored(bus) == {"gpuops.events.alert.node-001": 1}
     # The window had passed: the same message id published now would be stored again.
-    first = await bus.js.get_last_msg(EVENTS, "gpuops.events.alert.node-001")
+    first = await bus.js.get_last_msg(EVENTS, "gpuops.events.*.alert.node-001")
     await bus.js.publish(
         "gpuops.events.alert.node-001",
         first.data,

@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
-from gpuops.bus.auth import KV_BUCKETS, Role, ensure_credentials, read_credentials
+from gpuops.bus.auth import KV_BUCKETS, LEASES, Role, ensure_credentials, read_credentials
 from gpuops.bus.conn import (
     ACTIONS,
     AUDIT,
@@ -256,7 +256,7 @@ async def test_a_client_without_credentials_is_refused(tmp_path: Path) -> None:
 
 
 def test_kv_permissions_name_every_bucket() -> None:
-    assert set(KV_BUCKETS) == {config.bucket for config in BUCKETS.values()}
+    assert {*KV_BUCKETS, LEASES} == {config.bucket for config in BUCKETS.values()}
 
 
 async def test_stream_limits_come_from_settings_and_update_existing_streams(

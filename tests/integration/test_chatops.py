@@ -199,7 +199,7 @@ async def test_a_refused_or_malformed_drain_requests_nothing(engine: App) -> Non
     assert no_reason[1]["text"] == "drain: missing arguments (usage: drain NODE REASON)"
     unknown = await _slack(engine, "drain node-999 x")
     assert unknown[1]["text"].startswith("drain: 'node-999' is not in the inventory")
-    info = await engine.bus.js.stream_info(EVENTS, subjects_filter="gpuops.events.chatops.>")
+    info = await engine.bus.js.stream_info(EVENTS, subjects_filter="gpuops.events.*.chatops.>")
     assert not info.state.subjects, "no chatops event, so the engine has nothing to act on"
 
 

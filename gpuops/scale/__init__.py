@@ -1,0 +1,1 @@
+"""Engine replicas sharing the fleet: partitions by node, leases in KV, takeover."""

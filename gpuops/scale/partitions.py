@@ -1,0 +1,65 @@
+"""Partitions: every event of a node lands in one partition, in order.
+
+The streams map `gpuops.telemetry.<node>` to `gpuops.telemetry.<p>.<node>` and
+`gpuops.events.<kind>.<node>` to `gpuops.events.<p>.<kind>.<node>` with NATS's
+deterministic subject mapping `partition(N, node)`, applied by the server as it stores a
+message: publishers do not know partitions exist. The server's hash is FNV-1a (32 bit)
+of the node's subject token, modulo N; `partition_of` computes the same here, so a
+replica knows which nodes it owns without asking.
+"""
+
+from __future__ import annotations
+
+from nats.js.api import SubjectTransform
+
+from gpuops import subjects
+
+_FNV_OFFSET = 0x811C9DC5
+_FNV_PRIME = 0x01000193
+
+
+def partition_of(node: str, partitions: int) -> int:
+    """The partition of a node, as the NATS server computes it for its subject token."""
+    h = _FNV_OFFSET
+    for byte in subjects.token(node).encode():
+        h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFF
+    return h % partitions
+
+
+def telemetry_transform(partitions: int) -> SubjectTransform:
+    """The telemetry stream's mapping: the partition goes before the node."""
+    return SubjectTransform(
+        src=f"{subjects.PREFIX}.telemetry.*",
+        dest=f"{subjects.PREFIX}.telemetry.{{{{partition({partitions},1)}}}}.{{{{wildcard(1)}}}}",
+    )
+
+
+def events_transform(partitions: int) -> SubjectTransform:
+    """The health events stream's mapping: the partition goes before the kind."""
+    return SubjectTransform(
+        src=f"{subjects.PREFIX}.events.*.*",
+        dest=(
+            f"{subjects.PREFIX}.events.{{{{partition({partitions},2)}}}}"
+            ".{{wildcard(1)}}.{{wildcard(2)}}"
+        ),
+    )
+
+
+def telemetry_filter(partition: int) -> str:
+    """The stored subjects of one partition's samples."""
+    return f"{subjects.PREFIX}.telemetry.{partition}.*"
+
+
+def events_filter(partition: int) -> str:
+    """The stored subjects of one partition's health events."""
+    return f"{subjects.PREFIX}.events.{partition}.*.*"
+
+
+def durable(telemetry: bool, partition: int) -> str:
+    """The durable consumer of one partition of a stream (shared by whoever owns it)."""
+    return f"gpuops-engine-{'telemetry' if telemetry else 'events'}-p{partition}"
+
+
+def nodes_of(nodes: frozenset[str] | set[str], partition: int, partitions: int) -> set[str]:
+    """The nodes of a set that fall in `partition`."""
+    return {n for n in nodes if partition_of(n, partitions) == partition}
