@@ -209,6 +209,7 @@ class Scrape:
     at: float
     telemetry: float  # telemetry events it handled (gpuops_events_total{kind="telemetry"})
     lag: float | None  # its telemetry lag: partition lags summed, else its consumer's pending
+    partitions: int | None = None  # partitions it owns (None: before partitioning)
 
 
 async def scrape(session: aiohttp.ClientSession, replica: Replica) -> Scrape | None:
@@ -223,21 +224,20 @@ async def scrape(session: aiohttp.ClientSession, replica: Replica) -> Scrape | N
 
 def parse_metrics(text: str, at: float) -> Scrape:
     """The figures the bench needs from an engine's exposition text."""
-    handled, partitions, pending = 0.0, [], None
+    handled, partitions, pending, held = 0.0, [], None, None
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name == "gpuops_events_total" and s.labels.get("kind") == "telemetry":
+            labels = s.labels
+            if s.name == "gpuops_events_total" and labels.get("kind") == "telemetry":
                 handled += s.value
-            elif (
-                s.name == "gpuops_partition_lag"
-                and "TELEMETRY" in s.labels.get("stream", "").upper()
-            ):
+            elif s.name == "gpuops_partition_lag" and "TELEMETRY" in labels.get("stream", ""):
                 partitions.append(s.value)
-            elif s.name == "gpuops_consumer_pending" and "telemetry" in s.labels.get(
-                "consumer", ""
-            ):
+            elif s.name == "gpuops_consumer_pending" and "telemetry" in labels.get("consumer", ""):
                 pending = (pending or 0.0) + s.value
-    return Scrape(at=at, telemetry=handled, lag=sum(partitions) if partitions else pending)
+            elif s.name == "gpuops_partitions_held":
+                held = int(s.value)
+    lag = sum(partitions) if partitions else pending
+    return Scrape(at=at, telemetry=handled, lag=lag, partitions=held)
 
 
 def cpu_s(pid: int | None) -> float:

@@ -167,7 +167,8 @@ class Round:
         if now.lag is not None:
             self.max_lag[i] = max(self.max_lag[i], now.lag)
         lag = "?" if now.lag is None else f"{now.lag:,.0f}"
-        return f"{name} {rate} samples/s lag {lag}"
+        held = "" if now.partitions is None else f" ({now.partitions}p)"
+        return f"{name}{held} {rate} samples/s lag {lag}"
 
     async def _inject(self, bus: Bus, closes: float) -> list[asyncio.Task[None]]:
         """Probe failures at a steady rate over the window, each on its own node (spread

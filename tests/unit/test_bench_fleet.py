@@ -26,17 +26,20 @@ PARTITIONED = (
 gpuops_partition_lag{partition="0",stream="GPUOPS_TELEMETRY"} 10.0
 gpuops_partition_lag{partition="5",stream="GPUOPS_TELEMETRY"} 15.0
 gpuops_partition_lag{partition="0",stream="GPUOPS_EVENTS"} 99.0
+# TYPE gpuops_partitions_held gauge
+gpuops_partitions_held 2.0
 """
 )
 
 
 def test_telemetry_handled_and_the_consumers_pending_before_partitions() -> None:
     got = parse_metrics(BEFORE_PARTITIONS, at=3.0)
-    assert (got.telemetry, got.lag, got.at) == (1500.0, 42.0, 3.0)
+    assert (got.telemetry, got.lag, got.at, got.partitions) == (1500.0, 42.0, 3.0, None)
 
 
 def test_the_lag_of_a_partitioned_replica_is_its_telemetry_partitions_summed() -> None:
-    assert parse_metrics(PARTITIONED, at=0.0).lag == 25.0
+    got = parse_metrics(PARTITIONED, at=0.0)
+    assert (got.lag, got.partitions) == (25.0, 2)
 
 
 def test_no_lag_figure_when_the_replica_exports_none() -> None:
