@@ -266,8 +266,8 @@ def machine_busy_s() -> float:
     """CPU seconds every core of the machine has been busy since boot (anyone's work)."""
     first = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
     ticks = [int(v) for v in first]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
-    return (sum(ticks[:8]) - idle) / CLOCK_TICKS
+    # user nice system idle iowait irq softirq steal: busy is all but idle, iowait, steal
+    return (sum(ticks[:3]) + sum(ticks[5:7])) / CLOCK_TICKS
 
 
 def engine_argv(

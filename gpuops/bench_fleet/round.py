@@ -124,14 +124,16 @@ class Round:
         raise BenchError(f"replicas not ready in {self.spec.ready_timeout_s:.0f}s")
 
     async def _snapshot(self, http: aiohttp.ClientSession) -> Snapshot:
+        # CPU readings first, at one instant: a busy replica's /metrics may take seconds
+        # (each scrape keeps its own time for the rates).
         return Snapshot(
             at=time.monotonic(),
-            scrapes=[await _scrape_hard(http, r) for r in self.replicas],
             replica_cpu=[cpu_s(r.pid) for r in self.replicas],
             replica_rss=[rss_mb(r.pid) for r in self.replicas],
             publisher_cpu=self.publishers.cpu_s(),
             nats_cpu=sum(cpu_s(m.pid) for m in self.cluster.members),
             machine=machine_busy_s(),
+            scrapes=[await _scrape_hard(http, r) for r in self.replicas],
         )
 
     async def _lag_lines(self, bus: Bus, http: aiohttp.ClientSession, opens: float) -> None:
