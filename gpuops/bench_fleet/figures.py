@@ -118,7 +118,8 @@ def round_lines(f: RoundFigures) -> Iterable[str]:
     )
     yield (
         f"whole run: {f.published_total * g:,} samples published, {f.stored * g:,} stored "
-        f"({f.dropped * g:,} dropped by NATS), {f.handled_total * g:,} handled, "
+        f"({f.dropped * g:,} dropped by NATS), {f.handled_total * g:,} handled (what a "
+        f"takeover decides again counts again), "
         f"{f.pending_end * g:,} unread after the drain, {f.lost * g:,} lost to the stream's cap"
     )
     for i, rate in enumerate(f.handled_per_s):
