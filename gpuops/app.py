@@ -43,13 +43,12 @@ from gpuops.http import HttpServer
 from gpuops.intake.alertmanager import AlertmanagerReceiver
 from gpuops.intake.answers import settle_approvals
 from gpuops.intake.chatops import Chatops
-from gpuops.intake.consumer import Intake
+from gpuops.intake.consumer import Intake, Priority
 from gpuops.intake.scheduler import DriftScheduler
 from gpuops.inventory import Inventory, load_inventory
 from gpuops.match.builtin import with_builtins
 from gpuops.match.loader import load_rules, rule_files
 from gpuops.match.rules import RuleSet
-from gpuops.models import Event
 from gpuops.pipeline import Pipeline
 from gpuops.record.audit import Auditor
 from gpuops.record.density import render as render_density
@@ -96,6 +95,7 @@ class App:
     failing: dict[str, tuple[str, float]] = field(init=False, default_factory=dict)
     started: float = field(init=False, default=0.0)
     latest: Latest = field(init=False)
+    priority: Priority = field(init=False, default_factory=Priority)
 
     def __post_init__(self) -> None:
         s = self.settings
@@ -116,6 +116,7 @@ class App:
             notifier=self.notifier,
         )
         self.latest = Latest(self.inventory)
+        self.engine.pipeline.observers.append(self.latest.observe)  # the console's heatmap
         if s.role in ("all", "engine"):
             self.partitions = Partitions(
                 self.bus.js,
@@ -130,6 +131,7 @@ class App:
                 self.engine.metrics,
             )
             self.engine.pipeline.owns = self.partitions.owns
+            self.engine.power.shared_with_others = self.partitions.shared_with_others
         if s.role in ("all", "executor"):
             self.executor = Executor(
                 self.bus,
@@ -167,16 +169,14 @@ class App:
             stream=stream,
             subject=filters(telemetry, partition),
             durable=durable(telemetry, partition),
-            handler=self._handle_telemetry if telemetry else self.engine.pipeline.handle,
+            handler=self.engine.pipeline.handle,
             batch=self.settings.intake_batch if telemetry else 16,
             ack_all=telemetry,
             max_future_s=self.settings.max_future_skew_s,
             on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),
+            priority=self.priority,  # health events first: telemetry pauses for them
+            urgent=not telemetry,
         )
-
-    async def _handle_telemetry(self, event: Event) -> None:
-        self.latest.observe(event)  # the console's heatmap: the newest sample per GPU
-        await self.engine.pipeline.handle(event)
 
     @property
     def pipeline(self) -> Pipeline:

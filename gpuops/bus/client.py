@@ -78,7 +78,12 @@ class _ConnectErrors:
 
 
 async def first_connect(
-    url: str, cfg: NatsSettings, name: str, credentials: Credentials | None = None
+    url: str,
+    cfg: NatsSettings,
+    name: str,
+    credentials: Credentials | None = None,
+    *,
+    buffer: bool = True,
 ) -> Client:
     """A connected client, or a BusError saying why not, within `cfg.connect_timeout_s`.
 
@@ -92,6 +97,11 @@ async def first_connect(
     began = time.monotonic()
     opts = connect_options(cfg, credentials)
     opts.update(allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0.2)
+    if not buffer:
+        # A deciding engine publishes now or not at all: a publish kept while NATS is away
+        # and sent after it came back could land after its partition went to another
+        # replica (docs/operations.md, "Engine replicas").
+        opts["pending_size"] = 0
     while True:
         left = began + cfg.connect_timeout_s - time.monotonic()
         nc = Client()

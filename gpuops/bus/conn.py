@@ -161,6 +161,7 @@ async def connect(
     *,
     setup: Setup = "create",
     credentials: Credentials | None = None,
+    buffer: bool = True,
 ) -> Bus:
     """Connect, then set up JetStream as `setup` says (create streams and buckets by default).
 
@@ -168,7 +169,7 @@ async def connect(
     connected, the client reconnects forever on its own.
     """
     cfg = cfg or NatsSettings()
-    nc = await first_connect(url, cfg, name, credentials)
+    nc = await first_connect(url, cfg, name, credentials, buffer=buffer)
     js = nc.jetstream(timeout=10)
     try:
         kv = await _set_up_patiently(js, cfg, setup)
@@ -329,7 +330,9 @@ async def open_bus(
         bus = await join_bus(cfg, state_dir, name)
     elif cfg.url:
         # Only the engine creates streams and buckets; an executor's user may not.
-        bus = await connect(cfg.url, cfg, name, setup=_EMBEDDED_SETUP[role])
+        bus = await connect(
+            cfg.url, cfg, name, setup=_EMBEDDED_SETUP[role], buffer=role != "engine"
+        )
     else:
         bus = await _join_embedded(cfg, state_dir, name, role)
     if bus is None:
@@ -420,7 +423,14 @@ async def _join_embedded(cfg: NatsSettings, state_dir: Path, name: str, role: Ro
     quick = cfg.model_copy(update={"connect_timeout_s": min(cfg.connect_timeout_s, 2.0)})
     try:
         credentials = read_credentials(state_dir, role)
-        return await connect(url, quick, name, setup=_EMBEDDED_SETUP[role], credentials=credentials)
+        return await connect(
+            url,
+            quick,
+            name,
+            setup=_EMBEDDED_SETUP[role],
+            credentials=credentials,
+            buffer=role != "engine",
+        )
     except BusError as exc:
         log.info("no running embedded nats-server at %s (%s); starting one", url, exc)
         url_file(state_dir).unlink(missing_ok=True)
@@ -438,7 +448,7 @@ async def _own_embedded(
         log.info("embedded nats-server at %s (store %s)", server.url, server.store_dir)
         try:
             engine = read_credentials(state_dir, "engine")
-            bus = await connect(server.url, cfg, name, credentials=engine)
+            bus = await connect(server.url, cfg, name, credentials=engine, buffer=role != "engine")
             if role != "engine":
                 await bus.close()
                 bus = await connect(

@@ -3,6 +3,8 @@
 `KV` is the small interface the stages need; `NatsKV` puts it over a JetStream bucket
 and `MemoryKV` keeps it in a dict (tests, `replay`, `test-rules`), so no stage branches
 on where its state lives. `Store[T]` reads and writes one record type under a prefix.
+`Reads` holds what one decision read, fetched in one concurrent round; `together`
+awaits independent calls concurrently.
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -28,6 +30,7 @@ from gpuops.bus.reader import one_read
 from gpuops.errors import BusError
 
 T = TypeVar("T", bound=BaseModel)
+R = TypeVar("R")
 _UNSAFE = re.compile(r"[^-/_=.a-zA-Z0-9]")
 
 
@@ -169,9 +172,16 @@ class Store(Generic[T]):
         """The KV key of a record (parts sanitised)."""
         return kv_key(self.prefix, *parts)
 
+    def read(self, *parts: str) -> Read:
+        """The record under `parts`, named for `Reads.fetch`."""
+        return Read(self, parts)
+
     async def get(self, *parts: str) -> tuple[T | None, int]:
         """The record and its revision; (None, 0) when absent. Unreadable counts as absent."""
-        entry = await self.kv.get(self.key(*parts))
+        return self.decode(await self.kv.get(self.key(*parts)))
+
+    def decode(self, entry: Entry | None) -> tuple[T | None, int]:
+        """An entry as (record, revision), as `get` returns it."""
         if entry is None:
             return None, 0
         try:
@@ -193,33 +203,110 @@ class Store(Generic[T]):
         await self.kv.delete(self.key(*parts))
 
     async def update(
-        self, change: Callable[[T | None], T | None], *parts: str, tries: int = 8
+        self,
+        change: Callable[[T | None], T | None],
+        *parts: str,
+        tries: int = 8,
+        known: tuple[T | None, int] | None = None,
     ) -> T | None:
         """Read, change, compare-and-set, retrying when another writer won; the stored value.
 
-        `change` returning None leaves the record as it is.
+        `change` returning None leaves the record as it is. `known` (a record and revision
+        read a moment ago) saves the first read: only a write is trusted to it, since the
+        compare-and-set proves it current; "nothing to change" is checked on a fresh read.
         """
         for _ in range(tries):
-            current, revision = await self.get(*parts)
+            current, revision = known or await self.get(*parts)
             new = change(current)
             if new is None or new == current:
-                return current
+                if known is None:
+                    return current
+                known = None
+                continue
+            known = None
             if await self.cas(new, revision, *parts):
                 return new
         return None
 
     async def all(self) -> list[tuple[str, T]]:
         """Every readable record with its key."""
-        out: list[tuple[str, T]] = []
-        for key in await self.kv.keys(self.prefix + "."):
-            entry = await self.kv.get(key)
-            if entry is None:
-                continue
-            try:
-                out.append((key, self.model.model_validate_json(entry.value)))
-            except ValidationError:
-                continue
-        return out
+        keys = await self.kv.keys(self.prefix + ".")
+        entries = await together(*(self.kv.get(key) for key in keys))
+        found = ((key, self.decode(entry)[0]) for key, entry in zip(keys, entries, strict=True))
+        return [(key, value) for key, value in found if value is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """One record a check will read: its store and key parts."""
+
+    store: Store[Any]
+    parts: tuple[str, ...]
+
+    @property
+    def slot(self) -> tuple[KV, str]:
+        """Which bucket and key: two stores on one bucket never share a key (prefixes)."""
+        return self.store.kv, self.store.key(*self.parts)
+
+
+class Reads:
+    """The KV entries one decision read, so its checks need not wait on them one by one.
+
+    The decider fetches what its stages name in one concurrent round; a check reads from
+    here (a record nobody named is read when asked); a commit starts its compare-and-set
+    from the revision read, and a writer in between makes it read again (`Store.update`).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[KV, str], Entry | None] = {}
+
+    def missing(self, reads: Iterable[Read]) -> list[Read]:
+        """Those of `reads` not fetched yet (each once)."""
+        out: dict[tuple[KV, str], Read] = {}
+        for r in reads:
+            if r.slot not in self._entries:
+                out.setdefault(r.slot, r)
+        return list(out.values())
+
+    async def fetch(self, reads: Iterable[Read]) -> None:
+        """Read every record of `reads` not read yet, all at once."""
+        todo = self.missing(reads)
+        entries = await together(*(kv.get(key) for kv, key in (r.slot for r in todo)))
+        self._entries.update(zip((r.slot for r in todo), entries, strict=True))
+
+    async def get(self, store: Store[T], *parts: str) -> tuple[T | None, int]:
+        """The record and its revision as fetched (read now if it was not)."""
+        await self.fetch([store.read(*parts)])
+        return store.decode(self._entries[store.read(*parts).slot])
+
+    def known(self, store: Store[T], *parts: str) -> tuple[T | None, int] | None:
+        """The record and revision fetched, for `Store.update(known=...)`; None if never read."""
+        slot = store.read(*parts).slot
+        return store.decode(self._entries[slot]) if slot in self._entries else None
+
+    async def cas(self, store: Store[T], value: T, revision: int, *parts: str) -> bool:
+        """`Store.cas`, remembering what it wrote so a commit can start from it."""
+        data = value.model_dump_json().encode()
+        done = await store.kv.cas(store.key(*parts), data, revision)
+        if done is not None:
+            self._entries[store.read(*parts).slot] = Entry(data, done)
+        return done is not None
+
+
+async def together(*calls: Awaitable[R]) -> list[R]:
+    """Await independent calls concurrently; once all have ended, raise the first failure.
+
+    Waiting for all keeps a failed call from leaving the others running unobserved, and the
+    failure keeps its own type (the intake tells a bus error from a bad event by it).
+    """
+    if len(calls) == 1:
+        return [await calls[0]]
+    out: list[R] = []
+    for result in await asyncio.gather(*calls, return_exceptions=True):
+        if isinstance(result, BaseException):
+            raise result
+        out.append(result)
+    return out
 
 
 Change = Callable[[T | None], Awaitable[T | None]]

@@ -253,6 +253,46 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> None:
         click.echo(line)
 
 
+@bench.command("decide")
+@click.option("--nodes", type=int, default=300, show_default=True, help="one match per node")
+@click.option("--rule", default="xid-48-dbe", show_default=True, help="a shipped xid rule")
+def bench_decide(nodes: int, rule: str) -> None:
+    """KV/JetStream round trips and latency of accepted and dropped decisions (real NATS)."""
+    from gpuops.bench_decide import bench_decide as run_bench
+
+    if nodes < 1:
+        raise click.BadParameter("--nodes at least 1")
+    for line in run_bench(nodes=nodes, rule=rule):
+        click.echo(line)
+
+
+@bench.command("inventory")
+@click.option("--hosts", type=int, default=12_500, show_default=True)
+@click.option("--compare", is_flag=True, help="also load --compare-hosts with Ansible's loader")
+@click.option("--compare-hosts", type=int, default=2_000, show_default=True)
+def bench_inventory(hosts: int, compare: bool, compare_hosts: int) -> None:
+    """Seconds to ready and peak RSS of loading a fleet inventory, each in a fresh process."""
+    from gpuops.inventory_bench import bench_inventory as run_bench
+
+    for line in run_bench(hosts=hosts, compare=compare_hosts if compare else None):
+        click.echo(line)
+
+
+@bench.command("intake")
+@click.option("--gpus", type=int, default=50_000, show_default=True, help="GPUs at 1 Hz")
+@click.option("--seconds", type=float, default=20.0, show_default=True, help="seconds measured")
+@click.option("--health", type=int, default=200, show_default=True, help="XID events injected")
+def bench_intake(gpus: int, seconds: float, health: int) -> None:
+    """Engine CPU per GPU sample and health event -> intent latency under telemetry."""
+    from gpuops.bench_intake import IntakeBench
+    from gpuops.bench_intake import bench_intake as run_bench
+
+    if min(gpus, health) < 1 or seconds <= 0:
+        raise click.BadParameter("--gpus and --health must be at least 1, --seconds above 0")
+    for line in run_bench(IntakeBench(gpus=gpus, seconds=seconds, health=health)):
+        click.echo(line)
+
+
 @bench.command("storm")
 @click.option("--nodes", type=int, default=200, show_default=True, help="simulated nodes drained")
 @click.option("--batch-size", type=int, help="hosts per run (default: executor.batch_size)")

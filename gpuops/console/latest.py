@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from gpuops.inventory import Inventory
-from gpuops.models import Event, TelemetryEvent
+from gpuops.match.facts import Telemetry, as_telemetry
+from gpuops.models import Event
 
 # The readings the heatmap colours by, in the order a cell carries them after
 # [node position, gpu, seconds old]. Memory bandwidth is null where a source lacks it.
 SIGNALS = ("temp_c", "temp_slowdown_c", "power_w", "power_limit_w", "util_gpu", "dram_bw_util")
+_SIGNALS_OF = itemgetter(*SIGNALS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +38,6 @@ class Frame:
     rows: list[list[float | int | None]]
 
 
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
-
-
 class Latest:
     """The newest sample per GPU of the inventory's hosts."""
 
@@ -49,18 +48,19 @@ class Latest:
         self._cells: list[dict[int, Cell]] = [{} for _ in self.nodes]
         self.seq = 0
 
-    def observe(self, event: Event) -> None:
+    def observe(self, event: Event | Telemetry) -> None:
         """Keep the GPUs of a telemetry event about a host of the inventory."""
-        if not isinstance(event, TelemetryEvent):
+        telemetry = as_telemetry(event)
+        if telemetry is None:
             return
-        i = self._index.get(event.node)
+        i = self._index.get(telemetry.node)
         if i is None:
             return
         self.seq += 1
-        cells = self._cells[i]
-        for gpu in event.data.gpus:  # index < MAX_GPUS: format v1 refuses others
-            values = tuple(_round(getattr(gpu, f)) for f in SIGNALS)
-            cells[gpu.index] = Cell(self.seq, event.epoch, values)
+        cells, at = self._cells[i], telemetry.epoch
+        for fact in telemetry.facts:  # index < MAX_GPUS: format v1 refuses others
+            values = tuple([None if v is None else round(v, 1) for v in _SIGNALS_OF(fact)])
+            cells[fact["index"]] = Cell(self.seq, at, values)
 
     def nodes_of(self, group: str | None) -> Sequence[str] | None:
         """The nodes of a group in order (every node for none or `all`); None: no such group."""

@@ -5,7 +5,9 @@ The count lives in KV, so it survives restarts and is shared by replicas.
 
 from __future__ import annotations
 
-from gpuops.bus.store import KV, Store
+from collections.abc import Sequence
+
+from gpuops.bus.store import KV, Read, Store
 from gpuops.catalog import Catalog, Effect
 from gpuops.decide.history import AttemptLog, append
 from gpuops.decide.stage import BaseStage, Drop, Proposal
@@ -40,10 +42,14 @@ class AttemptCap(BaseStage):
             for a in p.actions
         )
 
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        return (self.store.read(p.node),) if self._remediates(p) else ()
+
     async def check(self, p: Proposal) -> Drop | None:
         if not self._remediates(p):
             return None
-        done = await self.attempts(p.node, p.now, p.event_id)
+        log, _ = await p.reads.get(self.store, p.node)
+        done = len((log or AttemptLog()).within(p.now, self.window_s, p.event_id))
         if done < self.cap:
             return None
         return Drop(
@@ -54,4 +60,5 @@ class AttemptCap(BaseStage):
 
     async def commit(self, p: Proposal) -> None:
         if p.acts and self._remediates(p):
-            await append(self.store, p.node, p.now, p.event_id, self.window_s)
+            known = p.reads.known(self.store, p.node)
+            await append(self.store, p.node, p.now, p.event_id, self.window_s, known)

@@ -10,12 +10,12 @@ reprovision). State in the control bucket under `breaker`, changed with compare-
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuops.bus.store import KV, Store
+from gpuops.bus.store import KV, Read, Store
 from gpuops.catalog import Catalog
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.errors import BusError
@@ -60,6 +60,9 @@ class BreakerRecord(BaseModel):
         return {e.node for e in self.entries if now - e.at <= window}
 
 
+FLEET = "fleet"  # the breaker's one record
+
+
 def limit_for(fleet_size: int, share: float, absolute: int) -> int:
     """How many nodes may lose capacity within the window."""
     return max(1, min(math.ceil(fleet_size * share), absolute))
@@ -73,7 +76,7 @@ class BreakerStore:
 
     async def get(self) -> tuple[BreakerRecord, int]:
         """The state and its revision (closed and empty when never written)."""
-        value, rev = await self.store.get("fleet")
+        value, rev = await self.store.get(FLEET)
         return value or BreakerRecord(), rev
 
     async def set_state(self, state: BreakerState, why: str, at: float, by: str = "") -> None:
@@ -83,7 +86,7 @@ class BreakerStore:
             entries = () if state is BreakerState.CLOSED else (current or BreakerRecord()).entries
             return BreakerRecord(state=state, why=why, since=at, by=by, entries=entries)
 
-        await self.store.update(change, "fleet")
+        await self.store.update(change, FLEET)
 
 
 class FleetBreaker(BaseStage):
@@ -111,14 +114,18 @@ class FleetBreaker(BaseStage):
     def _counts(self, p: Proposal) -> bool:
         return p.acts and self.catalog.counts_for_breaker(a.playbook for a in p.actions)
 
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        return (self.store.store.read(FLEET),) if self._counts(p) else ()
+
     async def check(self, p: Proposal) -> Drop | None:
         """Count the node in as it passes, with compare-and-set: deciders working at once
         (partitions, replicas) each see the others' nodes, so together they never let more
         through than the limit. A later stage's drop takes the entry back (`abort`)."""
         if not self._counts(p):
             return None
+        found, rev = await p.reads.get(self.store.store, FLEET)  # read ahead, with the rest
+        state = found or BreakerRecord()
         for _ in range(CAS_TRIES):
-            state, rev = await self.store.get()
             if state.state is BreakerState.OPEN:
                 return Drop(
                     Reason.BREAKER_OPEN, f"fleet breaker open ({state.why}); a person resets it"
@@ -131,11 +138,11 @@ class FleetBreaker(BaseStage):
             recent = state.recent(p.now, self.window_s)
             if p.node in recent:
                 return None
-            if len(recent) + 1 <= self.limit:
-                if await self.store.store.cas(self._entered(state, p), rev, "fleet"):
-                    return None
-                continue  # another decision changed it first: count again
-            return await self._trip(state, rev, len(recent) + 1, p)
+            if len(recent) + 1 > self.limit:
+                return await self._trip(state, rev, len(recent) + 1, p)
+            if await p.reads.cas(self.store.store, self._entered(state, p), rev, FLEET):
+                return None
+            state, rev = await self.store.get()  # another decision changed it first: count again
         raise BusError("fleet breaker: too many concurrent changes; the event is decided again")
 
     async def _trip(self, state: BreakerRecord, rev: int, count: int, p: Proposal) -> Drop:
@@ -146,7 +153,7 @@ class FleetBreaker(BaseStage):
         opened = BreakerRecord(
             state=BreakerState.OPEN, why=why, since=p.now, by="engine", entries=state.entries
         )
-        if await self.store.store.cas(opened, rev, "fleet") and self.on_trip is not None:
+        if await self.store.store.cas(opened, rev, FLEET) and self.on_trip is not None:
             await self.on_trip(why)
         return Drop(Reason.BREAKER_OPEN, f"tripped: {why}")
 
@@ -167,7 +174,7 @@ class FleetBreaker(BaseStage):
             )
             return None if kept == state.entries else state.model_copy(update={"entries": kept})
 
-        await self.store.store.update(leave, "fleet")
+        await self.store.store.update(leave, FLEET, known=p.reads.known(self.store.store, FLEET))
 
     async def commit(self, p: Proposal) -> None:
         if not self._counts(p):
@@ -184,4 +191,5 @@ class FleetBreaker(BaseStage):
                 return None  # counted at check (or by an earlier decision on it)
             return self._entered(current, p)
 
-        await self.store.store.update(enter, "fleet")
+        known = p.reads.known(self.store.store, FLEET)
+        await self.store.store.update(enter, FLEET, known=known)

@@ -13,10 +13,11 @@ to be running is cached, since no replica can shorten one (a firing only moves i
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuops.bus.store import KV, Store
+from gpuops.bus.store import KV, Read, Store
 from gpuops.catalog import Catalog
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.match.durations import format_duration
@@ -52,14 +53,27 @@ class Cooldown(BaseStage):
         self.store: Store[Firing] = Store(kv, Firing, "cooldown")
         self._running: dict[str, tuple[Firing, float]] = {}  # digest -> (firing, ends)
 
-    async def _last(self, digest: str, cooldown: float, now: float) -> Firing | None:
+    def _cached(self, digest: str, now: float) -> Firing | None:
+        """The firing of a cooldown known to be running at `now`."""
         cached = self._running.get(digest)
         if cached is not None and now < cached[1]:
             return cached[0]
         self._running.pop(digest, None)
-        found, _ = await self.store.get(digest)
-        if found is not None and now - found.at < cooldown:
-            self._remember(digest, found, found.at + cooldown, now)
+        return None
+
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        digest = _digest(p.rule.name, p.match.key)
+        if p.rule.cooldown_s <= 0 or self._cached(digest, p.now) is not None:
+            return ()
+        return (self.store.read(digest),)
+
+    async def _last(self, p: Proposal, digest: str) -> Firing | None:
+        cached = self._cached(digest, p.now)
+        if cached is not None:
+            return cached
+        found, _ = await p.reads.get(self.store, digest)
+        if found is not None and p.now - found.at < p.rule.cooldown_s:
+            self._remember(digest, found, found.at + p.rule.cooldown_s, p.now)
         return found
 
     def _remember(self, digest: str, firing: Firing, ends: float, now: float) -> None:
@@ -73,7 +87,7 @@ class Cooldown(BaseStage):
         cooldown = p.rule.cooldown_s
         if cooldown <= 0:
             return None
-        last = await self._last(_digest(p.rule.name, p.match.key), cooldown, p.now)
+        last = await self._last(p, _digest(p.rule.name, p.match.key))
         if last is None or p.now - last.at >= cooldown:
             return None
         mine = tuple(g for g in p.match.gpus if last.covered.get(str(g), p.event_id) == p.event_id)
@@ -99,7 +113,7 @@ class Cooldown(BaseStage):
         digest = _digest(p.rule.name, p.match.key)
         covered: dict[str, str] = {}
         if p.rule.consolidate:
-            last = await self._last(digest, p.rule.cooldown_s, p.now)
+            last = await self._last(p, digest)
             if last is not None and p.now - last.at < p.rule.cooldown_s:
                 covered = dict(last.covered)
             covered.update({str(g): p.event_id for g in p.match.gpus})

@@ -7,9 +7,11 @@ superseded (the heavier one resets every GPU anyway).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, ConfigDict
 
-from gpuops.bus.store import KV, Store
+from gpuops.bus.store import KV, Read, Store
 from gpuops.catalog import NODE_WIDE, Catalog
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.match.durations import format_duration
@@ -39,11 +41,14 @@ class Equivalence(BaseStage):
     def _weight(self, p: Proposal) -> int:
         return max((self.catalog.weight(a.playbook) for a in p.actions), default=0)
 
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        return (self.store.read(p.node),) if self._weight(p) else ()
+
     async def check(self, p: Proposal) -> Drop | None:
         weight = self._weight(p)
         if weight == 0:
             return None
-        recent, _ = await self.store.get(p.node)
+        recent, _ = await p.reads.get(self.store, p.node)
         if recent is None or p.now - recent.at > self.window_s or recent.event_id == p.event_id:
             return None
         done = self.catalog.weight(recent.playbook)

@@ -33,9 +33,15 @@ class AttemptLog(BaseModel):
 
 
 async def append(
-    store: Store[AttemptLog], key: str, at: float, event_id: str, window: float
+    store: Store[AttemptLog],
+    key: str,
+    at: float,
+    event_id: str,
+    window: float,
+    known: tuple[AttemptLog | None, int] | None = None,
 ) -> None:
-    """Add an attempt (once per event), forgetting those older than `window`."""
+    """Add an attempt (once per event), forgetting those older than `window`; `known`:
+    the log and revision a check just read (Store.update)."""
 
     def add(log: AttemptLog | None) -> AttemptLog | None:
         kept = (log or AttemptLog()).within(at, window)
@@ -43,4 +49,4 @@ async def append(
             return None
         return AttemptLog(attempts=(*kept, Attempt(at=at, event_id=event_id)))
 
-    await store.update(add, key)
+    await store.update(add, key, known=known)

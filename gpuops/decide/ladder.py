@@ -5,7 +5,9 @@ run failed counts as an attempt, so the next recurrence climbs past it.
 
 from __future__ import annotations
 
-from gpuops.bus.store import KV, Store, kv_key
+from collections.abc import Sequence
+
+from gpuops.bus.store import KV, Read, Store, kv_key
 from gpuops.decide.history import AttemptLog, append
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.match.durations import format_duration
@@ -21,11 +23,15 @@ class LadderStage(BaseStage):
     def __init__(self, kv: KV) -> None:
         self.store: Store[AttemptLog] = Store(kv, AttemptLog, "ladder")
 
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        ladder = p.rule.ladder
+        return () if ladder is None else (self.store.read(kv_key(p.node, ladder.name)),)
+
     async def check(self, p: Proposal) -> Drop | None:
         ladder = p.rule.ladder
         if ladder is None:
             return None
-        log, _ = await self.store.get(kv_key(p.node, ladder.name))
+        log, _ = await p.reads.get(self.store, kv_key(p.node, ladder.name))
         step = len((log or AttemptLog()).within(p.now, ladder.window_s, p.event_id))
         if step >= len(ladder.rungs) or ladder.rungs[step].needs_human:
             return Drop(
@@ -52,4 +58,6 @@ class LadderStage(BaseStage):
         if ladder is None or not p.acts or p.rung is None:
             return
         key = kv_key(p.node, ladder.name)
-        await append(self.store, key, p.now, p.event_id, ladder.window_s)
+        await append(
+            self.store, key, p.now, p.event_id, ladder.window_s, p.reads.known(self.store, key)
+        )

@@ -9,9 +9,11 @@ has ended; a holder that died loses it when the lease runs out.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, ConfigDict
 
-from gpuops.bus.store import KV, Store
+from gpuops.bus.store import KV, Read, Store
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.match.durations import format_duration
 from gpuops.models import Reason
@@ -61,17 +63,21 @@ class NodeLock(BaseStage):
         self.lease_s = lease_s
         self.owner = owner
 
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        return (self.locks.store.read(p.node),) if p.acts else ()
+
     async def check(self, p: Proposal) -> Drop | None:
         if not p.acts:
             return None
-        held, revision = await self.locks.holder(p.node)
+        held, revision = await p.reads.get(self.locks.store, p.node)
         if held is not None and held.event_id == p.event_id:
             p.holds_lock = True  # the same event decided again after a crash: still ours
             return None
         if held is not None and held.until > p.now:
             left = format_duration(held.until - p.now)
             return Drop(Reason.LOCKED, f"{p.node} is locked by {held.rule} ({left} of lease left)")
-        if not await self.locks.store.cas(self._record(p, PENDING_LEASE_S), revision, p.node):
+        pending = self._record(p, PENDING_LEASE_S)
+        if not await p.reads.cas(self.locks.store, pending, revision, p.node):
             return Drop(Reason.LOCKED, f"{p.node} was locked by another replica just now")
         p.holds_lock = True
         return None
@@ -94,7 +100,7 @@ class NodeLock(BaseStage):
         def extend(held: LockRecord | None) -> LockRecord | None:
             return full if held is not None and held.event_id == p.event_id else None
 
-        await self.locks.store.update(extend, p.node)
+        await self.locks.store.update(extend, p.node, known=p.reads.known(self.locks.store, p.node))
 
     async def abort(self, p: Proposal) -> None:
         if p.holds_lock:

@@ -4,10 +4,13 @@ node states (validation), that hand the node to a person, or that a person trigg
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from gpuops.bus.store import Read
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.match.expr import render
 from gpuops.models import Reason
-from gpuops.record.nodestate import NodeStates
+from gpuops.record.nodestate import NodeRecord, NodeStates
 
 
 class NodeStateGate(BaseStage):
@@ -18,10 +21,14 @@ class NodeStateGate(BaseStage):
     def __init__(self, states: NodeStates) -> None:
         self.states = states
 
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        return (self.states.store.read(p.node),) if p.rule.states else ()
+
     async def check(self, p: Proposal) -> Drop | None:
         if not p.rule.states:
             return None
-        record = await self.states.get(p.node)
+        found, _ = await p.reads.get(self.states.store, p.node)
+        record = found or NodeRecord(node=p.node)
         if record.state.value in p.rule.states:
             return None
         return Drop(Reason.NOT_APPLICABLE, f"{p.node} is {record.state.value}")

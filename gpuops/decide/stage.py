@@ -9,6 +9,15 @@ Crash consistency: the decider calls `write` (which stores the intents) after ev
 check passed and before any commit. A crash before `write` leaves nothing but a
 short-lived pending lock; a crash after it lets the redelivered event decide again,
 and every commit is idempotent by event id, so the second decision is the first one.
+
+Round trips: each stage names the records its check will read (`reads`). Reaching the
+first stage with a record not yet read, the decider reads those of every stage left in
+one concurrent round; the checks then run in order as before (the first drop wins). A
+stage whose read follows from an earlier stage's change (the ladder's rung decides
+whether the stages below it act) gets its records in a second round, when it is
+reached. The commits touch distinct records and are each idempotent, so they are
+issued together, after `write`, each starting its compare-and-set from the revision
+its check read; what the record stage writes after a decision goes with them.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpuops.bus.store import Read, Reads, together
 from gpuops.clock import Clock
 from gpuops.match.expr import render
 from gpuops.match.rules import Rule
@@ -51,6 +61,7 @@ class Proposal:
     holds_lock: bool = False
     rung: int | None = None
     notes: list[str] = field(default_factory=list)
+    reads: Reads = field(default_factory=Reads)  # what the stages read from KV
 
     @property
     def node(self) -> str:
@@ -73,6 +84,10 @@ class Stage(Protocol):
 
     name: str
 
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        """The records `check` will read for `p` as it stands (fetched ahead, together)."""
+        ...
+
     async def check(self, p: Proposal) -> Drop | None:
         """None to let the proposal pass (possibly changed), or the Drop that stops it."""
         ...
@@ -90,6 +105,9 @@ class BaseStage:
     """Stages that keep nothing need neither commit nor abort."""
 
     name = "stage"
+
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        return ()
 
     async def commit(self, p: Proposal) -> None:
         return None
@@ -126,35 +144,44 @@ class Decider:
         rule: Rule,
         write: Write | None = None,
         approved_by: str | None = None,
+        record: Write | None = None,
     ) -> Decision:
-        """The decision for one match; `write` stores it before anything is committed."""
+        """The decision for one match; `write` stores it before anything is committed, and
+        `record` (what follows a decision: audit, node state, episode) runs alongside the
+        commits, or after the aborts of a dropped proposal."""
         p = self.propose(match, rule, approved_by)
-        passed: list[Stage] = []
-        for stage in self.stages:
-            drop = await stage.check(p)
-            if drop is None:
-                passed.append(stage)
-                continue
-            if drop.keep:
-                return await self._finish(
-                    p, passed, decision(p, False, drop.reason, drop.detail), write
-                )
+        passed, drop = await self._check(p)
+        if drop is not None and not drop.keep:
             for done in reversed(passed):
                 await done.abort(p)
-            return decision(p, False, drop.reason, drop.detail)
-        return await self._finish(
-            p, passed, decision(p, True, Reason.ACCEPTED, "; ".join(p.notes)), write
-        )
-
-    @staticmethod
-    async def _finish(
-        p: Proposal, passed: list[Stage], d: Decision, write: Write | None
-    ) -> Decision:
+            d = decision(p, False, drop.reason, drop.detail)
+            if record is not None:
+                await record(d)
+            return d
+        if drop is None:
+            d = decision(p, True, Reason.ACCEPTED, "; ".join(p.notes))
+        else:
+            d = decision(p, False, drop.reason, drop.detail)
         if write is not None:
             await write(d)
-        for stage in passed:
-            await stage.commit(p)
+        await together(*(stage.commit(p) for stage in passed), *([record(d)] if record else []))
         return d
+
+    async def _check(self, p: Proposal) -> tuple[list[Stage], Drop | None]:
+        """The stages passed in order, and the drop that stopped the proposal, if one did."""
+        passed: list[Stage] = []
+        for i, stage in enumerate(self.stages):
+            await self._fetch(p, i)
+            drop = await stage.check(p)
+            if drop is not None:
+                return passed, drop
+            passed.append(stage)
+        return passed, None
+
+    async def _fetch(self, p: Proposal, i: int) -> None:
+        """Before stage `i` needs a record not read yet: read those of stages `i` on."""
+        if p.reads.missing(self.stages[i].reads(p)):
+            await p.reads.fetch(r for stage in self.stages[i:] for r in stage.reads(p))
 
 
 def decision(p: Proposal, accepted: bool, reason: Reason, detail: str) -> Decision:

@@ -3,32 +3,71 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NotFoundError
 
 from gpuops import subjects
 from gpuops.clock import Clock
-from gpuops.errors import EventError
-from gpuops.intake.decode import dead_letter, decode
+from gpuops.errors import BusError, EventError, LeaseLost
+from gpuops.intake.decode import dead_letter, decode_intake
+from gpuops.intake.fetch import Puller, ack, nak
+from gpuops.match.facts import Telemetry
 from gpuops.models import Event
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Event], Awaitable[None]]
+Handler = Callable[[Event | Telemetry], Awaitable[None]]
+
+EXPIRES_S = 0.5  # a pull waits this long for a first message before asking again
+# Telemetry gives the loop back this often, so a health event that came in is read and
+# decided within a slice or two rather than after a whole batch.
+SLICE_S = 0.001
+
+
+class Priority:
+    """Health events first: while one intake handles a batch, the others pause between
+    slices of theirs (the decision's KV round trips then never wait behind samples)."""
+
+    def __init__(self) -> None:
+        self._holding = 0
+        self._free = asyncio.Event()
+        self._free.set()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Others wait while this block runs."""
+        self._holding += 1
+        self._free.clear()
+        try:
+            yield
+        finally:
+            self._holding -= 1
+            if not self._holding:
+                self._free.set()
+
+    async def turn(self) -> None:
+        """Give the loop a turn, then wait while a holder works."""
+        await asyncio.sleep(0)
+        await self._free.wait()
 
 
 class Intake:
     """One durable consumer on one stream, feeding decoded events to a handler.
 
     Malformed messages go to `gpuops.dlq.<reason>` with the raw payload and are then
-    acked, so a poison message is kept for people and never blocks the stream.
+    acked, so a poison message is kept for people and never blocks the stream. With a
+    `priority`, an `urgent` intake holds it while it handles a batch; any other yields
+    to it every `SLICE_S` of handling.
     """
 
     def __init__(
@@ -44,8 +83,11 @@ class Intake:
         ack_all: bool = False,
         max_future_s: float = 300.0,
         on_dead: Callable[[str], None] | None = None,
+        priority: Priority | None = None,
+        urgent: bool = False,
     ) -> None:
         self.js = js
+        self.nc: Client = js._nc  # the context's connection: acks and pulls go on it
         self.clock = clock
         self.stream = stream
         self.subject = subject
@@ -55,6 +97,8 @@ class Intake:
         self.ack_all = ack_all
         self.max_future_s = max_future_s
         self.on_dead = on_dead
+        self.priority = priority
+        self.urgent = urgent
         self.dead: Counter[str] = Counter()
 
     def consumer_config(self) -> ConsumerConfig:
@@ -70,45 +114,81 @@ class Intake:
         )
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Fetch until `stop` is set."""
-        sub = await self.js.pull_subscribe(
-            self.subject, durable=self.durable, stream=self.stream, config=self.consumer_config()
-        )
+        """Fetch until `stop` is set; a consumer deleted or moved is made again."""
+        puller = Puller(self.nc, self.stream, self.durable, self.js._prefix)
+        try:
+            while not stop.is_set():
+                await self._ensure_consumer()
+                await self._pull(puller, stop)
+        finally:
+            await puller.stop()
+
+    async def _ensure_consumer(self) -> None:
+        """Create the durable consumer when it is missing (as `pull_subscribe` did)."""
+        try:
+            await self.js.consumer_info(self.stream, self.durable)
+        except NotFoundError:
+            config = self.consumer_config()
+            config.durable_name = self.durable
+            await self.js.add_consumer(self.stream, config)
+
+    async def _pull(self, puller: Puller, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
-                msgs = await sub.fetch(self.batch, timeout=0.5)
-            except (NatsTimeout, TimeoutError):
-                continue
+                msgs = await puller.fetch(self.batch, EXPIRES_S)
+            except BusError as exc:
+                log.warning("%s; creating the consumer again", exc)
+                return
             except NatsError as exc:  # a reconnect in progress: wait, the consumer is durable
                 log.warning("fetch from %s failed (%s); retrying", self.durable, exc)
                 await asyncio.sleep(1.0)
                 continue
-            await self.process(msgs)
+            if msgs:
+                await self.process(msgs)
 
     async def process(self, msgs: list[Msg]) -> None:
         """Handle a batch in order; each message is acked after its handling is recorded."""
-        for msg in msgs:
-            try:
-                event = self._decode(msg)
-            except EventError as exc:
-                await self._dead_letter(msg, exc)
-                if not self.ack_all:
-                    await msg.ack()
-                continue
-            try:
-                await self.handler(event)
-            except Exception:
-                log.exception("handling %s %s failed; it will be redelivered", event.kind, event.id)
-                if not self.ack_all:
-                    await msg.nak(delay=5)
-                continue
-            if not self.ack_all:
-                await msg.ack()
-        if self.ack_all and msgs:
-            await msgs[-1].ack()
+        if self.priority is not None and self.urgent:
+            with self.priority.held():
+                await self._process(msgs)
+        else:
+            await self._process(msgs)
 
-    def _decode(self, msg: Msg) -> Event:
-        return decode(msg.data, msg.subject, now=self.clock.now(), max_future_s=self.max_future_s)
+    async def _process(self, msgs: list[Msg]) -> None:
+        yield_at = time.perf_counter() + SLICE_S
+        pause = None if self.urgent else self.priority
+        for msg in msgs:
+            await self._one(msg)
+            if pause is not None and time.perf_counter() >= yield_at:
+                await pause.turn()
+                yield_at = time.perf_counter() + SLICE_S
+        if self.ack_all and msgs:
+            await ack(self.nc, msgs[-1])
+
+    async def _one(self, msg: Msg) -> None:
+        try:
+            event = self._decode(msg)
+        except EventError as exc:
+            await self._dead_letter(msg, exc)
+            if not self.ack_all:
+                await ack(self.nc, msg)
+            return
+        try:
+            await self.handler(event)
+        except LeaseLost:
+            raise  # the partition went to another replica: nothing more is handled or acked
+        except Exception:
+            log.exception("handling %s %s failed; it will be redelivered", event.kind, event.id)
+            if not self.ack_all:
+                await nak(self.nc, msg, 5.0)
+            return
+        if not self.ack_all:
+            await ack(self.nc, msg)
+
+    def _decode(self, msg: Msg) -> Event | Telemetry:
+        return decode_intake(
+            msg.data, msg.subject, now=self.clock.now(), max_future_s=self.max_future_s
+        )
 
     async def _dead_letter(self, msg: Msg, exc: EventError) -> None:
         self.dead[exc.reason] += 1

@@ -222,10 +222,11 @@ def group_value(fn: str, values: list[float]) -> float | None:
 class KeyState:
     """What one group key holds: its newest time, its members' latest values, its series."""
 
-    __slots__ = ("members", "newest", "series")
+    __slots__ = ("evaluated", "members", "newest", "series")
 
     def __init__(self, series: list[Series]) -> None:
         self.newest = -math.inf
+        self.evaluated = -math.inf  # event time the rule last looked at this key
         self.members: dict[Hashable, tuple[float, tuple[Any, ...]]] = {}
         self.series = series
 
@@ -271,6 +272,21 @@ class Aggregates:
             for a in aggs
         )
 
+    def between(self, key: Hashable, t: float, every: float, fact: Mapping[str, Any]) -> bool:
+        """For a rule evaluated at most once per `every` seconds of a key's event time: if
+        the key was evaluated less than `every` ago, take the sample into the series only
+        and say so (True); else the caller evaluates it now (False)."""
+        state = self.keys.get(key)
+        if state is None or not state.evaluated <= t < state.evaluated + every:
+            if state is not None and t >= state.evaluated:
+                state.evaluated = t
+            return False
+        for field, one in zip(self.series_fields, state.series, strict=True):
+            v = fact.get(field)
+            if _number(v):
+                one.add(t, v)
+        return True
+
     def observe(
         self, key: Hashable, member: Hashable, t: float, fact: dict[str, Any]
     ) -> float | None:
@@ -283,6 +299,7 @@ class Aggregates:
         state = self.keys.get(key)
         if state is None:
             state = self.keys[key] = KeyState([Series(w, q) for (_, w), q in self.series_specs])
+            state.evaluated = t
         late = t < state.newest if self.per_member else self._late(state, member, t, fact)
         for field, one in zip(self.series_fields, state.series, strict=True):
             v = fact.get(field)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuops.match.aggregates import Aggregates
-from gpuops.match.expr import compile_sandboxed
+from gpuops.match.expr import compile_sandboxed, fact_keys
 from gpuops.match.rules import Rule
 from gpuops.match.windows import HeldFor, Instant, Window
 from gpuops.models import Match
@@ -47,9 +47,34 @@ class Entry:
     alert: bool = False
 
     @property
+    def agg_only(self) -> bool:
+        """The condition reads aggregates and nothing else of the fact."""
+        names = {a.name for a in self.rule.aggregates}
+        return bool(names) and fact_keys(self.rule.expr) <= names and self.extra is None
+
+    @property
     def slow(self) -> bool:
         """Evaluated by its own handler on every sample (aggregates, inventory facts)."""
         return self.agg is not None or self.extra is not None
+
+
+# A value over a window this long moves slowly: a rule that reads nothing else is looked
+# at once per LONG_WINDOW_SHARE of its shortest window per key (a minute for a day), not
+# on every sample; every sample still goes into the series. docs/rules.md, Aggregates.
+LONG_WINDOW_S = 3600.0
+LONG_WINDOW_SHARE = 1 / 1440
+
+
+def slow_cadence(rule: Rule) -> float:
+    """How often (event seconds) a rule whose condition reads only long-window aggregates
+    is evaluated per key; 0 for every sample."""
+    windows = [a.window_s for a in rule.aggregates]
+    if not windows or any(w is None or w < LONG_WINDOW_S for w in windows):
+        return 0.0
+    every = min(w for w in windows if w is not None) * LONG_WINDOW_SHARE
+    if rule.for_s is not None:
+        every = min(every, rule.max_gap_s / 2)  # the run must not look broken by a gap
+    return every
 
 
 def _member(f: Fact) -> Hashable:
@@ -67,6 +92,7 @@ def _slow(e: Entry, make: MakeMatch, cleared: list[Cleared] | None) -> Callable[
     rule, window, key, field, fired = e.rule, e.window, e.key, e.field, e.fired
     agg, extra, cond = e.agg, e.extra or {}, e.rule.condition
     observe = window.observe
+    every = slow_cadence(rule) if agg is not None and e.agg_only else 0.0
     # An alert rule holds (key, fingerprint): only its own alert's resolution clears it.
     clear_alert = (
         _clear_alert(e, cleared) if e.alert and fired is not None and cleared is not None else None
@@ -75,6 +101,8 @@ def _slow(e: Entry, make: MakeMatch, cleared: list[Cleared] | None) -> Callable[
     def run(f: Fact, t: float, eid: str, out: list[Match]) -> None:
         k = key(f)
         if k is None:
+            return
+        if every and agg is not None and agg.between(k, t, every, f):
             return
         g = dict(f)
         more = extra.get(g.get("node", ""))

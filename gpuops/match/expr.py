@@ -435,3 +435,16 @@ def render(value: Any, fact: Fact) -> Any:
     if isinstance(value, dict):
         return {k: render(v, fact) for k, v in value.items()}
     return value
+
+
+def fact_keys(expr: ast.expr | None) -> set[str]:
+    """The fact keys a rewritten condition reads (`f["x"]`)."""
+    if expr is None:
+        return set()
+    return {
+        n.slice.value
+        for n in ast.walk(expr)
+        if isinstance(n, ast.Subscript)
+        and isinstance(n.slice, ast.Constant)
+        and isinstance(n.slice.value, str)
+    }

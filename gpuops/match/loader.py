@@ -22,7 +22,7 @@ from gpuops.errors import ConfigError, RuleError, RuleSetError
 from gpuops.inventory import Inventory
 from gpuops.match.aggregates import Aggregate
 from gpuops.match.durations import parse_duration
-from gpuops.match.expr import condition_from, rule_expression, template_names
+from gpuops.match.expr import condition_from, fact_keys, rule_expression, template_names
 from gpuops.match.rules import Increase, Ladder, Rule, RuleAction, RuleSet, Rung
 from gpuops.match.schema import RULES_FILE_SCHEMA
 from gpuops.match.yamlsrc import LineDict, load_yaml
@@ -373,15 +373,7 @@ def _host_variables(inventory: Inventory | None) -> set[str]:
 
 def _names(expr: ast.expr | None) -> set[str]:
     """The fact keys a rewritten condition reads (`f["x"]`)."""
-    if expr is None:
-        return set()
-    return {
-        n.slice.value
-        for n in ast.walk(expr)
-        if isinstance(n, ast.Subscript)
-        and isinstance(n.slice, ast.Constant)
-        and isinstance(n.slice.value, str)
-    }
+    return fact_keys(expr)
 
 
 def _check_group_aggregates(

@@ -11,7 +11,6 @@ ever move its own key.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,11 +19,11 @@ from gpuops.clock import Clock
 from gpuops.inventory import Inventory
 from gpuops.match.aggregates import Aggregates
 from gpuops.match.codegen import Cleared, Entry, KindEval, compile_kind
+from gpuops.match.facts import Fact, Telemetry, facts_of
+from gpuops.match.facts import peer_median as peer_median  # where callers found it
 from gpuops.match.rules import Rule, RuleSet
 from gpuops.match.windows import Absent, CountWithin, HeldFor, Increase, Instant, Window
-from gpuops.models import STATEFUL_KINDS, Event, Match, TelemetryEvent
-
-Fact = dict[str, Any]
+from gpuops.models import STATEFUL_KINDS, Event, Match
 
 # How long state outlives its window, by the clock. After an outage the engine reads a
 # backlog of samples minutes old; their runs must go on, so eviction waits as long as
@@ -114,46 +113,6 @@ def _window(rule: Rule, clock: Clock | None) -> Window:
     return Instant()
 
 
-def facts_of(event: Event) -> list[Fact]:
-    """What rules see of an event: one fact per GPU for telemetry, else one."""
-    if isinstance(event, TelemetryEvent):
-        out = []
-        bandwidth = [g.dram_bw_util for g in event.data.gpus]
-        ordered = sorted(v for v in bandwidth if v is not None)
-        if len(ordered) < 2:
-            bandwidth = []  # no GPU has two reporting peers: skip the medians (hot path)
-        for i, gpu in enumerate(event.data.gpus):
-            fact = dict(gpu.__dict__)
-            fact["node"] = event.node
-            fact["gpu"] = gpu.index
-            fact["dram_bw_util_peer_median"] = (
-                peer_median(bandwidth, i, ordered) if bandwidth else None
-            )
-            out.append(fact)
-        return out
-    fact = dict(event.data.__dict__)
-    fact["node"] = event.node
-    return [fact]
-
-
-def peer_median(
-    values: list[float | None], i: int, ordered: list[float] | None = None
-) -> float | None:
-    """The median of the others' values (not `values[i]`); None with fewer than 2 others.
-
-    One peer is no consensus: with two GPUs the slow one would look as odd as the fast.
-    `ordered` (the non-null values, sorted) saves sorting again for every GPU of a sample.
-    """
-    others = list(ordered) if ordered is not None else sorted(v for v in values if v is not None)
-    own = values[i]
-    if own is not None:
-        del others[bisect.bisect_left(others, own)]
-    if len(others) < 2:
-        return None
-    mid = len(others) // 2
-    return others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2
-
-
 class Matcher:
     """Evaluates events against a rule set, keeping each rule's window state."""
 
@@ -236,8 +195,8 @@ class Matcher:
         """Event kinds at least one rule listens to."""
         return frozenset(self._by_kind)
 
-    def match(self, event: Event) -> list[Match]:
-        """Every rule firing on this event."""
+    def match(self, event: Event | Telemetry) -> list[Match]:
+        """Every rule firing on this event (telemetry: on the facts it was decoded to)."""
         evaluate = self._eval_kind.get(event.kind)
         if evaluate is None:
             return []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -25,7 +26,8 @@ from pydantic import BaseModel, ConfigDict
 from gpuops.bus.store import KV, Store
 from gpuops.clock import Clock
 from gpuops.inventory import Inventory
-from gpuops.models import Event, Match, TelemetryEvent
+from gpuops.match.facts import Telemetry, as_telemetry
+from gpuops.models import Event, Match
 from gpuops.pipeline import Pipeline
 from gpuops.power.budgets import FLEET, GroupBudget, Overrides, budgets_now
 from gpuops.power.config import PowerSettings
@@ -64,22 +66,24 @@ def allocations(kv: KV) -> Store[NodeAllocation]:
     return Store(kv, NodeAllocation, "power.alloc")
 
 
-def readings(event: TelemetryEvent) -> list[Reading]:
+def readings(event: Telemetry) -> list[Reading]:
     """The power readings of a telemetry event (GPUs that lack one are left out)."""
     out = []
-    for g in event.data.gpus:
-        if None in (g.power_w, g.power_limit_w, g.power_min_limit_w, g.power_max_limit_w):
+    for g in event.facts:
+        power, limit = g["power_w"], g["power_limit_w"]
+        low, high = g["power_min_limit_w"], g["power_max_limit_w"]
+        if power is None or limit is None or low is None or high is None:
             continue
         out.append(
             Reading(
-                g.index,
-                float(g.power_w or 0.0),
-                float(g.power_limit_w or 0.0),
-                float(g.power_min_limit_w or 0.0),
-                float(g.power_max_limit_w or 0.0),
-                g.power_default_limit_w,
-                float(g.util_gpu or 0.0),
-                int(g.clocks_event_reasons or 0),
+                g["index"],
+                float(power),
+                float(limit),
+                float(low),
+                float(high),
+                g["power_default_limit_w"],
+                float(g["util_gpu"] or 0.0),
+                int(g["clocks_event_reasons"] or 0),
             )
         )
     return out
@@ -116,13 +120,17 @@ class PowerEngine:
         self.controller = PowerController(settings, node_policies(inventory, settings))
         self.hosts_of = {**inventory.groups, FLEET: inventory.hosts}
         self.told: dict[str, float] = {}  # group -> the budget a person was told of
+        self.split: set[str] = set()  # groups told to be split between replicas
+        # Whether another replica owns some of these nodes (set by the app: its leases).
+        self.shared_with_others: Callable[[frozenset[str]], bool] = lambda nodes: False
         self.last: Plan | None = None
         self._loaded = False
 
-    def observe(self, event: Event) -> None:
+    def observe(self, event: Event | Telemetry) -> None:
         """Take a telemetry event's power readings (others are not the controller's)."""
-        if isinstance(event, TelemetryEvent):
-            self.controller.observe(event.node, readings(event), event.epoch)
+        telemetry = as_telemetry(event)
+        if telemetry is not None:
+            self.controller.observe(telemetry.node, readings(telemetry), telemetry.epoch)
 
     async def budgets(self) -> list[GroupBudget]:
         """Every group's budget now."""
@@ -149,6 +157,7 @@ class PowerEngine:
             self._loaded = True
         budgets = await self.budgets() if budgets is None else budgets
         now = self.clock.now()
+        budgets = await self._whole(budgets, now)
         plan = self.controller.plan(budgets, now)
         self.last = plan
         sent = [c for c in plan.changes if await self._decide(c, plan, now)]
@@ -159,6 +168,31 @@ class PowerEngine:
         if sent:
             await self._note(plan, sent, now)
         return plan
+
+    async def _whole(self, budgets: list[GroupBudget], now: float) -> list[GroupBudget]:
+        """The budgets whose every node this replica owns (and so reads the power of).
+
+        A group split between engine replicas is kept by none of them: each would see
+        only its own nodes' draw, believe the group under budget and raise limits. People
+        are told once, so a budget is never silently not kept (docs/power.md, replicas)."""
+        whole = []
+        for b in budgets:
+            if all(self.pipeline.owns(n) for n in b.nodes):
+                whole.append(b)
+                self.split.discard(b.group)
+                continue
+            if b.group in self.split or not self.shared_with_others(b.nodes):
+                continue  # told already, or partitions not all taken yet (a start)
+            self.split.add(b.group)
+            text = (
+                f"power budget {b.line()} is not kept: its nodes are split between engine "
+                "replicas, and a replica reads only its own nodes' power; run one replica "
+                "where budgets must hold (docs/power.md)"
+            )
+            log.warning(text)
+            self.recorder.notifier.notify("power budget not kept", text)
+            await self.recorder.auditor.note(now, "", text, {"power_budget": b.group})
+        return whole
 
     async def _decide(self, change: NodeChange, plan: Plan, now: float) -> bool:
         if not self.pipeline.owns(change.node):

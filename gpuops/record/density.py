@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from gpuops import mig
 from gpuops.match.aggregates import Series
-from gpuops.models import Event, TelemetryEvent
+from gpuops.match.facts import Telemetry, as_telemetry
+from gpuops.models import Event
 
 DAY_S = 86400.0
 
@@ -53,15 +54,17 @@ class DensityTracker:
     every_s: float = 60.0
     gpus: dict[tuple[str, int], _Gpu] = field(default_factory=dict)
 
-    def observe(self, event: Event) -> None:
+    def observe(self, event: Event | Telemetry) -> None:
         """Take a telemetry event's readings (others are not about utilisation)."""
-        if not isinstance(event, TelemetryEvent):
+        telemetry = as_telemetry(event)
+        if telemetry is None:
             return
-        t = event.epoch
-        for sample in event.data.gpus:
-            if sample.util_gpu is None:
+        t, node = telemetry.epoch, telemetry.node
+        for fact in telemetry.facts:
+            util = fact["util_gpu"]
+            if util is None:
                 continue
-            key = (event.node, sample.index)
+            key = (node, fact["index"])
             seen = self.gpus.get(key)
             if seen is None:
                 seen = _Gpu(Series(self.window_s, True), Series(self.window_s, False), t, t)
@@ -69,11 +72,11 @@ class DensityTracker:
             elif t - seen.last < self.every_s:
                 continue
             seen.last = t
-            seen.util.add(t, sample.util_gpu)
-            if sample.mem_used_bytes is not None:
-                seen.mem.add(t, float(sample.mem_used_bytes))
-            if sample.mem_total_bytes is not None:
-                seen.mem_total = float(sample.mem_total_bytes)
+            seen.util.add(t, util)
+            if fact["mem_used_bytes"] is not None:
+                seen.mem.add(t, float(fact["mem_used_bytes"]))
+            if fact["mem_total_bytes"] is not None:
+                seen.mem_total = float(fact["mem_total_bytes"])
 
     def sweep(self, now: float) -> int:
         """Forget GPUs not seen for a whole window (a node that left the fleet)."""

@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from gpuops.act.notify import Notifier
+from gpuops.bus.store import together
 from gpuops.catalog import Catalog
 from gpuops.clock import Clock
 from gpuops.decide.approval import ApprovalStore
@@ -90,19 +91,25 @@ class Recorder:
         self._repeats: dict[tuple[str, str, str], tuple[float, int]] = {}
 
     async def decided(self, d: Decision, intents: list[Intent]) -> None:
-        """Everything that follows one decision."""
+        """Everything that follows one decision.
+
+        The node's state, the episode and the audit record are separate records, each
+        written once however often the decision is replayed, so they go together.
+        """
         if d.reason is Reason.NOT_APPLICABLE:
             return
         now, m = self.clock.now(), d.match
         approval = await self._hold(d) if d.reason is Reason.APPROVAL_PENDING else None
-        await self.states.apply(m.node, lambda r: ns.after_decision(r, d, self.catalog, now))
-        await self.episodes.decided(d)
-        self.outbox.flush(now)
+        writes = [
+            self.states.apply(m.node, lambda r: ns.after_decision(r, d, self.catalog, now)),
+            self.episodes.decided(d),
+        ]
         repeats = self._repeated(d, now)
-        if repeats is None:
-            return
-        record = decision_record(d, [i.key for i in intents], now, approval, repeats)
-        await self.auditor.write(record, decision_msg_id(d))
+        if repeats is not None:
+            record = decision_record(d, [i.key for i in intents], now, approval, repeats)
+            writes.append(self.auditor.write(record, decision_msg_id(d)))
+        await together(*writes)
+        self.outbox.flush(now)
 
     async def _hold(self, d: Decision) -> str:
         record = await self.approvals.open(d, self.clock.now(), self.approval_timeout_s)

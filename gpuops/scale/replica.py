@@ -90,6 +90,13 @@ class Partitions:
         p = partition_of(node, self.count)
         return p in self.ready and self.ownership.holds(p)
 
+    def shared_with_others(self, nodes: frozenset[str]) -> bool:
+        """Whether another replica owns the partition of some of these nodes (as last seen)."""
+        owners = self.ownership.owners
+        return any(
+            owners.get(p, self.me) != self.me for p in {partition_of(n, self.count) for n in nodes}
+        )
+
     async def run(self, stop: asyncio.Event) -> None:
         """Hold leases and work on what they give until stopped."""
         await check_layout(self.js, self.count)

@@ -85,7 +85,7 @@ async def test_node_kind_and_time_filters_select_only_their_events(bus: Bus) -> 
 async def test_an_export_ends_at_the_stream_end_as_it_began(bus: Bus) -> None:
     telemetry = [e for e in _recorded() if e["kind"] == "telemetry"]
     await _publish(bus, telemetry)
-    reader = _read(bus.js, TELEMETRY, ["gpuops.telemetry.*"], Selection())
+    reader = _read(bus.js, TELEMETRY, ["gpuops.telemetry.*.*"], Selection())
     first = await anext(reader)
     # The stream grows while the export runs, as a live fleet's telemetry does.
     await _publish(bus, [{**e, "id": f"late-{e['id']}"} for e in telemetry])

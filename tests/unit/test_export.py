@@ -25,17 +25,17 @@ def test_times_are_durations_before_now_or_iso_times() -> None:
 
 def test_filters_name_the_subjects_of_each_stream() -> None:
     assert Selection().filters() == {
-        "GPUOPS_TELEMETRY": ["gpuops.telemetry.*"],
-        "GPUOPS_EVENTS": ["gpuops.events.*.*"],
+        "GPUOPS_TELEMETRY": ["gpuops.telemetry.*.*"],  # stored under any partition
+        "GPUOPS_EVENTS": ["gpuops.events.*.*.*"],
     }
     assert Selection(kinds=("telemetry",), nodes=("gpu.a1",)).filters() == {
-        "GPUOPS_TELEMETRY": ["gpuops.telemetry.gpu_a1"]
+        "GPUOPS_TELEMETRY": ["gpuops.telemetry.*.gpu_a1"]
     }
     assert Selection(kinds=("xid", "ecc"), nodes=("n1", "n2")).filters() == {
         "GPUOPS_EVENTS": [
-            "gpuops.events.xid.n1",
-            "gpuops.events.xid.n2",
-            "gpuops.events.ecc.n1",
-            "gpuops.events.ecc.n2",
+            "gpuops.events.*.xid.n1",
+            "gpuops.events.*.xid.n2",
+            "gpuops.events.*.ecc.n1",
+            "gpuops.events.*.ecc.n2",
         ]
     }

@@ -7,7 +7,7 @@ from typing import Any
 
 from gpuops.act.notify import Notifier
 from gpuops.build import Buckets, Engine, build_engine
-from gpuops.bus.publish import MemoryPublisher
+from gpuops.bus.publish import MemoryPublisher, Publisher
 from gpuops.catalog import load_catalog
 from gpuops.clock import ManualClock
 from gpuops.inventory import Inventory
@@ -33,6 +33,7 @@ def engine_on(
     rules: RuleSet | None = None,
     inventory: Inventory = INVENTORY,
     dry_run: bool = False,
+    publisher: Publisher | None = None,
     **safety: Any,
 ) -> Engine:
     """An engine as `run` builds it, on memory buckets (pass the same buckets for replicas)."""
@@ -45,7 +46,7 @@ def engine_on(
         inventory=inventory,
         catalog=load_catalog(ROOT / "playbooks"),
         buckets=buckets or Buckets.memory(),
-        publisher=MemoryPublisher(),
+        publisher=publisher or MemoryPublisher(),
         clock=clock,
         signing_key=b"k" * 32,
         notifier=notifier,

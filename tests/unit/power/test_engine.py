@@ -141,3 +141,28 @@ async def test_floors_above_the_budget_are_kept_and_a_person_is_asked(tmp_path: 
     await engine.power.step()
     assert len([m for m in engine.notifier.sent if m["topic"] == "needs-human"]) == 1, "once"
     assert json.dumps(plan.groups[0].allocation.floors_w) == "5200.0"
+
+
+async def test_a_budget_split_between_replicas_is_not_kept_and_people_are_told(
+    tmp_path: Path,
+) -> None:
+    fleet = SimFleet.create(tmp_path / "sim", nodes=2, gpus=4)
+    for node in NODES:
+        fleet.inject(node, "load", 0, workload="training")
+    engine = _engine(tmp_path)
+    await _feed(engine, fleet, T0)
+    # This replica owns node-001's partition; another replica owns node-002's.
+    engine.pipeline.owns = lambda node: node == "node-001"
+    engine.power.shared_with_others = lambda nodes: "node-002" in nodes
+    await _budget(engine, 4000.0)
+    await engine.power.step()
+    await engine.power.step()
+    assert _intents(engine) == [], "no limits from half the rack's draw"
+    publisher = engine.pipeline.publisher
+    assert isinstance(publisher, MemoryPublisher)
+    notes = [
+        json.loads(p)["summary"]
+        for s, p in publisher.messages
+        if s.startswith("gpuops.audit.") and "not kept" in json.loads(p)["summary"]
+    ]
+    assert len(notes) == 1 and "split between engine replicas" in notes[0]

@@ -1,0 +1,89 @@
+"""What rules see of an event: one fact per GPU for telemetry, else one.
+
+Telemetry is most of what the engine reads, so the intake decodes it straight to a
+`Telemetry` (its envelope and the per-GPU facts) rather than to the pydantic model;
+the matcher and the observers (density, the power controller, the console) read the
+same facts, so a sample is expanded once.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpuops.models import Event, GpuSample, TelemetryEvent
+
+Fact = dict[str, Any]
+
+# Every fact of a GPU has every field of the model (null when the sample lacks it), in
+# the model's order, then what the matcher adds: the same dict whichever decoder made it.
+GPU_FIELDS: tuple[str, ...] = tuple(GpuSample.model_fields)
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """A telemetry event as facts: the envelope's fields and one fact per GPU."""
+
+    id: str
+    node: str
+    epoch: float
+    source: str
+    facts: list[Fact]
+    kind: Literal["telemetry"] = "telemetry"
+
+    @classmethod
+    def of(cls, event: TelemetryEvent) -> Telemetry:
+        """The facts of a validated model (replay, test-rules, the intake's slow path)."""
+        facts = [dict(gpu.__dict__) for gpu in event.data.gpus]
+        return cls(event.id, event.node, event.epoch, event.source, with_derived(facts, event.node))
+
+
+def as_telemetry(event: Event | Telemetry) -> Telemetry | None:
+    """A telemetry event's facts (None for any other kind)."""
+    if isinstance(event, Telemetry):
+        return event
+    if isinstance(event, TelemetryEvent):
+        return Telemetry.of(event)
+    return None
+
+
+def with_derived(facts: list[Fact], node: str) -> list[Fact]:
+    """Add `node`, `gpu` and the peer medians to each GPU's fields (in place)."""
+    bandwidth: list[float | None] = [f["dram_bw_util"] for f in facts]
+    ordered = sorted(v for v in bandwidth if v is not None)
+    skip = len(ordered) < 2  # no GPU has two reporting peers: skip the medians (hot path)
+    for i, fact in enumerate(facts):
+        fact["node"] = node
+        fact["gpu"] = fact["index"]
+        fact["dram_bw_util_peer_median"] = None if skip else peer_median(bandwidth, i, ordered)
+    return facts
+
+
+def facts_of(event: Event | Telemetry) -> list[Fact]:
+    """What rules see of an event: one fact per GPU for telemetry, else one."""
+    telemetry = as_telemetry(event)
+    if telemetry is not None:
+        return telemetry.facts
+    assert not isinstance(event, Telemetry)
+    fact = dict(event.data.__dict__)
+    fact["node"] = event.node
+    return [fact]
+
+
+def peer_median(
+    values: list[float | None], i: int, ordered: list[float] | None = None
+) -> float | None:
+    """The median of the others' values (not `values[i]`); None with fewer than 2 others.
+
+    One peer is no consensus: with two GPUs the slow one would look as odd as the fast.
+    `ordered` (the non-null values, sorted) saves sorting again for every GPU of a sample.
+    """
+    others = list(ordered) if ordered is not None else sorted(v for v in values if v is not None)
+    own = values[i]
+    if own is not None:
+        del others[bisect.bisect_left(others, own)]
+    if len(others) < 2:
+        return None
+    mid = len(others) // 2
+    return others[mid] if len(others) % 2 else (others[mid - 1] + others[mid]) / 2

@@ -1,0 +1,139 @@
+"""The intake's own pull batches on a real nats-server: status messages end a batch,
+a deleted consumer is made again, acks and naks keep delivery, and a health event is
+handled while a telemetry backlog is still being worked through."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from gpuops.bus.conn import EVENTS, TELEMETRY, Bus
+from gpuops.clock import SystemClock
+from gpuops.intake.consumer import Intake, Priority
+from gpuops.intake.fetch import Puller, PullError
+from gpuops.match.facts import Telemetry
+from gpuops.models import Event, new_event
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _xid(node: str) -> bytes:
+    return json.dumps(new_event("xid", node, time.time(), {"gpu": 0, "xid": 48}, "t")).encode()
+
+
+def _telemetry(node: str) -> bytes:
+    data = {"gpus": [{"index": i, "temp_c": 40.0 + i} for i in range(8)]}
+    return json.dumps(new_event("telemetry", node, time.time(), data, "t")).encode()
+
+
+async def _consumer(bus: Bus, durable: str) -> None:
+    config = ConsumerConfig(durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=30)
+    await bus.js.add_consumer(EVENTS, config)
+
+
+async def test_a_batch_ends_on_the_servers_word_not_on_the_expiry(bus: Bus) -> None:
+    await _consumer(bus, "p1")
+    puller = Puller(bus.nc, EVENTS, "p1")
+    try:
+        assert await puller.fetch(16, 0.3) == []  # 408 after expiry: nothing pending
+        for node in ("n1", "n2", "n3"):
+            await bus.js.publish(f"gpuops.events.xid.{node}", _xid(node))
+        started = asyncio.get_running_loop().time()
+        msgs = await puller.fetch(16, 30.0)  # 3 pending, then 404: long before 30 s
+        assert [json.loads(m.data)["node"] for m in msgs] == ["n1", "n2", "n3"]
+        assert asyncio.get_running_loop().time() - started < 20.0
+        for node in ("n4", "n5"):
+            await bus.js.publish(f"gpuops.events.xid.{node}", _xid(node))
+        assert len(await puller.fetch(2, 30.0)) == 2  # the batch count ends it
+    finally:
+        await puller.stop()
+
+
+async def test_a_deleted_consumer_is_an_error_to_create_it_again(bus: Bus) -> None:
+    await _consumer(bus, "p2")
+    puller = Puller(bus.nc, EVENTS, "p2")
+    try:
+        fetching = asyncio.create_task(puller.fetch(16, 10.0))
+        await asyncio.sleep(0.3)  # the pull request is waiting on the server
+        await bus.js.delete_consumer(EVENTS, "p2")
+        with pytest.raises(PullError, match="409"):
+            await fetching
+    finally:
+        await puller.stop()
+
+
+async def test_a_failed_handling_is_redelivered_and_a_handled_one_is_not(bus: Bus) -> None:
+    seen: list[str] = []
+
+    async def handle(event: Event | Telemetry) -> None:
+        seen.append(event.node)
+        if event.node == "bad" and seen.count("bad") == 1:
+            raise RuntimeError("a handler bug, once")
+
+    intake = Intake(
+        bus.js, SystemClock(), stream=EVENTS, subject="gpuops.events.>", durable="p3",
+        handler=handle,
+    )  # fmt: skip
+    for node in ("good", "bad"):
+        await bus.js.publish(f"gpuops.events.xid.{node}", _xid(node))
+    stop = asyncio.Event()
+    task = asyncio.create_task(intake.run(stop))
+    try:
+        await wait_for(lambda: seen.count("bad") == 2, 30)  # nak'd: back after 5 s
+    finally:
+        stop.set()
+        await task
+    info = await bus.js.consumer_info(EVENTS, "p3")
+    assert seen.count("good") == 1
+    assert info.num_ack_pending == 0 and info.num_pending == 0
+
+
+@pytest.mark.slow
+async def test_a_health_event_is_handled_before_the_telemetry_backlog(bus: Bus) -> None:
+    """With telemetry 2,000 samples behind, an XID is handled within a few samples of
+    its arrival, not after the telemetry batch being worked on (256 samples)."""
+    for i in range(2000):
+        await bus.nc.publish(f"gpuops.telemetry.n{i % 100}", _telemetry(f"n{i % 100}"))
+    await bus.nc.flush()
+    handled: list[tuple[str, int]] = []
+    samples = 0
+
+    async def on_telemetry(event: Event | Telemetry) -> None:
+        nonlocal samples
+        busy = time.perf_counter() + 0.001  # an engine matching a sample on a busy host
+        while time.perf_counter() < busy:
+            pass
+        samples += 1
+
+    async def on_event(event: Event | Telemetry) -> None:
+        handled.append((event.node, samples))
+
+    priority = Priority()
+    common: dict[str, Any] = {"priority": priority}
+    intakes = [
+        Intake(bus.js, SystemClock(), stream=TELEMETRY, subject="gpuops.telemetry.>",
+               durable="t", handler=on_telemetry, ack_all=True, **common),
+        Intake(bus.js, SystemClock(), stream=EVENTS, subject="gpuops.events.>",
+               durable="e", handler=on_event, batch=16, urgent=True, **common),
+    ]  # fmt: skip
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(i.run(stop)) for i in intakes]
+    try:
+        await wait_for(lambda: samples > 100, 30)
+        await bus.js.publish("gpuops.events.xid.sick", _xid("sick"))
+        published_at = samples
+        await wait_for(lambda: handled, 30)
+        waited = handled[0][1] - published_at
+        assert waited < 64, f"the XID waited behind {waited} samples"
+        await wait_for(lambda: samples == 2000, 60)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+    info = await bus.js.consumer_info(TELEMETRY, "t")
+    assert info.num_pending == 0 and info.num_ack_pending == 0

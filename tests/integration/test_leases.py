@@ -1,0 +1,126 @@
+"""Partition leases on a real nats-server: replicas share the partitions fairly, a
+replica that stops renewing loses them to the others when its entries expire (the
+server's clock), a clean stop hands them over at once, and a restarted replica takes
+its own back without waiting."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gpuops.bus.conn import Bus, connect
+from gpuops.bus.server import EmbeddedNats
+from gpuops.bus.store import NatsKV
+from gpuops.clock import SystemClock
+from gpuops.scale.leases import Ownership, read_leases
+from gpuops.settings import NatsSettings
+from tests.conftest import wait_for
+
+LEASE_S = 2.0
+PARTITIONS = 8
+
+
+class Replica:
+    """An Ownership whose gains and losses are recorded."""
+
+    def __init__(self, bus: Bus, name: str) -> None:
+        self.gained: list[int] = []
+        self.lost: list[int] = []
+        self.ownership = Ownership(
+            NatsKV(bus.kv["leases"]),
+            name,
+            PARTITIONS,
+            LEASE_S,
+            SystemClock(),
+            self._gain,
+            self._lose,
+        )
+
+    async def _gain(self, p: int) -> None:
+        self.gained.append(p)
+
+    async def _lose(self, p: int) -> None:
+        self.lost.append(p)
+
+    @property
+    def held(self) -> set[int]:
+        return set(self.ownership.held)
+
+
+async def _bus(server: EmbeddedNats) -> Bus:
+    return await connect(server.url, NatsSettings(lease_s=LEASE_S))
+
+
+async def _rounds(*replicas: Replica, times: int = 3) -> None:
+    for _ in range(times):
+        for r in replicas:
+            await r.ownership.round()
+
+
+async def test_replicas_share_fairly_and_a_silent_one_loses_its_partitions(
+    nats_server: EmbeddedNats,
+) -> None:
+    bus = await _bus(nats_server)
+    try:
+        a, b = Replica(bus, "a"), Replica(bus, "b")
+        await _rounds(a)
+        assert a.held == set(range(PARTITIONS)), "alone, a replica owns everything"
+        await _rounds(a, b)
+        assert len(a.held) == len(b.held) == PARTITIONS // 2 and not a.held & b.held
+        handed = set(a.lost)
+        assert handed == b.held, "b got exactly what a gave back"
+        owners = await read_leases(NatsKV(bus.kv["leases"]), PARTITIONS)
+        assert {p for p, (lease, _) in owners.items() if lease.owner == "b"} == b.held
+
+        # b stops renewing (hung, or cut off): its entries expire on the server.
+        silent = set(b.held)
+        await asyncio.sleep(LEASE_S + 0.5)
+        assert not any(b.ownership.holds(p) for p in silent), "b stopped deciding on its own"
+        await _rounds(a, times=1)
+        assert a.held == set(range(PARTITIONS)), "a took b's partitions after they expired"
+        await b.ownership.round()  # b comes back: what it held is gone, nothing is taken twice
+        assert not b.held & a.held
+        assert set(b.lost) >= silent
+    finally:
+        await bus.close()
+
+
+async def test_a_clean_stop_hands_over_at_once_and_a_restart_takes_its_own_back(
+    nats_server: EmbeddedNats,
+) -> None:
+    bus = await _bus(nats_server)
+    try:
+        a, b = Replica(bus, "a"), Replica(bus, "b")
+        await _rounds(a, b)
+        await b.ownership.release_all()
+        await _rounds(a, times=1)
+        assert a.held == set(range(PARTITIONS)), "given back, taken without waiting for expiry"
+
+        # a crashes (nothing given back) and starts again under the same name at once.
+        again = Replica(bus, "a")
+        await _rounds(again, times=1)
+        assert again.held == set(range(PARTITIONS)), "its own leases, taken back at once"
+    finally:
+        await bus.close()
+
+
+async def test_a_lease_taken_over_cannot_be_renewed_by_the_old_owner(
+    nats_server: EmbeddedNats,
+) -> None:
+    bus = await _bus(nats_server)
+    try:
+        a = Replica(bus, "a")
+        await _rounds(a, times=1)
+        await asyncio.sleep(LEASE_S + 0.5)  # a paused past its lease (a stop-the-world)
+        b = Replica(bus, "b")
+        await _rounds(b, times=1)
+        assert b.held == set(range(PARTITIONS))
+        await wait_for(lambda: _renews(a), 5)
+        assert a.held == set() and set(a.lost) == set(range(PARTITIONS))
+        assert b.held == set(range(PARTITIONS)), "the new owner keeps them"
+    finally:
+        await bus.close()
+
+
+async def _renews(r: Replica) -> bool:
+    await r.ownership.round()
+    return not r.held
