@@ -356,6 +356,38 @@ def bench_power(nodes: int, budget: float, window: str, seed: int) -> None:
     sys.exit(0 if last.endswith("ok=true") else 1)
 
 
+@bench.command("fleet")
+@click.option("--nodes", type=int, default=12_500, show_default=True)
+@click.option("--gpus", type=int, default=8, show_default=True, help="GPUs per node")
+@click.option(
+    "--replicas", default="1,2,4", show_default=True, help="engine replicas, one round each"
+)
+@click.option("--seconds", type=int, default=60, show_default=True, help="the measured window")
+@click.option("--warmup", type=int, default=15, show_default=True, help="seconds before it")
+@click.option("--health", type=int, default=100, show_default=True, help="probe failures injected")
+@click.option(
+    "--publishers", type=int, default=0, help="publisher processes (default: 1 per 5,000 nodes)"
+)
+@click.option(
+    "--stream-replicas",
+    "nats_replicas",
+    type=click.IntRange(1, 3),
+    default=3,
+    show_default=True,
+    help="copies of each stream and bucket on the 3-server cluster",
+)
+def bench_fleet(replicas: str, **options: int) -> None:
+    """A 1 Hz simulated fleet against engine replicas on a local 3-server NATS cluster."""
+    from gpuops.bench_fleet import FleetSpec
+    from gpuops.bench_fleet import bench_fleet as run_bench
+
+    try:
+        counts = tuple(int(c) for c in replicas.split(","))
+    except ValueError as exc:
+        raise click.BadParameter(f"{replicas!r} is not a list of counts like 1,2,4") from exc
+    run_bench(FleetSpec(replicas=counts, **options), click.echo)
+
+
 @bench.command("soak", context_settings={"ignore_unknown_options": True, "help_option_names": []})
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def bench_soak(args: tuple[str, ...]) -> None:
