@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from gpuops import subjects
 from gpuops.agent.spool import Spool
 from gpuops.bus.conn import Bus
 from gpuops.bus.publish import JetStreamPublisher, MemoryPublisher
@@ -265,7 +266,7 @@ async def test_a_real_prometheus_query_becomes_telemetry_on_real_nats(
     assert gpus[3]["pod"] == "llama-pretrain-0" and gpus[3]["namespace"] == "ml-train"
     # Prometheus's own target labels come along with dcgm-exporter's.
     assert gpus[3]["labels"]["job"] == "dcgm" and gpus[3]["labels"]["Hostname"] == NODE
-    stored = await bus.js.get_last_msg("GPUOPS_TELEMETRY", f"gpuops.telemetry.{NODE}")
+    stored = await bus.js.get_last_msg("GPUOPS_TELEMETRY", subjects.stored_telemetry(NODE))
     assert json.loads(stored.data)["id"] == event["id"]
     await sub.unsubscribe()
 
