@@ -68,6 +68,10 @@ class LeaseLost(BusError):
     """This replica no longer owns the node's partition: another one decides for it now."""
 
 
+class ConsumerGone(LeaseLost):
+    """The partition's consumer this replica made is gone: another replica took it over."""
+
+
 class ActionError(EngineError):
     """A playbook could not be prepared or run."""
 

@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError
 
 from gpuops import subjects
 from gpuops.clock import Clock
-from gpuops.errors import BusError, EventError, LeaseLost
+from gpuops.errors import BusError, ConsumerGone, EventError, LeaseLost
 from gpuops.intake.decode import dead_letter, decode_intake
 from gpuops.intake.fetch import Puller, ack, nak
 from gpuops.match.facts import Telemetry
@@ -133,7 +133,7 @@ class Intake:
             await self.js.consumer_info(self.stream, self.durable)
         except NotFoundError:
             if not self.create:
-                raise LeaseLost(f"consumer {self.durable} is gone: taken over") from None
+                raise ConsumerGone(f"consumer {self.durable} is gone: taken over") from None
             config = self.consumer_config()
             config.durable_name = self.durable
             await self.js.add_consumer(self.stream, config)

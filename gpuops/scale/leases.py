@@ -26,10 +26,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from nats.errors import Error as NatsError
+from nats.js.errors import Error as JsError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuops.bus.store import KV
 from gpuops.clock import Clock
+from gpuops.errors import BusError
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +136,12 @@ class Ownership:
         try:
             while not stop.is_set():
                 began = time.monotonic()
-                await self.round()
+                try:
+                    await self.round()
+                except (BusError, NatsError, JsError, TimeoutError) as exc:
+                    # NATS slow or away: the next round tries again; a lease not renewed
+                    # in time stops on its own (`_expire_local`), nothing else is dropped.
+                    log.warning("lease round failed (%s); trying again", exc)
                 # Every `every_s` from the start of the last round, not after it: a round
                 # that took a while on a busy host must not push the renewal past the lease.
                 left = max(0.0, self.every_s - (time.monotonic() - began))

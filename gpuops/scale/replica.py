@@ -24,7 +24,7 @@ from nats.js import JetStreamContext
 from gpuops.bus.conn import EVENTS, TELEMETRY
 from gpuops.bus.store import KV
 from gpuops.clock import Clock
-from gpuops.errors import ConfigError, LeaseLost
+from gpuops.errors import ConfigError, ConsumerGone, LeaseLost
 from gpuops.intake.consumer import Intake
 from gpuops.match.matcher import Matcher
 from gpuops.record.metrics import Metrics
@@ -183,7 +183,7 @@ class Partitions:
                 return
             except asyncio.CancelledError:
                 raise
-            except LeaseLost as exc:
+            except ConsumerGone as exc:
                 # Its consumer is gone (another replica took the partition over): give the
                 # lease back, if it is still this replica's, so the partition is taken
                 # over afresh rather than left with nobody reading it.
@@ -191,6 +191,8 @@ class Partitions:
                 stop.set()
                 self._releasing.add(asyncio.create_task(self.ownership.release(p)))
                 return
+            except LeaseLost as exc:  # the fence: this batch stays unacked; go on if held
+                log.warning("partition %d: %s; its batch is left to be delivered again", p, exc)
             except Exception as exc:  # NATS away: try again while held
                 self.metrics.loop_restarts.labels(intake.durable).inc()
                 log.warning("%s failed (%s); restarting in %.1fs", intake.durable, exc, delay)
