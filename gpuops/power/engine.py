@@ -181,8 +181,13 @@ class PowerEngine:
                 whole.append(b)
                 self.split.discard(b.group)
                 continue
-            if b.group in self.split or not self.shared_with_others(b.nodes):
-                continue  # told already, or partitions not all taken yet (a start)
+            if not self.shared_with_others(b.nodes):
+                # Partitions not all taken yet (a start): planned as before; a change for
+                # a node not owned yet is not decided (`_decide`).
+                whole.append(b)
+                continue
+            if b.group in self.split:
+                continue  # told already
             self.split.add(b.group)
             text = (
                 f"power budget {b.line()} is not kept: its nodes are split between engine "
