@@ -78,6 +78,7 @@ class Partitions:
     names: dict[tuple[bool, int], str] = field(init=False, default_factory=dict)
     _releasing: set[asyncio.Task[None]] = field(init=False, default_factory=set)
     _nodes: dict[int, frozenset[str]] = field(init=False, default_factory=dict)
+    _partition: dict[str, int] = field(init=False, default_factory=dict)  # node -> partition
 
     def __post_init__(self) -> None:
         self.ownership = Ownership(
@@ -87,10 +88,15 @@ class Partitions:
         for node in self.hosts:
             by_partition.setdefault(partition_of(node, self.count), set()).add(node)
         self._nodes = {p: frozenset(nodes) for p, nodes in by_partition.items()}
+        self._partition = {n: p for p, nodes in by_partition.items() for n in nodes}
 
     def owns(self, node: str) -> bool:
-        """Whether this replica decides for the node now (its partition is held and warm)."""
-        p = partition_of(node, self.count)
+        """Whether this replica decides for the node now (its partition is held and warm).
+
+        Asked for every event: the node's partition is looked up, not hashed again."""
+        p = self._partition.get(node)
+        if p is None:
+            p = partition_of(node, self.count)
         return p in self.ready and self.ownership.holds(p)
 
     def shared_with_others(self, nodes: frozenset[str]) -> bool:
