@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Protocol
@@ -63,6 +64,13 @@ class LockRelease(Protocol):
     async def release(self, node: str, event_id: str) -> bool:
         """Give the node back when this event's decision holds it."""
         ...
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another executor's claim on the intent is fresh: look again after `recheck_s`."""
+
+    recheck_s: float
 
 
 class Claim(BaseModel):
@@ -213,6 +221,12 @@ class Executor:
             record = decision_record(intent.decision, [intent.key], intent.decided_at)
             await self.recorder.auditor.write(record, decision_msg_id(intent.decision))
         tries = await self._claim(intent)
+        if isinstance(tries, Busy):
+            # Never acked while its claim looks alive: if that executor died just after
+            # claiming, this message is the only thing left that will record the run.
+            await p.msg.nak(delay=tries.recheck_s)
+            p.done = True
+            return None
         if tries is None:
             await p.msg.ack()
             p.done = True
@@ -257,18 +271,22 @@ class Executor:
             {"raw": raw[:2048].decode(errors="replace")},
         )
 
-    async def _claim(self, intent: Intent) -> int | None:
-        """The try number when this executor now runs the intent; None when it must not."""
+    async def _claim(self, intent: Intent) -> int | Busy | None:
+        """The try number when this executor now runs the intent; Busy while another
+        executor's claim on it is fresh; None when it must not run (ack it)."""
         now = self.clock.now()
         fresh = Claim(state="running", at=now, rule=intent.rule, renewed=now)
         if await self.claims.cas(fresh, 0, intent.key):
             return 1
         held, revision = await self.claims.get(intent.key)
-        alive = (
-            held is not None and held.state == "running" and now - held.renewed < self.claim_stale_s
-        )
-        if held is None or held.state != "running" or alive:
-            done = "running elsewhere" if alive else (held.status if held else "claimed")
+        if held is not None and held.state == "running":
+            age = now - held.renewed
+            if age < self.claim_stale_s:
+                # Alive, or died before its first renewal (the claim is written after the
+                # message's ack timer started, so the message can come back first).
+                return Busy(self.claim_stale_s - age + self.claim_stale_s / 10)
+        if held is None or held.state != "running":
+            done = held.status if held else "claimed"
             await self.recorder.auditor.note(
                 now,
                 intent.node,

@@ -25,9 +25,15 @@ HOT_RGB = (215, 25, 28)
 
 
 def _wait(predicate: Any, limit_s: float, what: str) -> Any:
+    from selenium.common.exceptions import StaleElementReferenceException
+
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        value = predicate()
+        try:
+            value = predicate()
+        except StaleElementReferenceException:
+            # The page navigated (a login's redirect) between finding an element and reading it.
+            value = None
         if value:
             return value
         time.sleep(0.2)

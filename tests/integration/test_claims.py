@@ -1,0 +1,84 @@
+"""An executor that died just after claiming an intent: its run is recorded, never lost.
+
+Real nats-server and executor. The claim of a dead executor is written into the claims
+bucket as it would have left it: running, renewed a moment ago (it died before its first
+renewal). The intent's message reaches the live executor while that claim is still
+fresh; it must not be acked then (nothing else would ever record the run), and once the
+claim is stale the run is recorded as interrupted and the node handed to a person.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from nats.js.errors import NotFoundError
+
+from gpuops.act.executor import DURABLE, Claim
+from gpuops.app import signing_key_path
+from gpuops.bus.conn import ACTIONS, Bus
+from gpuops.bus.server import EmbeddedNats
+from gpuops.bus.store import NatsKV, Store
+from gpuops.models import ActionSpec, Intent, RunStatus, action_subject
+from gpuops.record.audit import read_audit
+from gpuops.record.nodestate import NodeState, NodeStates
+from gpuops.signing import load_key, sign
+from gpuops.sim.fleet import SimFleet
+from tests.conftest import calls, engine_settings, run_outcomes, running_engine, wait_for
+
+pytestmark = pytest.mark.integration
+NODE = "node-001"
+STALE_S = 3.0
+
+
+def _reboot(now: float) -> Intent:
+    return Intent(
+        key="died-after-claim",
+        rule="xid-79",
+        node=NODE,
+        action=ActionSpec(playbook="reboot.yml", vars={"reason": "XID 79"}),  # not retry-safe
+        event_id="event-1",
+        event_ts=now,
+        decided_at=now,
+    )
+
+
+async def test_a_fresh_claim_of_a_dead_executor_is_waited_out_then_recorded_interrupted(
+    tmp_path: Path, bus: Bus, nats_server: EmbeddedNats, fleet: SimFleet
+) -> None:
+    settings = engine_settings(
+        tmp_path, fleet, nats_server.url, role="executor", run_claim_stale_s=STALE_S
+    )
+    now = time.time()
+    intent = sign(_reboot(now), load_key(signing_key_path(settings)))
+    claims: Store[Claim] = Store(NatsKV(bus.kv["claims"]), Claim, "intent")
+    await claims.put(Claim(state="running", at=now, rule=intent.rule, renewed=now), intent.key)
+    await bus.js.publish(action_subject(NODE), intent.model_dump_json().encode())
+
+    async with running_engine(settings, bus):
+        await wait_for(lambda: _delivered(bus), 30)  # seen while the claim is fresh
+        states = NodeStates(NatsKV(bus.kv["nodes"]))
+
+        async def handed_over() -> bool:
+            return (await states.get(NODE)).state is NodeState.NEEDS_HUMAN
+
+        await wait_for(handed_over, 30)
+
+    (outcome,) = await run_outcomes(bus, NODE)
+    assert outcome.status is RunStatus.INTERRUPTED and outcome.intent_key == intent.key
+    assert "interrupted" in (await states.get(NODE)).why
+    assert calls(fleet, NODE, "reboot") == [], "not run again: the playbook is not retry-safe"
+    notes = [r.summary async for r in read_audit(bus.js, NODE) if r.type == "note"]
+    assert not any("not run again" in n for n in notes), notes
+    held, _ = await claims.get(intent.key)
+    assert held is not None and held.state == "done" and held.status == "interrupted"
+    assert (await bus.js.stream_info(ACTIONS)).state.messages == 0, "acked once recorded"
+
+
+async def _delivered(bus: Bus) -> bool:
+    try:
+        info = await bus.js.consumer_info(ACTIONS, DURABLE)
+    except NotFoundError:  # the executor has not made its consumer yet
+        return False
+    return info.delivered.stream_seq >= 1
