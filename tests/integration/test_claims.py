@@ -81,4 +81,4 @@ async def _delivered(bus: Bus) -> bool:
         info = await bus.js.consumer_info(ACTIONS, DURABLE)
     except NotFoundError:  # the executor has not made its consumer yet
         return False
-    return info.delivered.stream_seq >= 1
+    return int(info.delivered.stream_seq or 0) >= 1
