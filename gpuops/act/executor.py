@@ -55,6 +55,7 @@ DURABLE = "gpuops-executor"
 # A running claim is renewed every quarter of `claim_stale_s`; one not renewed for that
 # long belongs to an executor that died (a live one may simply be slow: a duplicate copy
 # of its intent must not judge it). The intent comes back after the same time.
+RECHECK_MARGIN_S = 0.5  # past the moment a claim goes stale, so it is stale when read
 ROTATE_EVERY_S = 60.0  # evidence rotation reads every kept run's record: not after each run
 
 
@@ -283,8 +284,11 @@ class Executor:
             age = now - held.renewed
             if age < self.claim_stale_s:
                 # Alive, or died before its first renewal (the claim is written after the
-                # message's ack timer started, so the message can come back first).
-                return Busy(self.claim_stale_s - age + self.claim_stale_s / 10)
+                # message's ack timer started, so the message can come back first). Looked
+                # at again as often as a live claim is renewed, and just after it would go
+                # stale: a copy of a live run's intent is acked soon after that run ends.
+                wait = min(self.claim_stale_s - age, self.claim_stale_s / 4)
+                return Busy(wait + RECHECK_MARGIN_S)
         if held is None or held.state != "running":
             done = held.status if held else "claimed"
             await self.recorder.auditor.note(

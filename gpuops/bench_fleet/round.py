@@ -31,6 +31,7 @@ from gpuops.bench_fleet.procs import (
 from gpuops.bus.cluster import LocalCluster
 from gpuops.bus.conn import ACTIONS, EVENTS, TELEMETRY, Bus
 from gpuops.models import Intent, new_event, subject_for
+from gpuops.scale.takeover import all_consumers
 from gpuops.sim.fleet import SimFleet
 
 
@@ -277,7 +278,7 @@ async def _stored(bus: Bus) -> int | None:
 async def _pending(bus: Bus, stream: str) -> int | None:
     """Messages of a stream its consumers have not yet acked (None: no answer)."""
     try:
-        infos = await bus.js.consumers_info(stream)
+        infos = await all_consumers(bus.js, stream)
     except (NatsError, JsError, TimeoutError):
         return None
     return sum(int(c.num_pending or 0) + int(c.num_ack_pending or 0) for c in infos)

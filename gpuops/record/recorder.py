@@ -57,9 +57,13 @@ def decision_record(
 
 
 def decision_msg_id(d: Decision) -> str:
-    """One audit record per decided match, however often it is decided again after a crash."""
+    """One audit record per decided match and verdict, however often it is decided again
+    after a crash. The verdict is part of it because a replay may come out differently: a
+    drop recorded just before a crash (its event not acked yet) and the acceptance of the
+    same event redelivered once the lock's lease ran out are both true, and the intents
+    stored belong to the second; keeping only the first would leave them unexplained."""
     m = d.match
-    return f"decision-{m.rule}-{m.key}-{m.event_id}"[:250]
+    return f"decision-{d.reason.value}-{m.event_id}-{m.rule}-{m.key}"[:250]
 
 
 class Recorder:

@@ -121,34 +121,38 @@ class Partitions:
         held = self.ownership.held.get(p)
         if held is None:
             return  # lost again before its takeover began
-        for telemetry in (False, True):
-            stream = TELEMETRY if telemetry else EVENTS
-            probe = self.make_intake(stream, telemetry, p, durable(telemetry, p, held.epoch))
-            done = await take_over(
-                self.js,
-                stream=stream,
-                telemetry=telemetry,
-                partition=p,
-                epoch=held.epoch,
-                config=probe.consumer_config(),
-                span_s=self._span(telemetry),
-                now=self.clock.now(),
-                feed=self.matcher.warm,
-            )
-            self.names[(telemetry, p)] = done.durable
-            log.info(
-                "partition %d %s: from seq %d, %d events replayed into the windows",
-                p,
-                "telemetry" if telemetry else "events",
-                done.floor + 1,
-                done.warmed,
-            )
+        # Both streams at once: each takeover waits on the cluster (consumers made and
+        # deleted through its metadata leader), and the matcher's windows are per kind.
+        await asyncio.gather(*(self._take(p, held.epoch, t) for t in (False, True)))
         self.matcher.seed(self._nodes.get(p, frozenset()), self.clock.now())
         stop = asyncio.Event()
         self.workers[p] = Worker(stop, asyncio.create_task(self._consume(p, stop)))
         self.ready.add(p)
         self.metrics.takeover_seconds.observe(time.monotonic() - began)
         self.metrics.partitions_held.set(len(self.ready))
+
+    async def _take(self, p: int, epoch: int, telemetry: bool) -> None:
+        stream = TELEMETRY if telemetry else EVENTS
+        probe = self.make_intake(stream, telemetry, p, durable(telemetry, p, epoch))
+        done = await take_over(
+            self.js,
+            stream=stream,
+            telemetry=telemetry,
+            partition=p,
+            epoch=epoch,
+            config=probe.consumer_config(),
+            span_s=self._span(telemetry),
+            now=self.clock.now(),
+            feed=self.matcher.warm,
+        )
+        self.names[(telemetry, p)] = done.durable
+        log.info(
+            "partition %d %s: from seq %d, %d events replayed into the windows",
+            p,
+            "telemetry" if telemetry else "events",
+            done.floor + 1,
+            done.warmed,
+        )
 
     def _span(self, telemetry: bool) -> float:
         """How far back a takeover replays: the longest window of the stream's rules."""

@@ -71,7 +71,10 @@ async def test_kill_9_of_the_stream_leader_loses_no_event_and_stores_no_intent_t
     await assert_all_decided_once(bus, published)
     await one_decision_per_event(bus)
     assert sorted(held.values()) == ["a"] * 4 + ["b"] * 4, "the replicas share the partitions"
-    replicas = (await bus.js.stream_info(EVENTS)).cluster
-    assert replicas is not None and all(p.current for p in replicas.replicas or []), (
-        "the member that came back caught up"
-    )
+    await wait_for(lambda: _caught_up(bus), 30, 0.5)  # the member that came back
+
+
+async def _caught_up(bus: Bus) -> bool:
+    """Every member of the events stream has all of it (the one restarted catches up)."""
+    cluster = (await bus.js.stream_info(EVENTS)).cluster
+    return cluster is not None and all(p.current for p in cluster.replicas or [])

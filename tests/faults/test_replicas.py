@@ -147,10 +147,18 @@ async def settle(bus: Bus) -> None:
 
 
 async def one_decision_per_event(bus: Bus) -> list[dict[str, Any]]:
-    """The audit's decisions; no event has two (two replicas deciding one event)."""
+    """The audit's decisions: no event accepted twice (two replicas deciding one event),
+    and no verdict on an event recorded twice. An event redelivered after a crash may be
+    decided again differently (dropped while locked, accepted once the lock is free); both
+    are recorded, and `assert_all_decided_once` ties the intents to the acceptance."""
     decisions = [r.body["decision"] async for r in read_audit(bus.js) if r.type == "decision"]
-    seen = [(d["match"]["rule"], d["match"]["key"], d["match"]["event_id"]) for d in decisions]
-    assert len(seen) == len(set(seen)), "an event was decided twice"
+    verdicts = [
+        (d["match"]["rule"], d["match"]["key"], d["match"]["event_id"], d["reason"])
+        for d in decisions
+    ]
+    assert len(verdicts) == len(set(verdicts)), "a verdict on an event was recorded twice"
+    accepted = [v[:3] for v in verdicts if v[3] == "accepted"]
+    assert len(accepted) == len(set(accepted)), "an event was accepted twice"
     return decisions
 
 

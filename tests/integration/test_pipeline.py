@@ -131,7 +131,9 @@ async def test_event_about_unknown_host_is_recorded_never_acted_upon(
     assert (await bus.js.stream_info(ACTIONS)).state.messages == 0
 
 
-def _engine(state: Path, url: str, fleet: SimFleet, role: str) -> subprocess.Popen[bytes]:
+def _engine(
+    state: Path, url: str, fleet: SimFleet, role: str, **env: str
+) -> subprocess.Popen[bytes]:
     cmd = [
         sys.executable,
         "-m",
@@ -147,7 +149,7 @@ def _engine(state: Path, url: str, fleet: SimFleet, role: str) -> subprocess.Pop
         role,
     ]
     log = open(state.parent / f"engine-{role}.log", "ab")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
 
 
 async def test_crash_after_intent_runs_the_playbook_exactly_once(
@@ -170,7 +172,9 @@ async def test_crash_after_intent_runs_the_playbook_exactly_once(
     intent = (await bus.js.get_msg(ACTIONS, 1)).data
     assert calls(fleet, "node-001", "reboot") == []
 
-    worker = _engine(state, nats_server.url, fleet, "all")
+    # Claims go stale after 8 s: a copy of an intent whose run is alive is looked at again
+    # every 2 s, and acked as "not run again" once that run is done.
+    worker = _engine(state, nats_server.url, fleet, "all", GPUOPS_RUN_CLAIM_STALE_S="8")
     try:
         await wait_for(lambda: len(calls(fleet, "node-001", "reboot")) == 1, 60)
         await bus.js.publish("gpuops.actions.node-001", intent, headers={"Nats-Msg-Id": "again"})
