@@ -9,15 +9,18 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
+from nats.js.errors import Error as JsError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 from gpuops import subjects
 from gpuops.bus.conn import AUDIT
 from gpuops.bus.publish import Publisher
 from gpuops.bus.reader import one_read
+from gpuops.errors import BusError
 from gpuops.models import AuditRecord
 
 log = logging.getLogger(__name__)
@@ -32,6 +35,7 @@ def audit_subject(node: str) -> str:
 # and their hash kept, so the trail stays under NATS's max payload and still proves
 # what the original was.
 MAX_FIELD_CHARS = 4096
+READ_STALLS = 20  # fetches in a row that bring nothing while records are still pending
 MAX_LIST_ITEMS = 200
 MAX_RECORD_BYTES = 256 * 1024
 
@@ -104,11 +108,21 @@ async def read_audit(
         return
     config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
     async with one_read(js, subject, AUDIT, config) as sub:
+        stalls = 0
         while True:
             try:
                 msgs = await sub.fetch(batch, timeout=0.5)
-            except (NatsTimeout, TimeoutError):
-                return
+            except (NatsTimeout, TimeoutError, ServiceUnavailableError) as exc:
+                # Nothing came: the end, or a busy server (on a cluster, a new consumer
+                # answers 503 until its leader is elected). Asked, never guessed: a read
+                # that stops early would show a trail with decisions missing.
+                if await _read_all(sub):
+                    return
+                stalls += 1
+                if stalls >= READ_STALLS:
+                    raise BusError(f"reading the audit trail stalled ({exc!r})") from exc
+                continue
+            stalls = 0
             for msg in msgs:
                 await msg.ack()
                 try:
@@ -117,6 +131,15 @@ async def read_audit(
                     log.warning("skipping unreadable audit record at %s", msg.metadata.sequence)
             if msgs and msgs[-1].metadata.num_pending == 0:
                 return
+
+
+async def _read_all(sub: JetStreamContext.PullSubscription) -> bool:
+    """Whether the read's consumer has delivered everything its subject holds."""
+    try:
+        info = await sub.consumer_info()
+    except (NatsError, JsError, TimeoutError):
+        return False
+    return not info.num_pending and not info.num_ack_pending
 
 
 def as_json_line(record: AuditRecord) -> str:

@@ -110,6 +110,7 @@ class Ownership:
     replicas: dict[str, ReplicaRecord] = field(default_factory=dict)
     # Takeovers under way, beside the rounds (partition -> its task).
     gaining: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    closing: asyncio.Event = field(default_factory=asyncio.Event)  # set: take nothing more
     # Partitions whose work is stopping, beside the rounds (given back, or lost).
     stopping: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     leaving: set[int] = field(default_factory=set)  # given back: renewed until stopped
@@ -133,6 +134,7 @@ class Ownership:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Renew and balance every `every_s` until stopped; then give everything back."""
+        self.closing = stop
         try:
             while not stop.is_set():
                 began = time.monotonic()
@@ -215,6 +217,8 @@ class Ownership:
 
     async def _take(self, p: int, revision: int) -> bool:
         """Take a free partition (or one this replica held before a restart)."""
+        if self.closing.is_set():
+            return False  # stopping: a takeover now would only be given back half-made
         sent, since = time.monotonic(), self.clock.now()
         got = await self.kv.cas(_key(p), _dump(LeaseRecord(owner=self.me, since=since)), revision)
         if got is None:

@@ -190,12 +190,15 @@ async def test_kill_9_of_a_replica_under_load_moves_its_partitions_and_loses_not
         await asyncio.sleep(ROUND_S)  # the survivors decide the new owners' events a while
         published = await load.stop()
         await settle(bus)
+        # Counted while the replicas run: stopping them all at once races their takeovers
+        # (a partition one gives back taken by another that is stopping too), which can
+        # leave a newer consumer behind, made from a floor below what was decided.
+        await assert_all_decided_once(bus, published)
     finally:
         await load.stop()
         await stop_all(engines)
 
     assert moved_s <= LEASE_S + ROUND_S + MOVE_SLACK_S, "moved within a lease and a round"
-    await assert_all_decided_once(bus, published)
     await one_decision_per_event(bus)
 
 
@@ -331,13 +334,16 @@ async def test_a_replica_cut_off_for_longer_than_its_lease_decides_nothing_it_lo
         published = await load.stop()
         t = time.monotonic()
         await settle(bus)
+        # Counted while the replicas run: stopping them all at once races their takeovers
+        # (a partition one gives back taken by another that is stopping too), which can
+        # leave a newer consumer behind, made from a floor below what was decided.
+        await assert_all_decided_once(bus, published)
         print(f"{published} events, settled in {time.monotonic() - t:.2f}s")
     finally:
         await load.stop()
         await stop_all(engines)
         await proxy.close()
 
-    await assert_all_decided_once(bus, published)
     await one_decision_per_event(bus)
 
 
