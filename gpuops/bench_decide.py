@@ -103,8 +103,8 @@ class TimedPublisher:
         self.publisher = publisher
         self.calls = calls
 
-    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
-        await self.calls.timed("js.publish", self.publisher.publish(subject, payload, msg_id))
+    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> bool:
+        return await self.calls.timed("js.publish", self.publisher.publish(subject, payload, msg_id))
 
 
 @dataclass

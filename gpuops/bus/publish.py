@@ -15,8 +15,9 @@ from nats.js import JetStreamContext
 class Publisher(Protocol):
     """Stores a message and returns once it is stored."""
 
-    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
-        """Store `payload` on `subject`, once per `msg_id`."""
+    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> bool:
+        """Store `payload` on `subject`, once per `msg_id`; False when it was stored
+        before (a duplicate of that id, dropped)."""
         ...
 
 
@@ -26,9 +27,10 @@ class JetStreamPublisher:
     def __init__(self, js: JetStreamContext) -> None:
         self.js = js
 
-    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
+    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> bool:
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-        await self.js.publish(subject, payload, headers=headers)
+        ack = await self.js.publish(subject, payload, headers=headers)
+        return not ack.duplicate
 
 
 @dataclass
@@ -38,9 +40,10 @@ class MemoryPublisher:
     messages: list[tuple[str, bytes]] = field(default_factory=list)
     _seen: set[str] = field(default_factory=set)
 
-    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
+    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> bool:
         if msg_id is not None:
             if msg_id in self._seen:
-                return
+                return False
             self._seen.add(msg_id)
         self.messages.append((subject, payload))
+        return True

@@ -82,7 +82,9 @@ class Auditor:
     async def write(self, record: AuditRecord, msg_id: str | None = None) -> None:
         """Store one record; the caller acks its input only after this returns."""
         self.counts[record.type] += 1
-        await self.publisher.publish(audit_subject(record.node), bounded(record), msg_id)
+        stored = await self.publisher.publish(audit_subject(record.node), bounded(record), msg_id)
+        if not stored:
+            return  # the same record again (a replay, or the executor's copy of a decision)
         for listener in self.listeners:
             listener(record)
 

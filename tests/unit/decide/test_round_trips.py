@@ -116,11 +116,12 @@ class NetPublisher(MemoryPublisher):
         super().__init__()
         self.calls = calls
 
-    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> None:
+    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> bool:
         start = next(TICKS)
         await _round_trip()
-        await super().publish(subject, payload, msg_id)
+        stored = await super().publish(subject, payload, msg_id)
         self.calls.log.append(Call("publish", subject, start, next(TICKS)))
+        return stored
 
 
 def _buckets(calls: Calls) -> Buckets:

@@ -13,7 +13,7 @@ import json
 from gpuops.bus.publish import MemoryPublisher
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
-from gpuops.models import Reason
+from gpuops.models import AuditRecord, Reason
 from tests.unit.decide.helpers import ROOT, T0, engine_on, match
 
 RULES = load_rules([ROOT / "rules"], ROOT / "playbooks")
@@ -27,6 +27,8 @@ async def test_a_drop_then_an_acceptance_of_one_event_are_both_recorded_once() -
     clock, publisher = ManualClock(T0), MemoryPublisher()
     engine = engine_on(clock, rules=RULES, publisher=publisher, equivalence_window_s=0)
     pipeline = engine.pipeline
+    shown: list[AuditRecord] = []  # what a live view (the demo's timeline) is told of
+    pipeline.auditor.listeners.append(shown.append)
     holder = await pipeline.handle_match(match("xid-79-gpu-lost", gpu=None, event_id="B"))
     assert holder is not None and holder.accepted  # a reboot holds node-001's lock
     clock.advance(1)
@@ -50,3 +52,9 @@ async def test_a_drop_then_an_acceptance_of_one_event_are_both_recorded_once() -
     verdicts = [d["decision"]["reason"] for d in decisions]
     assert verdicts == ["locked", "accepted"], "each verdict once, in the order decided"
     assert [i["key"] for i in intents] == decisions[1]["intents"], "the intent is explained"
+    told = [
+        r.body["decision"]["reason"]
+        for r in shown
+        if r.body.get("decision", {}).get("match", {}).get("event_id") == "E"
+    ]
+    assert told == ["locked", "accepted"], "a record stored once is shown once"
