@@ -104,7 +104,8 @@ class TimedPublisher:
         self.calls = calls
 
     async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> bool:
-        return await self.calls.timed("js.publish", self.publisher.publish(subject, payload, msg_id))
+        stored = self.publisher.publish(subject, payload, msg_id)
+        return await self.calls.timed("js.publish", stored)
 
 
 @dataclass
