@@ -174,8 +174,8 @@ class Partitions:
 
     async def _watch(self, p: int, stop: asyncio.Event) -> None:
         """Stop fetching the moment the lease runs out here, not at the next round (which
-        may wait on KV for long): the next owner re-makes the partition's consumer under
-        the same name, and what this replica fetched from it would be taken from it."""
+        may wait on KV for long): what this replica fetches after that, the next owner
+        decides too, from its own consumer."""
         while not stop.is_set():
             held = self.ownership.held.get(p)
             left = held.valid_until - time.monotonic() if held is not None else 0.0

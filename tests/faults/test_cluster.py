@@ -16,17 +16,16 @@ import pytest
 
 from gpuops.bus.cluster import CLUSTER_NAME, LocalCluster
 from gpuops.bus.conn import EVENTS, Bus
-from gpuops.sim.fleet import SimFleet
 from tests.conftest import wait_for
 from tests.faults.test_crash import assert_all_decided_once
 from tests.faults.test_replicas import (
-    Load,
+    at_work,
     decided_at_least,
     one_decision_per_event,
     owners,
-    replica,
     settle,
     shared_out,
+    started,
     stop_all,
 )
 
@@ -43,16 +42,10 @@ async def _leader(bus: Bus) -> int:
 async def test_kill_9_of_the_stream_leader_loses_no_event_and_stores_no_intent_twice(
     tmp_path: Path, cluster: LocalCluster, cluster_bus: Bus
 ) -> None:
-    bus, fleet = cluster_bus, SimFleet.create(tmp_path / "sim", nodes=12, gpus=8)
-    engines = {rid: replica(tmp_path, cluster.url, fleet, rid) for rid in "ab"}
-    load = Load(bus, fleet.nodes)
-    for engine in engines.values():
-        engine.start()
+    bus = cluster_bus
+    engines, load = started(tmp_path, bus, cluster.url, "ab")
     try:
-        # The kill lands on running replicas, not on ones still setting up their streams.
-        await wait_for(lambda: shared_out(bus, set(engines)), 90, 0.5)
-        load.start()
-        await wait_for(lambda: decided_at_least(bus, 20), 60, 0.5)
+        await at_work(bus, engines, load)
         killed = await _leader(bus)
         cluster.kill(killed)
         down = time.monotonic()

@@ -162,6 +162,23 @@ async def one_decision_per_event(bus: Bus) -> list[dict[str, Any]]:
     return decisions
 
 
+def started(tmp_path: Path, bus: Bus, url: str, ids: str) -> tuple[dict[str, Engine], Load]:
+    """A replica per id started on 12 simulated nodes x 8 GPUs, and the load for them."""
+    fleet = SimFleet.create(tmp_path / "sim", nodes=12, gpus=8)
+    engines = {rid: replica(tmp_path, url, fleet, rid) for rid in ids}
+    for engine in engines.values():
+        engine.start()
+    return engines, Load(bus, fleet.nodes)
+
+
+async def at_work(bus: Bus, engines: dict[str, Engine], load: Load) -> None:
+    """Every replica holds its share (the faults land on running replicas, not on ones
+    still setting up), and the load is being decided."""
+    await wait_for(lambda: shared_out(bus, set(engines)), 90, 0.5)
+    load.start()
+    await wait_for(lambda: decided_at_least(bus, 20), 60, 0.5)
+
+
 async def stop_all(engines: dict[str, Engine]) -> None:
     """Stop every replica, the event loop running meanwhile (it runs the test's proxy)."""
     await asyncio.gather(*(asyncio.to_thread(e.stop) for e in engines.values()))
@@ -170,15 +187,10 @@ async def stop_all(engines: dict[str, Engine]) -> None:
 async def test_kill_9_of_a_replica_under_load_moves_its_partitions_and_loses_nothing(
     tmp_path: Path, cluster: LocalCluster, cluster_bus: Bus
 ) -> None:
-    bus, fleet = cluster_bus, SimFleet.create(tmp_path / "sim", nodes=12, gpus=8)
-    engines = {rid: replica(tmp_path, cluster.url, fleet, rid) for rid in ("a", "b", "c")}
-    load = Load(bus, fleet.nodes)
-    for engine in engines.values():
-        engine.start()
+    bus = cluster_bus
+    engines, load = started(tmp_path, bus, cluster.url, "abc")
     try:
-        await wait_for(lambda: shared_out(bus, set(engines)), 90, 0.5)
-        load.start()
-        await wait_for(lambda: decided_at_least(bus, 20), 60, 0.5)
+        await at_work(bus, engines, load)
         held = await owners(bus)
         victim = max(engines, key=lambda r: list(held.values()).count(r))
         engines[victim].kill()
