@@ -351,7 +351,8 @@ def ini_value(text: str) -> Any:
 
 def _plain_text(text: str) -> bool:
     """Text ast.literal_eval would refuse (a name, a path, an address), known without it."""
-    if not text or text[0] in _LITERAL_START or text in ("True", "False", "None"):
+    head = text.lstrip(" \t")  # literal_eval skips leading blanks: ' 0' is 0
+    if not head or head[0] in _LITERAL_START or head in ("True", "False", "None"):
         return False
     return "'" not in text and '"' not in text
 

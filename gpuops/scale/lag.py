@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerInfo
 from nats.js.errors import NotFoundError
 
 from gpuops.bus.conn import EVENTS, TELEMETRY
 from gpuops.bus.store import KV
 from gpuops.scale.leases import read_leases, read_replicas
 from gpuops.scale.partitions import durable, epoch_of, events_filter, telemetry_filter
-from gpuops.scale.takeover import consumer_infos, consumer_names
+from gpuops.scale.takeover import all_consumers
 
 _PARTITIONS = re.compile(r"partition\((\d+),")
 
@@ -41,24 +41,22 @@ class PartitionLag:
 
 async def lags(js: JetStreamContext, telemetry: bool, partitions: int) -> list[PartitionLag]:
     """Every partition's lag on the telemetry or the health events stream, read from the
-    consumer of its newest owner (older owners' are left as a cut-short takeover left
-    them, and not asked)."""
+    consumer of its newest owner."""
     stream = TELEMETRY if telemetry else EVENTS
-    names = await consumer_names(js, stream)
-    newest: dict[int, str] = {}
-    for p in range(partitions):
-        epochs = [(e, n) for n in names if (e := epoch_of(n, telemetry, p)) is not None]
-        if epochs:
-            newest[p] = max(epochs)[1]
-    infos = {i.name: i for i in await consumer_infos(js, stream, list(newest.values()))}
-    subjects = [telemetry_filter(p) if telemetry else events_filter(p) for p in range(partitions)]
-    counts = await asyncio.gather(*(_messages(js, stream, subject) for subject in subjects))
+    newest: dict[int, tuple[int, ConsumerInfo]] = {}
+    for info in await all_consumers(js, stream):
+        for p in _partition_of_name(info.name or "", telemetry, partitions):
+            epoch = epoch_of(info.name or "", telemetry, p)
+            if epoch is not None and epoch >= newest.get(p, (-1, info))[0]:
+                newest[p] = (epoch, info)
     out = []
-    for p, messages in enumerate(counts):
-        info = infos.get(newest.get(p, ""))
-        if info is None:
+    for p in range(partitions):
+        subject = telemetry_filter(p) if telemetry else events_filter(p)
+        messages = await _messages(js, stream, subject)
+        if p not in newest:
             out.append(PartitionLag(p, durable(telemetry, p), False, messages=messages))
             continue
+        info = newest[p][1]
         out.append(
             PartitionLag(
                 p,
@@ -72,6 +70,12 @@ async def lags(js: JetStreamContext, telemetry: bool, partitions: int) -> list[P
             )
         )
     return out
+
+
+def _partition_of_name(name: str, telemetry: bool, partitions: int) -> list[int]:
+    stem = durable(telemetry, 0).removesuffix("0")  # "gpuops-engine-events-p"
+    head = name.removeprefix(stem).split("-", 1)[0]
+    return [int(head)] if head.isdigit() and int(head) < partitions else []
 
 
 async def _messages(js: JetStreamContext, stream: str, subject: str) -> int:
