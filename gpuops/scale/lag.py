@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from dataclasses import dataclass
@@ -32,11 +33,22 @@ class PartitionLag:
     ack_floor: int = 0  # stream sequence up to which all is acked
     delivered: int = 0  # stream sequence of the last delivery
     messages: int = 0  # what the stream holds of the partition
+    last: int = 0  # stream sequence of the partition's newest message (0: none)
 
     @property
     def drained(self) -> bool:
-        """Every message of the partition was handled (or there is none)."""
-        return (self.exists or not self.messages) and not (self.pending or self.ack_pending)
+        """Every message of the partition was handled (or there is none): its consumer
+        has gone past the newest one and has nothing delivered unacked.
+
+        Past the newest, not only nothing pending: on a cluster the consumer counts from
+        the stream's copy on its own server, which can be a follower a few messages
+        behind the acked publish (a quorum stored it, not yet every copy). `last` comes
+        from the stream's leader."""
+        if not self.messages:
+            return True
+        return (
+            self.exists and self.delivered >= self.last and not (self.pending or self.ack_pending)
+        )
 
 
 async def lags(js: JetStreamContext, telemetry: bool, partitions: int) -> list[PartitionLag]:
@@ -49,12 +61,16 @@ async def lags(js: JetStreamContext, telemetry: bool, partitions: int) -> list[P
             epoch = epoch_of(info.name or "", telemetry, p)
             if epoch is not None and epoch >= newest.get(p, (-1, info))[0]:
                 newest[p] = (epoch, info)
+    stored = await asyncio.gather(
+        *(
+            _stored(js, stream, telemetry_filter(p) if telemetry else events_filter(p))
+            for p in range(partitions)
+        )
+    )
     out = []
-    for p in range(partitions):
-        subject = telemetry_filter(p) if telemetry else events_filter(p)
-        messages = await _messages(js, stream, subject)
+    for p, (messages, last) in enumerate(stored):
         if p not in newest:
-            out.append(PartitionLag(p, durable(telemetry, p), False, messages=messages))
+            out.append(PartitionLag(p, durable(telemetry, p), False, messages=messages, last=last))
             continue
         info = newest[p][1]
         out.append(
@@ -67,6 +83,7 @@ async def lags(js: JetStreamContext, telemetry: bool, partitions: int) -> list[P
                 ack_floor=int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0,
                 delivered=int(info.delivered.stream_seq or 0) if info.delivered else 0,
                 messages=messages,
+                last=last,
             )
         )
     return out
@@ -78,10 +95,22 @@ def _partition_of_name(name: str, telemetry: bool, partitions: int) -> list[int]
     return [int(head)] if head.isdigit() and int(head) < partitions else []
 
 
-async def _messages(js: JetStreamContext, stream: str, subject: str) -> int:
+async def _stored(js: JetStreamContext, stream: str, subject: str) -> tuple[int, int]:
+    """How many messages the stream holds of a partition, and the newest one's sequence."""
+    count, newest = await asyncio.gather(_count(js, stream, subject), _newest(js, stream, subject))
+    return count, newest
+
+
+async def _count(js: JetStreamContext, stream: str, subject: str) -> int:
     with contextlib.suppress(NotFoundError):
         info = await js.stream_info(stream, subjects_filter=subject)
         return sum((info.state.subjects or {}).values())
+    return 0
+
+
+async def _newest(js: JetStreamContext, stream: str, subject: str) -> int:
+    with contextlib.suppress(NotFoundError):  # none stored (or the stream is not there)
+        return int((await js.get_last_msg(stream, subject)).seq or 0)
     return 0
 
 

@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 
 Feed = Callable[[Event], None]
 
+# Reads of a stream's consumers while takeovers delete some under it: each one that
+# finds a deleted consumer is followed by the takeover's own, already made.
+SNAPSHOT_READS = 5
+
 
 @dataclass(frozen=True, slots=True)
 class Takeover:
@@ -93,15 +97,34 @@ async def partition_consumers(
     js: JetStreamContext, stream: str, telemetry: bool, partition: int
 ) -> dict[str, ConsumerInfo]:
     """The consumers of one partition of a stream (any epoch), by name."""
-    names = [
-        n for n in await consumer_names(js, stream) if epoch_of(n, telemetry, partition) is not None
-    ]
-    return {info.name or "": info for info in await consumer_infos(js, stream, names)}
+    infos = await _snapshot(
+        js, stream, lambda n: epoch_of(n, telemetry, partition) is not None
+    )
+    return {info.name or "": info for info in infos}
 
 
 async def all_consumers(js: JetStreamContext, stream: str) -> list[ConsumerInfo]:
-    """Every consumer of a stream (those deleted while asked are left out)."""
-    return await consumer_infos(js, stream, await consumer_names(js, stream))
+    """Every consumer of a stream."""
+    return await _snapshot(js, stream, lambda _: True)
+
+
+async def _snapshot(
+    js: JetStreamContext, stream: str, wanted: Callable[[str], bool]
+) -> list[ConsumerInfo]:
+    """The wanted consumers' states, read again while one listed is gone when asked.
+
+    A consumer deleted between the names and its state is a takeover in flight, which
+    made its own consumer first: read once more and that one is listed. Read only once,
+    the partition would look as if it had no consumer at all (nothing decided, or a
+    takeover from the stream's start), though its new owner's consumer is there.
+    """
+    infos: list[ConsumerInfo] = []
+    for _ in range(SNAPSHOT_READS):
+        names = [n for n in await consumer_names(js, stream) if wanted(n)]
+        infos = await consumer_infos(js, stream, names)
+        if len(infos) == len(names):
+            break
+    return infos
 
 
 async def consumer_names(js: JetStreamContext, stream: str) -> list[str]:

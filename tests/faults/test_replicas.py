@@ -32,9 +32,9 @@ from gpuops.bus.conn import Bus
 from gpuops.bus.store import NatsKV
 from gpuops.models import new_event, subject_for
 from gpuops.record.audit import read_audit
-from gpuops.scale.lag import acked, drained, lags
+from gpuops.scale.lag import acked, lags
 from gpuops.scale.leases import read_leases
-from gpuops.scale.partitions import partition_of
+from gpuops.scale.partitions import epoch_of, partition_of
 from gpuops.sim.fleet import SimFleet
 from tests.conftest import wait_for
 from tests.faults.conftest import LEASE_S
@@ -141,9 +141,25 @@ async def decided_at_least(bus: Bus, n: int) -> bool:
         return False
 
 
+async def handed_over_and_drained(bus: Bus) -> bool:
+    """Every partition is read from its owner's consumer (no takeover still making its
+    own), and that consumer has had every event of the partition decided and acked."""
+    try:
+        leases = await read_leases(NatsKV(bus.kv["leases"]), PARTITIONS)
+        parts = await lags(bus.js, False, PARTITIONS)
+    except (NatsError, JsError, TimeoutError):
+        return False
+    # A lease's record holds its epoch from its first renewal on; before, its revision.
+    epochs = {p: lease.epoch or revision for p, (lease, revision) in leases.items()}
+    return all(
+        lag.drained and epoch_of(lag.durable, False, lag.partition) == epochs.get(lag.partition)
+        for lag in parts
+    )
+
+
 async def settle(bus: Bus) -> None:
-    """Until every partition's events are decided and acked."""
-    await wait_for(lambda: drained(bus.js, False, PARTITIONS), 90, 0.5)
+    """Until every partition's events are decided and acked by its owner's consumer."""
+    await wait_for(lambda: handed_over_and_drained(bus), 90, 0.5)
 
 
 async def one_decision_per_event(bus: Bus) -> list[dict[str, Any]]:
