@@ -97,9 +97,7 @@ async def partition_consumers(
     js: JetStreamContext, stream: str, telemetry: bool, partition: int
 ) -> dict[str, ConsumerInfo]:
     """The consumers of one partition of a stream (any epoch), by name."""
-    infos = await _snapshot(
-        js, stream, lambda n: epoch_of(n, telemetry, partition) is not None
-    )
+    infos = await _snapshot(js, stream, lambda n: epoch_of(n, telemetry, partition) is not None)
     return {info.name or "": info for info in infos}
 
 
