@@ -177,6 +177,16 @@ class Replica:
         """Its exit code once it has ended, else None."""
         return None if self.proc is None else self.proc.poll()
 
+    def last_words(self, lines: int = 15) -> str:
+        """The end of its log: the bench's work directory is gone once the bench ends,
+        so why a replica exited has to be told in the error itself."""
+        path = self.work / f"engine-{self.name}.log"
+        try:
+            text = path.read_text(errors="replace")
+        except OSError as exc:
+            return f"(its log {path} cannot be read: {exc})"
+        return "\n".join(text.rstrip().splitlines()[-lines:]) or "(its log is empty)"
+
     def stop(self) -> None:
         """SIGTERM, then SIGKILL if it has not stopped in 30 s."""
         if self.proc is not None and self.proc.poll() is None:

@@ -116,7 +116,10 @@ class Round:
         while time.monotonic() < deadline:
             for r in self.replicas:
                 if (code := r.exited()) is not None:
-                    raise BenchError(f"replica {r.name} exited with {code}; see {r.work}")
+                    raise BenchError(
+                        f"replica {r.name} exited with {code} while starting; its log ends:\n"
+                        + r.last_words()
+                    )
             if all([await r.ready(http) for r in self.replicas]):
                 took = ", ".join(f"{r.name} {r.ready_s or 0:.1f}s" for r in self.replicas)
                 self.say(f"replicas ready (/healthz): {took}")

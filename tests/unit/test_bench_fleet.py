@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
 from gpuops.bench_fleet import BenchError, FleetSpec
 from gpuops.bench_fleet.figures import RoundFigures
-from gpuops.bench_fleet.procs import parse_metrics
+from gpuops.bench_fleet.procs import Replica, parse_metrics
 from gpuops.cli import main
 
 BEFORE_PARTITIONS = """\
@@ -85,3 +89,23 @@ def test_latency_percentiles_and_what_the_stream_lost() -> None:
     assert f.quantile(50) == pytest.approx(50.5)
     assert f.quantile(99) == pytest.approx(99.01)
     assert f.published_per_s == 72.0
+
+
+def test_a_replica_that_exits_says_why_in_its_last_words(tmp_path: Path) -> None:
+    # A real process that fails as a replica starting under load could: the bench's work
+    # directory is deleted when it ends, so the words must travel in the error.
+    said = "; ".join(f"line {i}" for i in range(3))
+    argv = [sys.executable, "-c", f"print({said!r}); print('nats: no servers'); exit(1)"]
+    replica = Replica(0, argv, dict(os.environ), tmp_path, 0)
+    replica.start()
+    assert replica.proc is not None
+    replica.proc.wait(30)
+    replica.stop()
+    assert replica.exited() == 1
+    assert replica.last_words().splitlines() == [said, "nats: no servers"]
+    assert replica.last_words(lines=1) == "nats: no servers"
+
+
+def test_a_replica_with_no_log_says_so(tmp_path: Path) -> None:
+    replica = Replica(0, ["true"], {}, tmp_path / "gone", 0)
+    assert "cannot be read" in replica.last_words()
