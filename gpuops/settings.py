@@ -55,6 +55,10 @@ class NatsSettings(BaseModel):
     # A command's first connect gives up after this long (a wrong URL must not hang it);
     # once connected, long-running roles reconnect for as long as NATS is away.
     connect_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # Connected, `run` waits this long for JetStream to answer its set-up (a cluster
+    # still electing its leaders, or too busy to answer in time) before it gives up;
+    # a command waits `connect_timeout_s`.
+    setup_timeout_s: float = Field(default=120.0, gt=0, le=3600)
     # The embedded server's port; unset, it keeps the one it had (STATE/nats/port).
     embedded_port: int | None = Field(default=None, ge=1, le=65535)
     # Caps of the streams that would otherwise grow without bound: the oldest records go

@@ -162,17 +162,19 @@ async def connect(
     setup: Setup = "create",
     credentials: Credentials | None = None,
     buffer: bool = True,
+    patience_s: float | None = None,
 ) -> Bus:
     """Connect, then set up JetStream as `setup` says (create streams and buckets by default).
 
     The first connect is bounded by `cfg.connect_timeout_s` (a BusError after it); once
-    connected, the client reconnects forever on its own.
+    connected, the client reconnects forever on its own. The set-up is tried again while
+    JetStream does not answer, for `patience_s` (default: `cfg.connect_timeout_s`).
     """
     cfg = cfg or NatsSettings()
     nc = await first_connect(url, cfg, name, credentials, buffer=buffer)
     js = nc.jetstream(timeout=10)
     try:
-        kv = await _set_up_patiently(js, cfg, setup)
+        kv = await _set_up_patiently(js, cfg, setup, patience_s or cfg.connect_timeout_s)
     except (JsError, NatsError, TimeoutError) as exc:
         await nc.close()
         raise BusError(f"cannot set up JetStream at {url} ({setup}): {exc}") from exc
@@ -181,12 +183,12 @@ async def connect(
 
 
 async def _set_up_patiently(
-    js: JetStreamContext, cfg: NatsSettings, setup: Setup
+    js: JetStreamContext, cfg: NatsSettings, setup: Setup, patience_s: float
 ) -> dict[str, KeyValue]:
     """`_set_up`, tried again while JetStream does not answer in time (a cluster whose
-    members are electing a leader, or catching up after one came back) for as long as a
-    first connect may take; a refusal (an error answer) is not tried again."""
-    deadline = asyncio.get_running_loop().time() + cfg.connect_timeout_s
+    members are electing a leader, or catching up after one came back, or too busy) for
+    `patience_s`; a refusal (an error answer) is not tried again."""
+    deadline = asyncio.get_running_loop().time() + patience_s
     while True:
         try:
             return await _set_up(js, cfg, setup)
@@ -329,9 +331,16 @@ async def open_bus(
     if role == "cli":
         bus = await join_bus(cfg, state_dir, name)
     elif cfg.url:
-        # Only the engine creates streams and buckets; an executor's user may not.
+        # Only the engine creates streams and buckets; an executor's user may not. `run`
+        # waits for a cluster that is up but not answering yet (a service starting with
+        # its cluster, replicas all setting up at once).
         bus = await connect(
-            cfg.url, cfg, name, setup=_EMBEDDED_SETUP[role], buffer=role != "engine"
+            cfg.url,
+            cfg,
+            name,
+            setup=_EMBEDDED_SETUP[role],
+            buffer=role != "engine",
+            patience_s=cfg.setup_timeout_s,
         )
     else:
         bus = await _join_embedded(cfg, state_dir, name, role)
