@@ -97,19 +97,25 @@ async def partition_consumers(
     js: JetStreamContext, stream: str, telemetry: bool, partition: int
 ) -> dict[str, ConsumerInfo]:
     """The consumers of one partition of a stream (any epoch), by name."""
-    infos = await _snapshot(js, stream, lambda n: epoch_of(n, telemetry, partition) is not None)
+    infos, whole = await _snapshot(
+        js, stream, lambda n: epoch_of(n, telemetry, partition) is not None
+    )
+    if not whole:  # a floor from part of them could replay what was decided
+        raise LeaseLost(f"partition {partition}'s consumers kept changing under the takeover")
     return {info.name or "": info for info in infos}
 
 
 async def all_consumers(js: JetStreamContext, stream: str) -> list[ConsumerInfo]:
-    """Every consumer of a stream."""
-    return await _snapshot(js, stream, lambda _: True)
+    """Every consumer of a stream (should takeovers keep deleting some while it is read,
+    those deleted are left out: their partitions read as not drained)."""
+    return (await _snapshot(js, stream, lambda _: True))[0]
 
 
 async def _snapshot(
     js: JetStreamContext, stream: str, wanted: Callable[[str], bool]
-) -> list[ConsumerInfo]:
-    """The wanted consumers' states, read again while one listed is gone when asked.
+) -> tuple[list[ConsumerInfo], bool]:
+    """The wanted consumers' states, read again while one listed is gone when asked;
+    whether the last read had every one it listed.
 
     A consumer deleted between the names and its state is a takeover in flight, which
     made its own consumer first: read once more and that one is listed. Read only once,
@@ -121,8 +127,8 @@ async def _snapshot(
         names = [n for n in await consumer_names(js, stream) if wanted(n)]
         infos = await consumer_infos(js, stream, names)
         if len(infos) == len(names):
-            break
-    return infos
+            return infos, True
+    return infos, False
 
 
 async def consumer_names(js: JetStreamContext, stream: str) -> list[str]:

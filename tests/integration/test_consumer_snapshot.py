@@ -14,6 +14,7 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from gpuops.bus.conn import EVENTS, Bus
+from gpuops.errors import LeaseLost
 from gpuops.scale import takeover
 from gpuops.scale.lag import lags
 from gpuops.scale.partitions import durable, events_filter
@@ -70,3 +71,23 @@ async def test_a_takeover_racing_another_sees_the_newer_consumer(
     # Seen, a newer epoch stops the slower takeover; unseen, it would make a consumer
     # from the stream's start.
     assert list(found) == [durable(False, PARTITION, 9)]
+
+
+async def test_a_takeover_stops_when_the_consumers_keep_changing_under_it(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every listing is followed by another takeover: no read ever has all it listed, and
+    # a floor taken from part of them could replay what was decided.
+    current = [await _consumer(bus, 5)]
+    real = takeover.consumer_names
+
+    async def names_then_another_takeover(js: Any, stream: str) -> list[str]:
+        names = await real(js, stream)
+        current.append(await _consumer(bus, 5 + len(current)))
+        await bus.js.delete_consumer(EVENTS, current[-2])
+        return names
+
+    monkeypatch.setattr(takeover, "consumer_names", names_then_another_takeover)
+    with pytest.raises(LeaseLost, match="kept changing"):
+        await takeover.partition_consumers(bus.js, EVENTS, False, PARTITION)
+    assert len(current) == 1 + takeover.SNAPSHOT_READS, "read again each time, then stopped"
