@@ -48,8 +48,11 @@ Say = Callable[[str], None]
 IMPORT_ROOT = Path(__file__).resolve().parent.parent.parent  # the children run this gpuops
 
 
-def bench_fleet(spec: FleetSpec, say: Say, workdir: Path | None = None) -> list[RoundFigures]:
-    """Create the fleet once, run one round per replica count, print a summary."""
+def bench_fleet(
+    spec: FleetSpec, say: Say, workdir: Path | None = None, keep_logs: Path | None = None
+) -> list[RoundFigures]:
+    """Create the fleet once, run one round per replica count, print a summary. The work
+    directory goes when the bench ends; `keep_logs` keeps each round's replica logs."""
     spec.check()
     with tempfile.TemporaryDirectory(prefix="gpuops-bench-fleet-", dir=workdir) as tmp:
         work = Path(tmp)
@@ -62,13 +65,26 @@ def bench_fleet(spec: FleetSpec, say: Say, workdir: Path | None = None) -> list[
         )
         rounds = []
         for count in spec.replicas:
-            figures = run_round(spec, fleet, count, work / f"round-{count}", say)
+            round_dir = work / f"round-{count}"
+            try:
+                figures = run_round(spec, fleet, count, round_dir, say)
+            finally:
+                if keep_logs is not None:
+                    _keep(round_dir, keep_logs / round_dir.name, say)
             for line in round_lines(figures):
                 say(line)
             rounds.append(figures)
         for line in summary_lines(rounds):
             say(line)
     return rounds
+
+
+def _keep(round_dir: Path, into: Path, say: Say) -> None:
+    """Copy a round's replica logs out of the work directory before it is deleted."""
+    into.mkdir(parents=True, exist_ok=True)
+    for log in sorted(round_dir.glob("engine-*.log")):
+        shutil.copy2(log, into / log.name)
+    say(f"replica logs of {round_dir.name} kept in {into}")
 
 
 def run_round(spec: FleetSpec, fleet: SimFleet, count: int, work: Path, say: Say) -> RoundFigures:

@@ -376,7 +376,12 @@ def bench_power(nodes: int, budget: float, window: str, seed: int) -> None:
     show_default=True,
     help="copies of each stream and bucket on the 3-server cluster",
 )
-def bench_fleet(replicas: str, **options: int) -> None:
+@click.option(
+    "--keep-logs",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="copy each round's replica logs here (the bench's work directory is deleted)",
+)
+def bench_fleet(replicas: str, keep_logs: Path | None, **options: int) -> None:
     """A 1 Hz simulated fleet against engine replicas on a local 3-server NATS cluster."""
     from gpuops.bench_fleet import FleetSpec
     from gpuops.bench_fleet import bench_fleet as run_bench
@@ -385,7 +390,7 @@ def bench_fleet(replicas: str, **options: int) -> None:
         counts = tuple(int(c) for c in replicas.split(","))
     except ValueError as exc:
         raise click.BadParameter(f"{replicas!r} is not a list of counts like 1,2,4") from exc
-    run_bench(FleetSpec(replicas=counts, **options), click.echo)
+    run_bench(FleetSpec(replicas=counts, **options), click.echo, keep_logs=keep_logs)
 
 
 @bench.command("soak", context_settings={"ignore_unknown_options": True, "help_option_names": []})
