@@ -120,12 +120,14 @@ async def drained(js: JetStreamContext, telemetry: bool, partitions: int) -> boo
 
 
 async def acked(js: JetStreamContext, telemetry: bool, partitions: int) -> int:
-    """Messages handled and acked, over all partitions (exact for drained partitions; for
-    the others, what is stored minus what is not delivered or not acked)."""
-    return sum(
-        max(0, lag.messages - lag.pending - lag.ack_pending)
-        for lag in await lags(js, telemetry, partitions)
-    )
+    """Messages handled and acked, over all partitions (see `handled`)."""
+    return handled(await lags(js, telemetry, partitions))
+
+
+def handled(parts: list[PartitionLag]) -> int:
+    """Messages handled and acked (exact for drained partitions; for the others, what is
+    stored minus what is not delivered or not acked)."""
+    return sum(max(0, lag.messages - lag.pending - lag.ack_pending) for lag in parts)
 
 
 async def partition_count(js: JetStreamContext) -> int:

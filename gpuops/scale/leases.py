@@ -329,14 +329,20 @@ async def read_replicas(kv: KV) -> dict[str, ReplicaRecord]:
 
 
 async def read_leases(kv: KV, partitions: int) -> dict[int, tuple[LeaseRecord, int]]:
-    """Partition -> (its lease, the lease's revision), for the partitions someone holds."""
+    """Partition -> (its lease, the lease's revision), for the partitions someone holds.
+
+    A lease not yet renewed does not hold its epoch (the revision its taking got, known
+    only after the write): read back, it is given that revision as its epoch."""
     out: dict[int, tuple[LeaseRecord, int]] = {}
     entries = await asyncio.gather(*(kv.get(_key(p)) for p in range(partitions)))
     for p, entry in enumerate(entries):
         if entry is None:
             continue
         try:
-            out[p] = (LeaseRecord.model_validate_json(entry.value), entry.revision)
+            record = LeaseRecord.model_validate_json(entry.value)
         except ValidationError:  # unreadable: held by someone all the same
-            out[p] = (LeaseRecord(owner="?"), entry.revision)
+            record = LeaseRecord(owner="?")
+        if not record.epoch:
+            record = record.model_copy(update={"epoch": entry.revision})
+        out[p] = (record, entry.revision)
     return out

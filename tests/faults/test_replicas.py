@@ -149,8 +149,7 @@ async def handed_over_and_drained(bus: Bus) -> bool:
         parts = await lags(bus.js, False, PARTITIONS)
     except (NatsError, JsError, TimeoutError):
         return False
-    # A lease's record holds its epoch from its first renewal on; before, its revision.
-    epochs = {p: lease.epoch or revision for p, (lease, revision) in leases.items()}
+    epochs = {p: lease.epoch for p, (lease, _) in leases.items()}
     return all(
         lag.drained and epoch_of(lag.durable, False, lag.partition) == epochs.get(lag.partition)
         for lag in parts

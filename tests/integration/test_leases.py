@@ -124,3 +124,23 @@ async def test_a_lease_taken_over_cannot_be_renewed_by_the_old_owner(
 async def _renews(r: Replica) -> bool:
     await r.ownership.round()
     return not r.held
+
+
+async def test_a_lease_reads_back_with_the_epoch_it_was_taken_at_before_and_after_renewal(
+    nats_server: EmbeddedNats,
+) -> None:
+    # The epoch names the owner's consumers; one taken a moment ago has not written it yet.
+    bus = await _bus(nats_server)
+    try:
+        a = Replica(bus, "a")
+        await a.ownership.round()
+        taken = {p: held.epoch for p, held in a.ownership.held.items()}
+        assert set(taken) == set(range(PARTITIONS))
+        read = await read_leases(NatsKV(bus.kv["leases"]), PARTITIONS)
+        assert {p: lease.epoch for p, (lease, _) in read.items()} == taken, "before renewal"
+        await a.ownership.round()
+        renewed = await read_leases(NatsKV(bus.kv["leases"]), PARTITIONS)
+        assert {p: lease.epoch for p, (lease, _) in renewed.items()} == taken, "after"
+        assert all(renewed[p][1] > read[p][1] for p in taken), "renewed: a newer revision"
+    finally:
+        await bus.close()
