@@ -25,14 +25,15 @@ HOT_RGB = (215, 25, 28)
 
 
 def _wait(predicate: Any, limit_s: float, what: str) -> Any:
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         try:
             value = predicate()
-        except StaleElementReferenceException:
-            # The page navigated (a login's redirect) between finding an element and reading it.
+        except (StaleElementReferenceException, NoSuchElementException):
+            # The page is navigating (a login's redirect): an element found a moment ago is
+            # gone, or the next document has no body yet. Ask again once it has loaded.
             value = None
         if value:
             return value
@@ -175,7 +176,8 @@ def test_node_page_shows_the_timeline_of_a_remediation(
     link.click()
     # A run's output can show host variables: read-only visitors are sent to log in first.
     _wait(lambda: "/console/login" in browser.current_url, 20, "asked to log in")
-    browser.find_element("id", "token").send_keys(TOKEN)
+    # The address changes before the login page has loaded: wait for its form.
+    _wait(lambda: browser.find_element("id", "token"), 20, "the login form").send_keys(TOKEN)
     browser.find_element("id", "login").click()
     _wait(lambda: "PLAY [" in browser.find_element("tag name", "body").text, 20, "the output")
 
