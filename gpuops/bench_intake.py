@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import random
@@ -89,6 +90,11 @@ def render(spec: IntakeBench, r: dict[str, Any]) -> Iterator[str]:
         )
     else:
         yield f"xid -> intent: no intent of {r['health']} health events"
+    gcs = ", ".join(
+        f"gen{g} {v['n']} x (total {v['total_ms']:.0f} ms, longest {v['max_ms']:.1f} ms)"
+        for g, v in r["gc"].items()
+    )
+    yield f"garbage collector: {gcs}; {r['tracked']:,} objects tracked at the end"
     yield f"other decisions: {json.dumps(r['other_intents'])}"
 
 
@@ -112,6 +118,7 @@ async def _with_server(spec: IntakeBench, url: str, work: Path) -> dict[str, Any
     from gpuops.app import App
     from gpuops.bus.conn import connect
     from gpuops.clock import SystemClock
+    from gpuops.heap import settle_heap
     from gpuops.match.loader import load_rules
     from gpuops.settings import NatsSettings
 
@@ -120,6 +127,7 @@ async def _with_server(spec: IntakeBench, url: str, work: Path) -> dict[str, Any
     rules = load_rules([settings.rules_dir], settings.playbooks_dir, inventory)
     bus = await connect(url, NatsSettings())
     app = App(settings=settings, bus=bus, clock=SystemClock(), rules=rules, inventory=inventory)
+    settle_heap()  # as `gpuops run` does once it has loaded
     engine = asyncio.create_task(app.run())
     try:
         out = await _measure(spec, url, app)
@@ -174,6 +182,35 @@ def _inventory(spec: IntakeBench) -> Any:
     return Inventory(Path("<bench>"), frozenset(names), groups, hostvars)
 
 
+class GcPauses:
+    """The garbage collector's pauses while measuring: the loop stands still during each
+    (a collection walks every tracked object of its generations)."""
+
+    def __init__(self) -> None:
+        self.pauses: dict[int, list[float]] = {0: [], 1: [], 2: []}
+        self._began = 0.0
+
+    def __enter__(self) -> GcPauses:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.pauses[info["generation"]].append((time.perf_counter() - self._began) * 1000)
+
+    def summary(self) -> dict[str, Any]:
+        """Per generation: collections, total and longest pause (ms)."""
+        return {
+            str(g): {"n": len(p), "total_ms": sum(p), "max_ms": max(p, default=0.0)}
+            for g, p in self.pauses.items()
+        }
+
+
 async def _measure(spec: IntakeBench, url: str, app: Any) -> dict[str, Any]:
     from gpuops.record.metrics import total
 
@@ -185,7 +222,8 @@ async def _measure(spec: IntakeBench, url: str, app: Any) -> dict[str, Any]:
     events = app.engine.metrics.events
     await asyncio.sleep(max(0.0, start + spec.warmup_s - time.time()))
     load, cpu0, n0, t0 = os.getloadavg()[0], _cpu(), total(events, "telemetry"), time.monotonic()
-    await asyncio.sleep(max(0.0, start + spec.warmup_s + spec.seconds - time.time()))
+    with GcPauses() as gc_pauses:
+        await asyncio.sleep(max(0.0, start + spec.warmup_s + spec.seconds - time.time()))
     cpu1, n1, t1 = _cpu(), total(events, "telemetry"), time.monotonic()
     report = json.loads((await child.stdout.read()).decode().strip().splitlines()[-1])
     await child.wait()
@@ -201,6 +239,8 @@ async def _measure(spec: IntakeBench, url: str, app: Any) -> dict[str, Any]:
         "cpu_s": cpu1 - cpu0,
         "cpu_per_1k": (cpu1 - cpu0) / max(1, samples) * 1000,
         "health": spec.health,
+        "gc": gc_pauses.summary(),
+        "tracked": len(gc.get_objects()),
     }
 
 

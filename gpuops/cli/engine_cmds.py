@@ -70,8 +70,10 @@ async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
     from gpuops.app import App, load_world
     from gpuops.bus.conn import open_bus
     from gpuops.clock import SystemClock
+    from gpuops.heap import settle_heap
 
     rules, inventory = load_world(settings)
+    settle_heap()
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     async with open_bus(
         settings.nats,

@@ -1,0 +1,45 @@
+"""`gpuops bench intake`: engine CPU per sample and XID -> intent latency, on a real
+nats-server with a paced publisher."""
+
+from __future__ import annotations
+
+import gc
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuops.bench_intake import GcPauses
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--gpus", "160", "--seconds", "3", "--health", "6"]
+
+
+def test_bench_intake_reports_every_health_event_and_the_collectors_pauses() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuops.cli", "bench", "intake", *SMALL],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "xid -> intent: 6/6 intents" in out, out
+    handled = re.search(r"handled: ([\d,]+) GPU samples/s", out)
+    assert handled and int(handled.group(1).replace(",", "")) > 0, out
+    assert re.search(r"garbage collector: gen0 \d+ x .*; [\d,]+ objects tracked", out), out
+
+
+def test_gc_pauses_counts_each_generations_collections() -> None:
+    before = list(gc.callbacks)
+    with GcPauses() as pauses:
+        gc.collect(2)
+        gc.collect(0)
+    got = pauses.summary()
+    assert got["2"]["n"] == 1 and got["0"]["n"] == 1, got
+    assert got["2"]["max_ms"] > 0, got
+    assert gc.callbacks == before  # its hook is removed again
