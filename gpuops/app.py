@@ -171,6 +171,7 @@ class App:
             create=False,
             handler=self.engine.pipeline.handle,
             batch=self.settings.intake_batch if telemetry else 16,
+            linger_s=self.settings.intake_linger_ms / 1000 if telemetry else 0.0,
             ack_all=telemetry,
             max_future_s=self.settings.max_future_skew_s,
             on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),

@@ -45,6 +45,7 @@ class IntakeBench:
     gpus_per_node: int = 8
     seconds: float = 20.0
     health: int = 200
+    partitions: int = 8
     warmup_s: float = WARMUP_S
 
     @property
@@ -68,7 +69,8 @@ def render(spec: IntakeBench, r: dict[str, Any]) -> Iterator[str]:
     """The report of one run."""
     yield (
         f"fleet: {spec.nodes} nodes x {spec.gpus_per_node} GPUs at 1 Hz "
-        f"({spec.nodes * spec.gpus_per_node} samples/s offered), {spec.seconds:.0f} s measured "
+        f"({spec.nodes * spec.gpus_per_node} samples/s offered, {spec.partitions} partitions), "
+        f"{spec.seconds:.0f} s measured "
         f"after {spec.warmup_s:.0f} s warm-up; {os.cpu_count()} cores, "
         f"load average {r['load']:.2f} at the start, {r['load_end']:.2f} at the end"
     )
@@ -120,12 +122,11 @@ async def _with_server(spec: IntakeBench, url: str, work: Path) -> dict[str, Any
     from gpuops.clock import SystemClock
     from gpuops.heap import settle_heap
     from gpuops.match.loader import load_rules
-    from gpuops.settings import NatsSettings
 
-    settings = _settings(work, url)
+    settings = _settings(work, url, spec.partitions)
     inventory = _inventory(spec)
     rules = load_rules([settings.rules_dir], settings.playbooks_dir, inventory)
-    bus = await connect(url, NatsSettings())
+    bus = await connect(url, settings.nats)
     app = App(settings=settings, bus=bus, clock=SystemClock(), rules=rules, inventory=inventory)
     settle_heap()  # as `gpuops run` does once it has loaded
     engine = asyncio.create_task(app.run())
@@ -149,7 +150,7 @@ async def _pending(bus: Any, partitions: int) -> int:
     return sum(lag.pending for lag in await lags(bus.js, True, partitions))
 
 
-def _settings(work: Path, url: str) -> Any:
+def _settings(work: Path, url: str, partitions: int) -> Any:
     from gpuops.settings import Settings
 
     return Settings.model_validate(
@@ -158,7 +159,7 @@ def _settings(work: Path, url: str) -> Any:
             "rules_dir": shipped.shipped("rules"),
             "playbooks_dir": shipped.shipped("playbooks"),
             "inventory": work / "inventory",
-            "nats": {"url": url},
+            "nats": {"url": url, "partitions": partitions},
             "role": "engine",
             # A bench acts on hundreds of nodes in seconds: the breaker would stop it.
             "safety": {"breaker_absolute": 1_000_000, "breaker_share": 1.0},

@@ -298,6 +298,15 @@ class Settings(BaseModel):
     max_parallel_runs: int = Field(default=4, ge=1, le=256, description="runs in flight")
     executor: ExecutorSettings = ExecutorSettings()
     intake_batch: int = Field(default=256, ge=1, le=10_000)
+    # After a telemetry batch that was not full, wait this long before the next pull, so
+    # samples gather into batches instead of a pull, a handling and an ack for every few
+    # (health events never wait: their intakes do not linger). 0 pulls again at once.
+    intake_linger_ms: float = Field(
+        default=50.0,
+        ge=0,
+        le=1000,
+        description="telemetry: pause after a batch that was not full (fewer, larger batches)",
+    )
     tick_s: float = Field(default=1.0, gt=0)
     rules_poll_s: float = Field(default=2.0, gt=0, description="how often rule files are checked")
     max_future_skew_s: float = Field(

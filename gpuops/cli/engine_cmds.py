@@ -284,14 +284,22 @@ def bench_inventory(hosts: int, compare: bool, compare_hosts: int) -> None:
 @click.option("--gpus", type=int, default=50_000, show_default=True, help="GPUs at 1 Hz")
 @click.option("--seconds", type=float, default=20.0, show_default=True, help="seconds measured")
 @click.option("--health", type=int, default=200, show_default=True, help="XID events injected")
-def bench_intake(gpus: int, seconds: float, health: int) -> None:
+@click.option(
+    "--partitions",
+    type=click.IntRange(1, 256),
+    default=8,
+    show_default=True,
+    help="partitions of the streams (nats.partitions), all owned by this one engine",
+)
+def bench_intake(gpus: int, seconds: float, health: int, partitions: int) -> None:
     """Engine CPU per GPU sample and health event -> intent latency under telemetry."""
     from gpuops.bench_intake import IntakeBench
     from gpuops.bench_intake import bench_intake as run_bench
 
     if min(gpus, health) < 1 or seconds <= 0:
         raise click.BadParameter("--gpus and --health must be at least 1, --seconds above 0")
-    for line in run_bench(IntakeBench(gpus=gpus, seconds=seconds, health=health)):
+    spec = IntakeBench(gpus=gpus, seconds=seconds, health=health, partitions=partitions)
+    for line in run_bench(spec):
         click.echo(line)
 
 

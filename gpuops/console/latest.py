@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
+from typing import NamedTuple
 
 from gpuops.inventory import Inventory
 from gpuops.match.facts import Telemetry, as_telemetry
@@ -21,13 +22,20 @@ SIGNALS = ("temp_c", "temp_slowdown_c", "power_w", "power_limit_w", "util_gpu", 
 _SIGNALS_OF = itemgetter(*SIGNALS)
 
 
-@dataclass(frozen=True, slots=True)
-class Cell:
-    """One GPU's newest readings."""
+class Cell(NamedTuple):
+    """One GPU's newest readings, as the sample had them.
+
+    A tuple, and rounded only when shown: one is made for every GPU sample the engine
+    handles (8,000 a second at 1,000 nodes), and pages read a few of them."""
 
     seq: int
     at: float
     values: tuple[float | None, ...]
+
+    @property
+    def shown(self) -> tuple[float | None, ...]:
+        """The readings to one decimal, as pages show them."""
+        return tuple([None if v is None else round(v, 1) for v in self.values])
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +67,7 @@ class Latest:
         self.seq += 1
         cells, at = self._cells[i], telemetry.epoch
         for fact in telemetry.facts:  # index < MAX_GPUS: format v1 refuses others
-            values = tuple([None if v is None else round(v, 1) for v in _SIGNALS_OF(fact)])
-            cells[fact["index"]] = Cell(self.seq, at, values)
+            cells[fact["index"]] = Cell(self.seq, at, _SIGNALS_OF(fact))
 
     def nodes_of(self, group: str | None) -> Sequence[str] | None:
         """The nodes of a group in order (every node for none or `all`); None: no such group."""
@@ -77,7 +84,7 @@ class Latest:
                 continue
             for gpu, cell in sorted(self._cells[i].items()):
                 if cell.seq > since:
-                    rows.append([pos, gpu, round(max(0.0, now - cell.at)), *cell.values])
+                    rows.append([pos, gpu, round(max(0.0, now - cell.at)), *cell.shown])
         return Frame(self.seq, rows)
 
     def gpus(self, node: str) -> dict[int, Cell]:

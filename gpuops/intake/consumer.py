@@ -67,7 +67,8 @@ class Intake:
     Malformed messages go to `gpuops.dlq.<reason>` with the raw payload and are then
     acked, so a poison message is kept for people and never blocks the stream. With a
     `priority`, an `urgent` intake holds it while it handles a batch; any other yields
-    to it every `SLICE_S` of handling.
+    to it every `SLICE_S` of handling. With `linger_s`, a batch that was not full is
+    followed by that pause before the next pull (what comes meanwhile waits in the stream).
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class Intake:
         durable: str,
         handler: Handler,
         batch: int = 256,
+        linger_s: float = 0.0,
         ack_all: bool = False,
         max_future_s: float = 300.0,
         on_dead: Callable[[str], None] | None = None,
@@ -95,6 +97,7 @@ class Intake:
         self.durable = durable
         self.handler = handler
         self.batch = batch
+        self.linger_s = linger_s
         self.ack_all = ack_all
         self.max_future_s = max_future_s
         self.on_dead = on_dead
@@ -151,6 +154,9 @@ class Intake:
                 continue
             if msgs:
                 await self.process(msgs)
+            if msgs and len(msgs) < self.batch and self.linger_s > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.linger_s)
 
     async def process(self, msgs: list[Msg]) -> None:
         """Handle a batch in order; each message is acked after its handling is recorded."""

@@ -137,3 +137,58 @@ async def test_a_health_event_is_handled_before_the_telemetry_backlog(bus: Bus) 
         await asyncio.gather(*tasks)
     info = await bus.js.consumer_info(TELEMETRY, "t")
     assert info.num_pending == 0 and info.num_ack_pending == 0
+
+
+async def test_telemetry_lingers_between_batches_that_were_not_full(bus: Bus) -> None:
+    """A steady trickle is taken in a few larger batches, not a pull and an ack for each
+    sample; a backlog (full batches) is worked through without pausing."""
+    batches: list[int] = []
+
+    async def on_telemetry(event: Event | Telemetry) -> None:
+        pass
+
+    linger_s = 0.2
+    intake = Intake(
+        bus.js, SystemClock(), stream=TELEMETRY, subject="gpuops.telemetry.>",
+        durable="linger", handler=on_telemetry, ack_all=True, batch=64, linger_s=linger_s,
+    )  # fmt: skip
+    handle = intake.process
+
+    async def counted(msgs: list[Any]) -> None:
+        batches.append(len(msgs))
+        await handle(msgs)
+
+    intake.process = counted  # type: ignore[method-assign]
+    stop = asyncio.Event()
+    task = asyncio.create_task(intake.run(stop))
+    try:
+        began = time.monotonic()
+        for i in range(100):  # 100 samples over about 2 s
+            await bus.nc.publish(f"gpuops.telemetry.n{i}", _telemetry(f"n{i}"))
+            await asyncio.sleep(0.02)
+        trickle_s = time.monotonic() - began
+        await wait_for(lambda: sum(batches) == 100, 30)
+    finally:
+        stop.set()
+        await task
+    trickled = batches[:]
+    for i in range(1000):  # a backlog, while nothing reads
+        await bus.nc.publish(f"gpuops.telemetry.b{i % 50}", _telemetry(f"b{i % 50}"))
+    await bus.nc.flush()
+    stop = asyncio.Event()
+    task = asyncio.create_task(intake.run(stop))
+    try:
+        began = time.monotonic()
+        await wait_for(lambda: sum(batches) == 1100, 30)
+        backlog_s = time.monotonic() - began
+    finally:
+        stop.set()
+        await task
+    # At most one batch per linger (plus the first and the last), where without it each
+    # sample came alone.
+    assert len(trickled) <= trickle_s / linger_s + 3, trickled
+    # The backlog came in full batches, with no pause between them (15 lingers: 3 s).
+    assert batches[len(trickled) :] == [64] * 15 + [40], batches
+    assert backlog_s < 15 * linger_s, backlog_s
+    info = await bus.js.consumer_info(TELEMETRY, "linger")
+    assert info.num_pending == 0 and info.num_ack_pending == 0
