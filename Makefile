@@ -20,8 +20,8 @@ demo: $(STAMP)
 	$(BIN)/gpuops demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check gpuops tests scripts
-	$(BIN)/ruff format --check gpuops tests scripts
+	$(BIN)/ruff check engine tests scripts deploy
+	$(BIN)/ruff format --check engine tests scripts deploy
 	$(BIN)/mypy
 	$(BIN)/gpuops validate rules
 	$(BIN)/yamllint -c .yamllint.yml playbooks rules tests/rules molecule

@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from gpuops.app import App, load_world
 from gpuops.bus.conn import Bus, connect
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import Clock, SystemClock
@@ -20,6 +18,7 @@ from gpuops.record.audit import read_audit
 from gpuops.record.metrics import total
 from gpuops.settings import NatsSettings, Settings
 from gpuops.sim.fleet import SimFleet
+from gpuops.spine.app import App, load_world
 
 counted = total  # the tests' name for reading a counter (summed, or one label)
 ROOT = Path(__file__).resolve().parent.parent

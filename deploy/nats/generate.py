@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
 from gpuops.bus.auth import Permissions, Role, permissions_of
 
 ROOT = Path(__file__).resolve().parents[2]

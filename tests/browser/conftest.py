@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-
-from gpuops.app import App
 from gpuops.bus.conn import Bus, connect
 from gpuops.bus.server import EmbeddedNats
 from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet
+from gpuops.spine.app import App
+
 from tests.conftest import engine_settings, running_engine, wait_for
 
 T = TypeVar("T")

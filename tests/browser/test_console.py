@@ -7,16 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from gpuops.act.evidence import Evidence
 from gpuops.console import Console, Latest
-from gpuops.decide.approval import ApprovalStatus
 from gpuops.http import HttpServer
-from gpuops.inventory import Inventory
+from gpuops.inventory.hosts import Inventory
 from gpuops.models import EVENT_ADAPTER, RunOutcome
+from gpuops.record.approvals import ApprovalStatus
 from gpuops.record.audit import read_audit
 from gpuops.settings import ConsoleSettings
 from gpuops.sim.fleet import envelope
+
 from tests.browser.conftest import TOKEN, LiveEngine, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]

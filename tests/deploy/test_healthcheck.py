@@ -13,9 +13,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
-
 from gpuops.http import HttpServer
+from prometheus_client import CollectorRegistry
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "docker" / "healthcheck.py"
 GPUOPS = "/opt/gpuops/bin/gpuops"

@@ -10,7 +10,6 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-
 from gpuops.bus.conn import connect, open_bus
 from gpuops.bus.server import EmbeddedNats, nats_server_binary
 from gpuops.errors import BusError

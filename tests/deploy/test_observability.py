@@ -12,7 +12,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
-
 from gpuops.http import HttpServer
 from gpuops.record.metrics import Metrics
 

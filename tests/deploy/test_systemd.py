@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from gpuops.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[2]

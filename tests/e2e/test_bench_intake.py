@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from gpuops.bench_intake import GcPauses
+from gpuops.bench.intake import GcPauses
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

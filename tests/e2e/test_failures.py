@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from gpuops.bus.conn import connect
 from gpuops.bus.server import EmbeddedNats
 from gpuops.bus.store import NatsKV
-from gpuops.heartbeat import Heartbeats, this_process
 from gpuops.models import new_event
+from gpuops.ops.heartbeat import Heartbeats, this_process
 from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet
 

@@ -14,10 +14,10 @@ import aiohttp
 import nats
 import pytest
 from click.testing import CliRunner
-
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.cli import main
+
 from tests.conftest import wait_for
 from tests.dcgm_exposition import exposition, serve
 

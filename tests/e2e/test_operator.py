@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from gpuops.sim.fleet import SimFleet
 
 pytestmark = pytest.mark.e2e

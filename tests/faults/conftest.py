@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-
 from gpuops.bus.cluster import LocalCluster
 from gpuops.bus.conn import Bus, connect
 from gpuops.settings import NatsSettings

@@ -13,12 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from gpuops.bus.conn import AUDIT, Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.models import new_event, subject_for
 from gpuops.record.audit import read_audit
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import counted, engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.faults

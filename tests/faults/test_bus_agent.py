@@ -13,10 +13,10 @@ from pathlib import Path
 
 import nats
 import pytest
-
 from gpuops.bus.conn import EVENTS, ensure_streams
 from gpuops.bus.server import EmbeddedNats
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.faults

@@ -20,16 +20,16 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.aio.client import Client
-from nats.errors import Error as NatsError
-from nats.js.errors import Error as JsError
-
 from gpuops.bus.conn import EVENTS
 from gpuops.bus.server import EmbeddedNats
 from gpuops.models import new_event, subject_for
 from gpuops.scale.lag import drained
 from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.js.errors import Error as JsError
+
 from tests.conftest import ROOT, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

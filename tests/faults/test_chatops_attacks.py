@@ -14,19 +14,19 @@ from urllib.parse import urlencode
 import aiohttp
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry
-
 from gpuops.bus.conn import EVENTS, Bus
 from gpuops.bus.publish import JetStreamPublisher
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import ManualClock
-from gpuops.commands import Caller, Commands
 from gpuops.http import HttpServer
-from gpuops.intake.chatops import Chatops, slack_signature
-from gpuops.inventory import load_inventory
+from gpuops.inventory.hosts import load_inventory
+from gpuops.ops.chatops import Chatops, slack_signature
+from gpuops.ops.commands import Caller, Commands
 from gpuops.record.audit import Auditor, read_audit
 from gpuops.settings import ChatopsSettings
 from gpuops.sim.fleet import SimFleet
+from prometheus_client import CollectorRegistry
+
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.faults

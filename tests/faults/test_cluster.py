@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from gpuops.bus.cluster import CLUSTER_NAME, LocalCluster
 from gpuops.bus.conn import EVENTS, Bus
+
 from tests.conftest import wait_for
 from tests.faults.test_crash import assert_all_decided_once
 from tests.faults.test_replicas import (

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from gpuops.bus.cluster import LocalCluster
 from gpuops.bus.conn import EVENTS, open_bus
 from gpuops.errors import BusError

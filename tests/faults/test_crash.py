@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from gpuops.bus.conn import ACTIONS, DLQ, EVENTS, Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.bus.store import NatsKV
@@ -30,6 +29,7 @@ from gpuops.record.nodestate import NodeState, NodeStates
 from gpuops.scale.lag import drained, handled, lags
 from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import ROOT, calls, wait_for
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]

@@ -11,13 +11,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from gpuops.app import signing_key_path
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.models import ActionSpec, Intent, RunStatus, action_subject
 from gpuops.record.audit import read_audit
 from gpuops.signing import load_key, sign
 from gpuops.sim.fleet import SimFleet
+from gpuops.spine.app import signing_key_path
+
 from tests.conftest import calls, counted, engine_settings, running_engine, wait_for
 
 

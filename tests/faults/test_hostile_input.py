@@ -12,12 +12,12 @@ import time
 from typing import Any
 
 import pytest
-from nats.js.errors import NoStreamResponseError
-
 from gpuops.bus.conn import DLQ, EVENTS, TELEMETRY, Bus
 from gpuops.clock import SystemClock
 from gpuops.intake.consumer import Intake
 from gpuops.models import Event, new_event
+from nats.js.errors import NoStreamResponseError
+
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.faults

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.cli import main
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import ROOT, engine_settings, running_engine
 
 pytestmark = pytest.mark.faults

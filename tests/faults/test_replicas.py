@@ -23,19 +23,19 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-from nats.errors import Error as NatsError
-from nats.js.errors import Error as JsError
-from prometheus_client.parser import text_string_to_metric_families
-
 from gpuops.bus.cluster import LocalCluster
 from gpuops.bus.conn import Bus
+from gpuops.bus.partitions import epoch_of, partition_of
 from gpuops.bus.store import NatsKV
 from gpuops.models import new_event, subject_for
 from gpuops.record.audit import read_audit
 from gpuops.scale.lag import acked, lags
 from gpuops.scale.leases import read_leases
-from gpuops.scale.partitions import epoch_of, partition_of
 from gpuops.sim.fleet import SimFleet
+from nats.errors import Error as NatsError
+from nats.js.errors import Error as JsError
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.conftest import wait_for
 from tests.faults.conftest import LEASE_S
 from tests.faults.test_crash import PARTITIONS, Engine, assert_all_decided_once

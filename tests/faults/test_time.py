@@ -10,7 +10,6 @@ import json
 from typing import Any
 
 import pytest
-
 from gpuops.clock import ManualClock
 from gpuops.errors import EventError
 from gpuops.intake.decode import decode
@@ -18,6 +17,7 @@ from gpuops.match.loader import load_rules
 from gpuops.match.matcher import Matcher
 from gpuops.models import Event, new_event
 from gpuops.subjects import event as subject_of
+
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.faults

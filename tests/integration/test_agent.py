@@ -11,8 +11,6 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.aio.client import Client
-
 from gpuops.agent.agent import Agent, AgentSettings
 from gpuops.agent.nvml import NvmlBackend
 from gpuops.agent.probe import run_probe
@@ -20,6 +18,8 @@ from gpuops.bus.conn import EVENTS, ensure_streams
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import SystemClock
 from gpuops.models import EVENT_ADAPTER
+from nats.aio.client import Client
+
 from tests.conftest import ROOT, wait_for
 from tests.fake_pynvml import FakeNvml
 
@@ -222,6 +222,7 @@ async def test_agent_publishes_ib_events_and_kernel_log_errors_without_double_xi
 
 async def test_a_steady_healthy_ib_summary_is_not_repeated_every_interval(tmp_path: Path) -> None:
     from gpuops.clock import ManualClock
+
     from tests.unit.agent.test_infiniband import make_port
 
     server = EmbeddedNats(tmp_path / "nats").start()

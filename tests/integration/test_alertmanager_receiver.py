@@ -10,7 +10,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-
 from gpuops.bus.conn import DLQ, EVENTS, Bus
 from gpuops.bus.publish import JetStreamPublisher
 from gpuops.bus.store import NatsKV

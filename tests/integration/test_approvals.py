@@ -9,18 +9,18 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from pydantic import SecretStr
-
-from gpuops.act.notify import Notifier, Webhook
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import ManualClock
-from gpuops.commands import Caller
-from gpuops.decide.approval import ApprovalStatus
 from gpuops.decide.breaker import BreakerState
 from gpuops.intake.answers import settle_approvals
 from gpuops.models import Match, Reason
+from gpuops.ops.commands import Caller
+from gpuops.record.approvals import ApprovalStatus
+from gpuops.record.notify import Notifier, Webhook
 from gpuops.sim.fleet import SimFleet
+from pydantic import SecretStr
+
 from tests.conftest import calls, counted, engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 import yaml
-
-from gpuops.app import signing_key_path
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.models import ActionSpec, Intent, RunOutcome, RunStatus, action_subject
@@ -24,6 +22,8 @@ from gpuops.record.audit import read_audit
 from gpuops.settings import Settings
 from gpuops.signing import load_key, sign
 from gpuops.sim.fleet import SimFleet
+from gpuops.spine.app import signing_key_path
+
 from tests.conftest import (
     ROOT,
     calls,

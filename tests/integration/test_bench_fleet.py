@@ -8,8 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from gpuops.bench_fleet import FleetSpec, bench_fleet
+from gpuops.bench.fleet import FleetSpec, bench_fleet
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,6 @@ from pathlib import Path
 
 import nats
 import pytest
-from nats.aio.client import Client
-from nats.errors import Error as NatsError
-from nats.js.errors import Error as JsError
-
 from gpuops.bus.auth import KV_BUCKETS, LEASES, Role, ensure_credentials, read_credentials
 from gpuops.bus.conn import (
     ACTIONS,
@@ -34,6 +30,10 @@ from gpuops.bus.embedded import port_file, url_file
 from gpuops.bus.server import EmbeddedNats, _alive
 from gpuops.errors import BusError
 from gpuops.settings import NatsSettings
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+from nats.js.errors import Error as JsError
+
 from tests.conftest import ROOT, wait_for
 
 pytestmark = pytest.mark.integration

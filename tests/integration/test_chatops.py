@@ -9,19 +9,19 @@ from urllib.parse import urlencode
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
-
-from gpuops.app import App
 from gpuops.bus.conn import EVENTS, Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.bus.store import NatsKV
-from gpuops.commands import COMMANDS, help_text
 from gpuops.decide.silence import SilenceStore
 from gpuops.http import HttpServer
-from gpuops.intake.chatops import slack_signature
+from gpuops.ops.chatops import slack_signature
+from gpuops.ops.commands import COMMANDS, help_text
 from gpuops.record.audit import read_audit
 from gpuops.record.metrics import total
 from gpuops.sim.fleet import SimFleet
+from gpuops.spine.app import App
+from prometheus_client import CollectorRegistry
+
 from tests.conftest import engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

@@ -13,10 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from nats.js.errors import NotFoundError
-
 from gpuops.act.executor import DURABLE, Claim
-from gpuops.app import signing_key_path
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.bus.store import NatsKV, Store
@@ -25,6 +22,9 @@ from gpuops.record.audit import read_audit
 from gpuops.record.nodestate import NodeState, NodeStates
 from gpuops.signing import load_key, sign
 from gpuops.sim.fleet import SimFleet
+from gpuops.spine.app import signing_key_path
+from nats.js.errors import NotFoundError
+
 from tests.conftest import calls, engine_settings, run_outcomes, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.decide.breaker import BreakerState
 from gpuops.models import new_event, subject_for
 from gpuops.record.audit import read_audit
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

@@ -11,13 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig
-
 from gpuops.bus.conn import EVENTS, Bus
+from gpuops.bus.partitions import durable, events_filter
 from gpuops.errors import LeaseLost
 from gpuops.scale import takeover
 from gpuops.scale.lag import lags
-from gpuops.scale.partitions import durable, events_filter
+from nats.js.api import AckPolicy, ConsumerConfig
 
 PARTITION = 3
 

@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
-from gpuops.commands import Caller
 from gpuops.models import new_event, subject_for
+from gpuops.ops.commands import Caller
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from gpuops.act.playbooks import resolve
 from gpuops.act.runner import RunRequest, run_playbook
 from gpuops.bus.conn import Bus
@@ -25,6 +24,7 @@ from gpuops.models import RunOutcome, RunStatus, subject_for
 from gpuops.record.nodestate import NodeState, NodeStates
 from gpuops.sim import state as node_state
 from gpuops.sim.fleet import SimFleet, envelope
+
 from tests.conftest import ROOT, calls, engine_settings, run_outcomes, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

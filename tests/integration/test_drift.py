@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gpuops.act.driftcheck import drift_check
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import SystemClock
-from gpuops.decide.approval import ApprovalStatus
-from gpuops.inventory import load_inventory
+from gpuops.inventory.hosts import load_inventory
+from gpuops.record.approvals import ApprovalStatus
 from gpuops.record.audit import read_audit
 from gpuops.sim import state as node_state
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import ROOT, counted, engine_settings, run_outcomes, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

@@ -13,15 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from gpuops import shipped
 from gpuops.bus.conn import TELEMETRY, Bus, open_bus
 from gpuops.bus.server import EmbeddedNats
-from gpuops.export import Selection, _read, export
 from gpuops.match.loader import load_rules
 from gpuops.models import subject_for
-from gpuops.replay import replay_file
+from gpuops.ops.export import Selection, _read, export
 from gpuops.settings import NatsSettings
+from gpuops.spine.replay import replay_file
 
 pytestmark = pytest.mark.integration
 RECORDING = shipped.shipped("examples") / "recording.jsonl"

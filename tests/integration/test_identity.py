@@ -13,19 +13,19 @@ from pathlib import Path
 
 import nats
 import pytest
-
-from gpuops.app import App
 from gpuops.bus.auth import operators_dir
 from gpuops.bus.conn import Bus, join_bus, open_bus
 from gpuops.clock import SystemClock
-from gpuops.cmdwire import CommandError, CommandUsageError, Refused, ask_engine
-from gpuops.commands import Commands
-from gpuops.decide.approval import ApprovalStatus
 from gpuops.decide.breaker import BreakerState
 from gpuops.models import Match
+from gpuops.ops.cmdwire import CommandError, CommandUsageError, Refused, ask_engine
+from gpuops.ops.commands import Commands
+from gpuops.record.approvals import ApprovalStatus
 from gpuops.record.audit import read_audit
 from gpuops.settings import ChatopsSettings, NatsSettings
 from gpuops.sim.fleet import SimFleet
+from gpuops.spine.app import App
+
 from tests.conftest import engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

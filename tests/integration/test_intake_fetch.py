@@ -10,14 +10,14 @@ import time
 from typing import Any
 
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig
-
 from gpuops.bus.conn import EVENTS, TELEMETRY, Bus
 from gpuops.clock import SystemClock
 from gpuops.intake.consumer import Intake, Priority
 from gpuops.intake.fetch import Puller, PullError
 from gpuops.match.facts import Telemetry
 from gpuops.models import Event, new_event
+from nats.js.api import AckPolicy, ConsumerConfig
+
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.integration

@@ -13,6 +13,7 @@ from gpuops.bus.store import NatsKV
 from gpuops.clock import SystemClock
 from gpuops.scale.leases import Ownership, read_leases
 from gpuops.settings import NatsSettings
+
 from tests.conftest import wait_for
 
 LEASE_S = 2.0

@@ -13,14 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from gpuops.bus.conn import ACTIONS, DLQ, Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import SystemClock
-from gpuops.commands import Commands, render_status
+from gpuops.ops.commands import Commands, render_status
 from gpuops.record.audit import read_audit
 from gpuops.settings import ChatopsSettings
 from gpuops.sim.fleet import SimFleet, envelope
+
 from tests.conftest import (
     calls,
     counted,

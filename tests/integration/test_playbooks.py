@@ -10,12 +10,12 @@ from typing import Any
 
 import ansible_runner
 import pytest
-
 from gpuops.act.playbooks import resolve
 from gpuops.act.runner import RunRequest, run_playbook
 from gpuops.clock import SystemClock
 from gpuops.models import RunOutcome, RunStatus
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import ROOT, calls
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from gpuops.act.playbooks import resolve
 from gpuops.act.runner import RunRequest, run_playbook
 from gpuops.catalog import load_catalog
@@ -22,6 +21,7 @@ from gpuops.clock import SystemClock
 from gpuops.models import RunStatus
 from gpuops.sim import state as node_state
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import ROOT, calls
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -8,12 +8,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
-from gpuops.commands import Caller
+from gpuops.ops.commands import Caller
 from gpuops.record.audit import read_audit
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import calls, engine_settings, run_outcomes, running_engine, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gpuops.models import RunStatus
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import calls
 from tests.integration.test_playbooks import _run
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from gpuops.bus.conn import AUDIT, TELEMETRY, Bus
 from gpuops.bus.store import NatsKV
 from gpuops.console.views import read_since

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import rfc3339
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import ROOT, engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

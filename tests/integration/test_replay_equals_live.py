@@ -18,19 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from gpuops.app import App
 from gpuops.bus.conn import ACTIONS, EVENTS, Bus, connect
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import ManualClock
-from gpuops.commands import Caller
 from gpuops.match.loader import load_rules
 from gpuops.models import subject_for
+from gpuops.ops.commands import Caller
 from gpuops.record.audit import read_audit
-from gpuops.replay import replay
 from gpuops.scale.lag import drained
 from gpuops.settings import NatsSettings, Settings
 from gpuops.sim.fleet import SimFleet, envelope
+from gpuops.spine.app import App
+from gpuops.spine.replay import replay
+
 from tests.conftest import ROOT, engine_settings, running_engine, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-
 from gpuops.bus.conn import Bus
 from gpuops.bus.store import NatsKV
 from gpuops.clock import ManualClock

@@ -20,14 +20,14 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
-
-from gpuops.app import App
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.intake.alertmanager import PATH
 from gpuops.record.audit import read_audit
 from gpuops.record.metrics import total
 from gpuops.sim.fleet import SimFleet
+from gpuops.spine.app import App
+
 from tests.conftest import engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

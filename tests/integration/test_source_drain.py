@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from gpuops.agent.agent import event as agent_event
 from gpuops.agent.nvml import NvmlBackend
 from gpuops.agent.spool import Spool
 from gpuops.bus.publish import MemoryPublisher
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
-from gpuops.replay import replay_file
 from gpuops.settings import PrometheusSourceSettings
 from gpuops.sources.prometheus import PromSource
+from gpuops.spine.replay import replay_file
+
 from tests.conftest import ROOT
 from tests.dcgm_exposition import exposition, serve
 from tests.fake_pynvml import FakeNvml

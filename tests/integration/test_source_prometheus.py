@@ -17,7 +17,6 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-
 from gpuops import subjects
 from gpuops.agent.spool import Spool
 from gpuops.bus.conn import Bus
@@ -27,6 +26,7 @@ from gpuops.clock import ManualClock
 from gpuops.models import EVENT_ADAPTER
 from gpuops.settings import PrometheusSourceSettings
 from gpuops.sources.prometheus import PromSource, SourceMetrics
+
 from tests.conftest import wait_for
 from tests.dcgm_exposition import exposition, serve
 

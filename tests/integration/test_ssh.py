@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from gpuops.act.playbooks import resolve
 from gpuops.act.runner import RunRequest, run_playbook
 from gpuops.clock import SystemClock
 from gpuops.models import ActionSpec, Intent, RunStatus
 from gpuops.sim.fleet import SimFleet
+
 from tests.conftest import ROOT, calls
 
 pytestmark = pytest.mark.integration

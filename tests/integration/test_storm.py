@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import ScaledClock
@@ -18,6 +17,7 @@ from gpuops.decide.breaker import BreakerState
 from gpuops.sim.driver import SimDriver
 from gpuops.sim.fleet import SimFleet
 from gpuops.sim.scenario import load_scenario
+
 from tests.conftest import calls, counted, engine_settings, run_outcomes, running_engine, wait_for
 
 pytestmark = pytest.mark.integration

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from gpuops.bench_fleet import BenchError, FleetSpec
-from gpuops.bench_fleet.figures import RoundFigures
-from gpuops.bench_fleet.procs import Replica, parse_metrics
+from gpuops.bench.fleet import BenchError, FleetSpec
+from gpuops.bench.fleet.figures import RoundFigures
+from gpuops.bench.fleet.procs import Replica, parse_metrics
 from gpuops.cli import main
 
 BEFORE_PARTITIONS = """\

@@ -5,10 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-
 from gpuops.clock import ManualClock
 from gpuops.errors import ConfigError
-from gpuops.export import Selection, parse_time
+from gpuops.ops.export import Selection, parse_time
 
 
 def test_times_are_durations_before_now_or_iso_times() -> None:

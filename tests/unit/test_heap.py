@@ -6,9 +6,8 @@ import gc
 from collections.abc import Iterator
 
 import pytest
-
-from gpuops.bench_intake import GcPauses
-from gpuops.heap import YOUNG, settle_heap
+from gpuops.bench.intake import GcPauses
+from gpuops.spine.heap import YOUNG, settle_heap
 
 
 @pytest.fixture

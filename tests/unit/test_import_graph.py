@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "gpuops"
+PACKAGE = Path(__file__).resolve().parents[2] / "engine" / "gpuops"
 
 
 def _module(path: Path) -> str:
@@ -62,5 +62,7 @@ def test_the_walk_finds_a_cycle_when_there_is_one() -> None:
 
 def test_package_has_no_import_cycle() -> None:
     graph = _graph()
-    assert "gpuops.pipeline" in graph and "gpuops.decide.stage" in graph["gpuops.pipeline"]
+    assert (
+        "gpuops.spine.pipeline" in graph and "gpuops.decide.stage" in graph["gpuops.spine.pipeline"]
+    )
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])

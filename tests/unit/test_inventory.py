@@ -6,9 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gpuops.errors import ConfigError
-from gpuops.inventory import load_inventory
+from gpuops.inventory.hosts import load_inventory
 
 
 @pytest.mark.parametrize(

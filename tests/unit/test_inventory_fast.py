@@ -1,6 +1,6 @@
 """The fast inventory reader gives what Ansible's loader gives, or declines and Ansible reads.
 
-Each test reads an inventory with both (gpuops.inventory_fast, and InventoryManager plus
+Each test reads an inventory with both (gpuops.inventory.fast, and InventoryManager plus
 VariableManager) and compares the whole `Inventory`: hosts, groups, children and every
 host variable, the magic ones included.
 """
@@ -15,14 +15,13 @@ from typing import Any
 
 import pytest
 import yaml
+from gpuops.bench.inventory import write_inventory
+from gpuops.inventory import fast as inventory_fast
+from gpuops.inventory.hosts import Inventory, load_inventory, load_inventory_ansible
+from gpuops.inventory.sources import ini_value
+from gpuops.sim.fleet import SimFleet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from gpuops import inventory_fast
-from gpuops.inventory import Inventory, load_inventory, load_inventory_ansible
-from gpuops.inventory_bench import write_inventory
-from gpuops.inventory_sources import ini_value
-from gpuops.sim.fleet import SimFleet
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -250,14 +249,14 @@ def test_a_declined_inventory_is_read_by_ansible_and_the_log_says_so(
 ) -> None:
     _write(tmp_path, {"inv.sh": SCRIPT, "hosts.yml": "all:\n  hosts: {n1: {}}\n"})
     os.chmod(tmp_path / "inv.sh", 0o755)
-    with caplog.at_level(logging.INFO, logger="gpuops.inventory"):
+    with caplog.at_level(logging.INFO, logger="gpuops.inventory.hosts"):
         inv = load_inventory(tmp_path)
     assert inv.hosts == {"s1", "n1"} and inv.groups["gpu"] == {"s1"}
     assert "read with Ansible's loader (the fast reader declined: " in caplog.text
     assert "inv.sh is executable" in caplog.text
     caplog.clear()
     os.remove(tmp_path / "inv.sh")
-    with caplog.at_level(logging.INFO, logger="gpuops.inventory"):
+    with caplog.at_level(logging.INFO, logger="gpuops.inventory.hosts"):
         assert load_inventory(tmp_path).hosts == {"n1"}
     assert "1 hosts read by the fast reader" in caplog.text
 

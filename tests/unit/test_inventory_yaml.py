@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from gpuops.inventory import yamlfile as inventory_yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from gpuops import inventory_yaml
 
 SAFE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 

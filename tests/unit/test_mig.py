@@ -6,8 +6,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from gpuops import mig
+from gpuops.record import mig
 from gpuops.sim import state as node_state
 from gpuops.sim.fleet import SimFleet
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gpuops.errors import ConfigError
 from gpuops.settings import load_settings
 

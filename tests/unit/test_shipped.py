@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from gpuops import shipped
 from gpuops.settings import Settings, load_settings
 

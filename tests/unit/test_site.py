@@ -8,11 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from gpuops import shipped
 from gpuops.errors import ConfigError
+from gpuops.ops.site import init_site, settings_template
 from gpuops.settings import Settings, load_settings
-from gpuops.site import init_site, settings_template
 
 GPUOPS = [sys.executable, "-m", "gpuops.cli"]
 

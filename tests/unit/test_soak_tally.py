@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gpuops.bench.soak import SoakConfig, scenario
+from gpuops.bench.soak_tally import AuditTally, StreamCounts, extra_tool_calls, invariants
 from gpuops.models import AuditRecord
-from gpuops.soak import SoakConfig, scenario
-from gpuops.soak_tally import AuditTally, StreamCounts, extra_tool_calls, invariants
 
 
 def _decision(node: str, intents: list[str], accepted: bool = True) -> AuditRecord:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gpuops.act.hostdata import Target, batch_key, host_data
 from gpuops.act.playbooks import PlaybookVersion
 from gpuops.act.runner import RunRequest, RunResult

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from gpuops.act.evidence import RUN_ID, Evidence, RunMeta, new_run_id
 from gpuops.errors import ActionError
 

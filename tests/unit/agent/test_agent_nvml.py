@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pynvml
-
 from gpuops.agent.nvml import NvmlBackend
 from gpuops.models import GpuSample
+
 from tests.fake_pynvml import SNAPSHOT, FakeNvml
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pynvml
-
 from gpuops.agent.nvml import NvmlBackend
 from gpuops.models import GpuSample
+
 from tests.fake_pynvml import FakeNvml
 
 BUSY = {

@@ -11,6 +11,7 @@ from gpuops.agent.backend import HealthSignal
 from gpuops.agent.kmsg import MAX_LINE, KmsgParser, KmsgReader, pci_key
 from gpuops.agent.nvml import NvmlBackend
 from gpuops.models import EVENT_ADAPTER
+
 from tests.conftest import wait_for
 from tests.fake_pynvml import FakeNvml
 

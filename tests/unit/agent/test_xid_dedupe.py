@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nats.aio.client import Client
-
 from gpuops.agent.agent import Agent, AgentSettings
 from gpuops.agent.backend import HealthSignal
 from gpuops.agent.nvml import NvmlBackend
 from gpuops.clock import ManualClock
+from nats.aio.client import Client
+
 from tests.fake_pynvml import FakeNvml
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from aiohttp.test_utils import make_mocked_request
-
 from gpuops.console.auth import COOKIE, Auth, Via
 from gpuops.settings import ConsoleSettings
 

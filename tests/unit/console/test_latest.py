@@ -6,13 +6,12 @@ import time
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
-
 from gpuops.console.latest import SIGNALS, Latest
-from gpuops.inventory import Inventory
+from gpuops.inventory.hosts import Inventory
 from gpuops.models import EVENT_ADAPTER, MAX_GPUS, Event
 from gpuops.record.nodestate import NodeRecord, NodeState, node_counts
 from gpuops.sim.fleet import envelope
+from pydantic import ValidationError
 
 NODES = frozenset({"a", "b"})
 INVENTORY = Inventory(Path("inv"), NODES, {"rack": frozenset({"b"})}, {})

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpuops.act.notify import Notifier
-from gpuops.build import Buckets, Engine, build_engine
 from gpuops.bus.publish import MemoryPublisher, Publisher
 from gpuops.catalog import load_catalog
 from gpuops.clock import ManualClock
-from gpuops.inventory import Inventory
+from gpuops.inventory.hosts import Inventory
 from gpuops.match.rules import RuleSet
 from gpuops.models import Match
+from gpuops.record.notify import Notifier
 from gpuops.settings import SafetySettings, Settings
+from gpuops.spine.build import Buckets, Engine, build_engine
 
 ROOT = Path(__file__).resolve().parents[3]
 T0 = 1_800_000_000.0

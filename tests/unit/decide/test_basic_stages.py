@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gpuops.clock import ManualClock
 from gpuops.decide.stage import Decider
-from gpuops.inventory import Inventory
+from gpuops.inventory.hosts import Inventory
 from gpuops.match.loader import load_rules
 from gpuops.match.rules import Rule
 from gpuops.models import Match, Reason
+
 from tests.unit.decide.helpers import engine_on
 
 RULES = """

@@ -13,8 +13,6 @@ import itertools
 from dataclasses import dataclass, field, fields
 
 import pytest
-
-from gpuops.build import Buckets
 from gpuops.bus.publish import MemoryPublisher
 from gpuops.bus.store import KV, Entry, MemoryKV, Store, together
 from gpuops.clock import ManualClock
@@ -22,6 +20,8 @@ from gpuops.decide.history import Attempt, AttemptLog
 from gpuops.errors import BusError
 from gpuops.match.loader import load_rules
 from gpuops.models import Reason
+from gpuops.spine.build import Buckets
+
 from tests.unit.decide.helpers import ROOT, T0, engine_on, match
 
 RULESET = load_rules([ROOT / "rules"], ROOT / "playbooks")

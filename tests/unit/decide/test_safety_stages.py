@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from gpuops.act.notify import Notifier
-from gpuops.build import Buckets
 from gpuops.clock import ManualClock
-from gpuops.decide.approval import ApprovalStatus
 from gpuops.decide.breaker import BreakerState
 from gpuops.errors import ConfigError
 from gpuops.match.loader import load_rules
 from gpuops.match.rules import Rule, RuleSet
 from gpuops.models import Match, Reason
+from gpuops.record.approvals import ApprovalStatus
+from gpuops.record.notify import Notifier
+from gpuops.spine.build import Buckets
+
 from tests.unit.decide.helpers import ROOT, T0, engine_on, match
 
 RULESET = load_rules([ROOT / "rules"], ROOT / "playbooks")

@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from gpuops.errors import EventError
 from gpuops.intake.decode import decode, decode_intake
 from gpuops.match.facts import GPU_FIELDS, Telemetry
 from gpuops.models import TelemetryEvent, new_event
 from gpuops.sim.fleet import SimFleet
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 NOW = 1_800_000_000.0
 SUBJECT = "gpuops.telemetry.node-001"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from gpuops.errors import EventError
 from gpuops.intake.decode import dead_letter, decode, event_subject
 from gpuops.models import event_json_schema

@@ -5,10 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gpuops import subjects
 from gpuops.errors import ConfigError, EventError
-from gpuops.inventory import load_inventory
+from gpuops.inventory.hosts import load_inventory
 from gpuops.models import action_subject, subject_for, subject_token
 
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from gpuops.match.aggregates import (
     BINS,
     BUCKETS,
@@ -17,6 +14,8 @@ from gpuops.match.aggregates import (
     Series,
     group_value,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # Offsets between samples: mostly forward, sometimes a long jump, sometimes back (late).
 steps = st.one_of(

@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from gpuops.clock import ManualClock, rfc3339
-from gpuops.inventory import Inventory
+from gpuops.inventory.hosts import Inventory
 from gpuops.match.loader import load_rules
 from gpuops.match.matcher import Matcher
 from gpuops.models import EVENT_ADAPTER, Event
+
 from tests.unit.decide.helpers import ROOT, T0, engine_on
 
 RULES = """

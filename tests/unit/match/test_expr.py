@@ -6,7 +6,6 @@ import ast
 import sys
 
 import pytest
-
 from gpuops.match.expr import MAX_SOURCE, check_size, compile_condition, render
 
 FIELDS = frozenset({"temp_c", "temp_slowdown_c", "clocks_event_reasons", "node", "uuid", "xid"})

@@ -6,13 +6,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from gpuops.errors import RuleError
-from gpuops.inventory import Inventory, load_inventory
+from gpuops.inventory.hosts import Inventory, load_inventory
 from gpuops.match.loader import load_rules
 from gpuops.match.matcher import Matcher
 from gpuops.match.rules import RuleSet
-from gpuops.ruletest import run_case
+from gpuops.spine.ruletest import run_case
 
 RACK_RULE = """
 rules:

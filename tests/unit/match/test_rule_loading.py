@@ -6,7 +6,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from gpuops.errors import RuleError, RuleSetError
 from gpuops.match.loader import build_all, load_rules
 from gpuops.match.yamlsrc import LineDict, load_yaml

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from gpuops.match.loader import load_rules
 from gpuops.match.rules import RuleSet
-from gpuops.ruletest import load_cases, run_cases
+from gpuops.spine.ruletest import load_cases, run_cases
 
 ROOT = Path(__file__).resolve().parents[3]
 RULE_TESTS = sorted((ROOT / "tests" / "rules").glob("*.yml"))

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from gpuops.clock import ManualClock
 from gpuops.match.windows import Absent, CountWithin, HeldFor, Increase
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 # Gaps between samples: mostly small, sometimes a long jump (an outage, a clock step).
 gaps = st.one_of(st.integers(0, 5), st.integers(0, 400)).map(float)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from gpuops.power.allocate import GpuDemand, Use, allocate
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from gpuops.power.allocate import GpuDemand, Use, allocate
 
 EPS = 1e-6
 

@@ -3,7 +3,7 @@ after its first interval and keeps more throughput than a uniform cap."""
 
 from __future__ import annotations
 
-from gpuops.power.bench import BenchSpec, run_policy
+from gpuops.bench.power import BenchSpec, run_policy
 
 
 def test_the_controller_keeps_the_budget_and_more_throughput_than_a_uniform_cap() -> None:

@@ -8,18 +8,19 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from gpuops.act.notify import Notifier
-from gpuops.build import Buckets, Engine, build_engine
 from gpuops.bus.publish import MemoryPublisher
 from gpuops.catalog import load_catalog
 from gpuops.clock import ManualClock
-from gpuops.inventory import Inventory
+from gpuops.inventory.hosts import Inventory
 from gpuops.match.loader import load_rules
 from gpuops.models import EVENT_ADAPTER, Intent, Reason
 from gpuops.power.budgets import BudgetOverride
 from gpuops.power.engine import POWER_RULE
+from gpuops.record.notify import Notifier
 from gpuops.settings import Settings
 from gpuops.sim.fleet import SimFleet
+from gpuops.spine.build import Buckets, Engine, build_engine
+
 from tests.conftest import ROOT
 
 NODES = ["node-001", "node-002"]

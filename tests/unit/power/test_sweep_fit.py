@@ -7,6 +7,7 @@ import importlib.util
 from types import ModuleType
 
 from gpuops.sim.power_model import h200_model
+
 from tests.conftest import ROOT
 
 

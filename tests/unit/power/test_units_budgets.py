@@ -6,7 +6,6 @@ from datetime import datetime
 from zoneinfo import ZoneInfo
 
 import pytest
-
 from gpuops.errors import ConfigError
 from gpuops.power.budgets import BudgetOverride, budget_now, budgets_now
 from gpuops.power.config import PowerBudget, PowerSettings

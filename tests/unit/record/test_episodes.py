@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuops.act.notify import Notifier
-from gpuops.build import Buckets, Engine
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
 from gpuops.models import EVENT_ADAPTER, Reason
 from gpuops.record.metrics import Metrics
+from gpuops.record.notify import Notifier
 from gpuops.record.outbox import Grouping, Outbox, Tell
-from gpuops.ruletest import T0, case_event
+from gpuops.spine.build import Buckets, Engine
+from gpuops.spine.ruletest import T0, case_event
+
 from tests.unit.decide.helpers import ROOT, engine_on, match
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
 from gpuops.catalog import load_catalog
 from gpuops.models import RunStatus
 from gpuops.record.nodestate import NodeRecord, NodeState, after_run
+
 from tests.conftest import ROOT
 
 CATALOG = load_catalog(ROOT / "playbooks")

@@ -14,6 +14,7 @@ from gpuops.bus.publish import MemoryPublisher
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
 from gpuops.models import AuditRecord, Reason
+
 from tests.unit.decide.helpers import ROOT, T0, engine_on, match
 
 RULES = load_rules([ROOT / "rules"], ROOT / "playbooks")

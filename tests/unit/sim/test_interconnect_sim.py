@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuops.agent.simbackend import SimBackend
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
 from gpuops.match.matcher import Matcher
 from gpuops.models import EVENT_ADAPTER, GpuSample
 from gpuops.sim.fleet import SimFleet
 from gpuops.sim.interconnect import ib_root
+from gpuops.sim.nodebackend import SimBackend
 from gpuops.sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[3]

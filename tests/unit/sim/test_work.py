@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from gpuops.errors import ConfigError
 from gpuops.sim import state as node_state
 from gpuops.sim import work

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from gpuops.match.loader import load_rules
 from gpuops.sources.coverage import gaps, rule_fields
 

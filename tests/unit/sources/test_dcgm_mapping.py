@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from gpuops.agent.nvml import NvmlBackend
 from gpuops.errors import SourceError
 from gpuops.models import GpuSample
@@ -20,6 +19,7 @@ from gpuops.sources.readings import (
     instance_host,
     telemetry_event,
 )
+
 from tests.dcgm_exposition import FIXTURE, exposition, uuid
 from tests.fake_pynvml import FakeNvml
 

@@ -1,0 +1,4 @@
+"""Act: the executor, the ansible-runner bridge, playbook versions and run evidence.
+
+May import: bus, inventory, record.
+"""

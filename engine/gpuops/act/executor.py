@@ -1,0 +1,433 @@
+"""The executor: consumes intents from the actions work queue and runs their playbooks.
+
+It runs only what the engine decided and signed: the signature must verify, the
+playbook must be in the catalogue (resolved inside `playbooks/`), and the node must be
+exactly one inventory host; an intent that fails any of these is refused alone.
+Intents fetched together (or within the gather window) for the same playbook, ref and
+shared vars run as one ansible-runner call over their hosts, with forks: a storm on 200
+nodes starts a handful of runs, not 200. Each intent of a batch is still checked,
+claimed, recorded and acked on its own, with its own outcome from its host's stats.
+
+Before running, each intent's key is claimed in KV with a create (which fails if the
+key exists), so an intent redelivered after a crash, or published twice, never runs
+twice. A claim found `running` means an earlier executor died mid-run: the run is
+retried once where the catalogue says that is safe, otherwise the node goes to a
+person. The intent is acked only after its outcome is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Protocol
+
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuops import subjects
+from gpuops.act.batching import Batch, Pending, gather, group
+from gpuops.act.evidence import Evidence, RunMeta, new_run_id
+from gpuops.act.hostdata import RESERVED
+from gpuops.act.playbooks import resolve
+from gpuops.act.runner import RunRequest, RunResult, run_hosts_async
+from gpuops.bus.conn import ACTIONS, Bus
+from gpuops.bus.store import KV, Store
+from gpuops.catalog import Catalog
+from gpuops.clock import Clock
+from gpuops.errors import ActionError
+from gpuops.inventory.hosts import Inventory
+from gpuops.models import Intent, RunOutcome, RunStatus
+from gpuops.record.metrics import Metrics
+from gpuops.record.nodestate import NodeState
+from gpuops.record.recorder import Recorder, decision_msg_id, decision_record
+from gpuops.settings import ExecutorSettings
+from gpuops.signing import verify
+
+log = logging.getLogger(__name__)
+
+DURABLE = "gpuops-executor"
+# A running claim is renewed every quarter of `claim_stale_s`; one not renewed for that
+# long belongs to an executor that died (a live one may simply be slow: a duplicate copy
+# of its intent must not judge it). The intent comes back after the same time.
+RECHECK_MARGIN_S = 0.5  # past the moment a claim goes stale, so it is stale when read
+ROTATE_EVERY_S = 60.0  # evidence rotation reads every kept run's record: not after each run
+
+
+class LockRelease(Protocol):
+    """What the executor needs of the decide layer's node locks."""
+
+    async def release(self, node: str, event_id: str) -> bool:
+        """Give the node back when this event's decision holds it."""
+        ...
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another executor's claim on the intent is fresh: look again after `recheck_s`."""
+
+    recheck_s: float
+
+
+class Claim(BaseModel):
+    """An executor's claim on an intent."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: str  # running | done
+    at: float
+    rule: str = ""
+    status: str | None = None
+    tries: int = 1
+    renewed: float = 0.0
+
+
+class Executor:
+    """Runs intents in batches, with at most `parallel` ansible-runner calls at once."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        recorder: Recorder,
+        clock: Clock,
+        *,
+        claims: KV,
+        locks: LockRelease,
+        catalog: Catalog,
+        inventory: Inventory,
+        signing_key: bytes,
+        metrics: Metrics,
+        playbooks_dir: Path,
+        cache_dir: Path,
+        parallel: int = 4,
+        max_timeout_s: float = 900.0,
+        claim_stale_s: float = 90.0,
+        runs: ExecutorSettings | None = None,
+        evidence: Evidence | None = None,
+    ) -> None:
+        self.bus = bus
+        self.recorder = recorder
+        self.clock = clock
+        self.claims: Store[Claim] = Store(claims, Claim, "intent")
+        self.locks = locks
+        self.catalog = catalog
+        self.inventory = inventory
+        self.signing_key = signing_key
+        self.metrics = metrics
+        self.playbooks_dir = playbooks_dir
+        self.cache_dir = cache_dir
+        self.max_timeout_s = max_timeout_s
+        self.claim_stale_s = claim_stale_s
+        self.slots = asyncio.Semaphore(parallel)
+        self.parallel = parallel
+        self.runs = runs or ExecutorSettings()
+        self.evidence = evidence
+        self._rotated_at: float | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and run intents until `stop` is set; in-flight runs are awaited."""
+        size = self.runs.batch_size
+        config = ConsumerConfig(
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=self.claim_stale_s,
+            max_ack_pending=max(self.parallel * 4, size * (self.parallel + 1)),
+        )
+        sub = await self.bus.js.pull_subscribe(
+            "gpuops.actions.>", durable=DURABLE, stream=ACTIONS, config=config
+        )
+        await _check_consumer(sub, config)
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while not stop.is_set():
+                async with self.slots:  # fetch only when a run could start
+                    pass
+                for batch in await self._admit_all(
+                    await gather(sub, self.runs.batch_size, self.runs.gather_window_s)
+                ):
+                    task = await self._dispatch(batch, stop)
+                    if task is not None:
+                        tasks.add(task)
+                        task.add_done_callback(tasks.discard)
+        finally:
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _admit_all(self, msgs: list[Msg]) -> list[Batch]:
+        """Refuse what may not run (each alone); group the rest into batches."""
+        admitted = []
+        for msg in msgs:
+            intent, why = self._admit(msg.data)
+            if intent is not None and not why:
+                admitted.append(Pending(intent, msg))
+                continue
+            try:
+                await self._refuse(intent, why, msg.data)
+                await msg.term()
+            except Exception:
+                log.exception("refusing an intent failed; it will be redelivered")
+                with contextlib.suppress(Exception):
+                    await msg.nak(delay=5)
+        return group(admitted, self.runs.batch_size)
+
+    async def _dispatch(self, batch: Batch, stop: asyncio.Event) -> asyncio.Task[None] | None:
+        """Start the batch's run once a slot is free; on stop, hand it back unclaimed."""
+        keepalive = asyncio.create_task(self._keep_alive(batch))
+        await self.slots.acquire()
+        if stop.is_set():
+            self.slots.release()
+            keepalive.cancel()
+            for p in batch:
+                with contextlib.suppress(Exception):
+                    await p.msg.nak()
+            return None
+        return asyncio.create_task(self._run_slot(batch, keepalive))
+
+    async def _run_slot(self, batch: Batch, keepalive: asyncio.Task[None]) -> None:
+        try:
+            await self._run_batch(batch)
+        except Exception:
+            log.exception("batch handling failed; its intents will be redelivered")
+            for p in batch:
+                await p.give_back()
+        finally:
+            keepalive.cancel()
+            self.slots.release()
+
+    async def _run_batch(self, batch: Batch) -> None:
+        """Claim each intent, run the claimed ones together, record and ack each."""
+        claimed = await asyncio.gather(*(self._prepare(p) for p in batch))
+        ready = [p for p in claimed if p is not None]
+        if not ready:
+            return
+        outcomes = await self._execute(ready)
+        await asyncio.gather(*(self._conclude(p, o) for p, o in zip(ready, outcomes, strict=True)))
+
+    async def _prepare(self, p: Pending) -> Pending | None:
+        """The decision's record, the claim, the node's state: None when it must not run."""
+        try:
+            return await self._claimed(p)
+        except Exception:  # this intent alone comes back; the batch runs without it
+            log.exception("intent %s could not be claimed; it will be redelivered", p.intent.key)
+            await p.give_back()
+            return None
+
+    async def _claimed(self, p: Pending) -> Pending | None:
+        intent = p.intent
+        if intent.decision is not None:  # the decision's record, in case the engine died first
+            record = decision_record(intent.decision, [intent.key], intent.decided_at)
+            await self.recorder.auditor.write(record, decision_msg_id(intent.decision))
+        tries = await self._claim(intent)
+        if isinstance(tries, Busy):
+            # Never acked while its claim looks alive: if that executor died just after
+            # claiming, this message is the only thing left that will record the run.
+            await p.msg.nak(delay=tries.recheck_s)
+            p.done = True
+            return None
+        if tries is None:
+            await p.msg.ack()
+            p.done = True
+            return None
+        await self.recorder.run_started(intent)
+        p.tries = tries
+        return p
+
+    async def _conclude(self, p: Pending, outcome: RunOutcome) -> None:
+        """Record the outcome, then ack; a failure gives back this intent alone."""
+        try:
+            await self._finish(p.intent, outcome, p.tries)
+            await p.msg.ack()
+            p.done = True
+        except Exception:
+            log.exception("outcome of %s not recorded; it will be redelivered", p.intent.key)
+            await p.give_back()
+
+    def _admit(self, data: bytes) -> tuple[Intent | None, str]:
+        """The intent and '' when it may run, else why not."""
+        try:
+            intent = Intent.model_validate_json(data)
+        except ValidationError as exc:
+            return None, f"unreadable intent: {exc.error_count()} errors"
+        if not verify(intent, self.signing_key):
+            return intent, "signature does not verify: not decided by this engine"
+        if intent.action.playbook not in self.catalog:
+            return intent, f"playbook {intent.action.playbook!r} is not in the catalogue"
+        if intent.node not in self.inventory:
+            return intent, f"{intent.node!r} is not one host of the inventory"
+        if clash := RESERVED & set(intent.action.vars):
+            return intent, f"action vars may not redefine {sorted(clash)}"
+        return intent, ""
+
+    async def _refuse(self, intent: Intent | None, why: str, raw: bytes) -> None:
+        self.metrics.runs.labels(RunStatus.REFUSED.value).inc()
+        log.warning("intent refused: %s", why)
+        await self.recorder.auditor.note(
+            self.clock.now(),
+            intent.node if intent is not None and intent.node in self.inventory else "",
+            f"intent refused, nothing run: {why}",
+            {"raw": raw[:2048].decode(errors="replace")},
+        )
+
+    async def _claim(self, intent: Intent) -> int | Busy | None:
+        """The try number when this executor now runs the intent; Busy while another
+        executor's claim on it is fresh; None when it must not run (ack it)."""
+        now = self.clock.now()
+        fresh = Claim(state="running", at=now, rule=intent.rule, renewed=now)
+        if await self.claims.cas(fresh, 0, intent.key):
+            return 1
+        held, revision = await self.claims.get(intent.key)
+        if held is not None and held.state == "running":
+            age = now - held.renewed
+            if age < self.claim_stale_s:
+                # Alive, or died before its first renewal (the claim is written after the
+                # message's ack timer started, so the message can come back first). Looked
+                # at again as often as a live claim is renewed, and just after it would go
+                # stale: a copy of a live run's intent is acked soon after that run ends.
+                wait = min(self.claim_stale_s - age, self.claim_stale_s / 4)
+                return Busy(wait + RECHECK_MARGIN_S)
+        if held is None or held.state != "running":
+            done = held.status if held else "claimed"
+            await self.recorder.auditor.note(
+                now,
+                intent.node,
+                f"intent {intent.key[:12]} already {done}; not run again",
+                {"intent": intent.key},
+            )
+            return None
+        spec = self.catalog.get(intent.action.playbook)
+        if spec is not None and spec.retry_safe and held.tries < 2:
+            again = Claim(
+                state="running", at=now, rule=intent.rule, tries=held.tries + 1, renewed=now
+            )
+            return again.tries if await self.claims.cas(again, revision, intent.key) else None
+        await self._interrupted(intent, held, revision)
+        return None
+
+    async def _interrupted(self, intent: Intent, held: Claim, revision: int) -> None:
+        """An earlier executor died mid-run: record it, free the node, tell a person."""
+        now = self.clock.now()
+        why = "the executor running it died; not run again (the playbook is not retry-safe)"
+        outcome = RunOutcome.of(intent, RunStatus.INTERRUPTED, held.at, now, why)
+        done = Claim(state="done", at=now, rule=intent.rule, status=outcome.status.value)
+        if await self.claims.cas(done, revision, intent.key):
+            await self._record(intent, outcome)
+
+    async def _finish(self, intent: Intent, outcome: RunOutcome, tries: int) -> None:
+        done = Claim(
+            state="done",
+            at=outcome.ended,
+            rule=intent.rule,
+            status=outcome.status.value,
+            tries=tries,
+        )
+        await self._record(intent, outcome)
+        await self.claims.put(done, intent.key)
+
+    async def _record(self, intent: Intent, outcome: RunOutcome) -> None:
+        self.metrics.runs.labels(outcome.status.value).inc()
+        record = await self.recorder.run_ended(intent, outcome)
+        if intent.holds_lock:
+            await self.locks.release(intent.node, intent.event_id)
+        if record.state is NodeState.VALIDATING and outcome.status is RunStatus.SUCCESSFUL:
+            await self.bus.nc.publish(subjects.probe_request(intent.node), b"validate")
+
+    async def _execute(self, ready: Batch) -> list[RunOutcome]:
+        """One run over the batch's hosts; an outcome per intent, in order."""
+        intents = [p.intent for p in ready]
+        first = intents[0].action
+        try:
+            version = resolve(self.playbooks_dir, first.playbook, first.ref, self.cache_dir)
+        except ActionError as exc:
+            now = self.clock.now()
+            return [RunOutcome.of(i, RunStatus.ERROR, now, now, str(exc)) for i in intents]
+        run_id = new_run_id(self.clock.now())
+        request = RunRequest.for_intents(
+            intents,
+            version,
+            self.inventory.path,
+            min(first.timeout_s, self.max_timeout_s),
+            forks=self.runs.forks,
+            run_id=run_id,
+            evidence=self.evidence,
+        )
+        with_others = f" (one run with {len(intents) - 1} other hosts)" if len(intents) > 1 else ""
+        body = {"run_id": run_id, "revision": version.revision, "sha256": version.sha256}
+        await asyncio.gather(
+            *(
+                self.recorder.auditor.note(
+                    self.clock.now(),
+                    i.node,
+                    f"running {first.playbook} on {i.node}{with_others}",
+                    {"intent": i.key, **body},
+                )
+                for i in intents
+            )
+        )
+        result = await run_hosts_async(request, self.clock)
+        if self.evidence is not None:
+            await asyncio.to_thread(self._keep, self.evidence, result)
+        return [result.outcome(t) for t in request.targets]
+
+    def _keep(self, evidence: Evidence, result: RunResult) -> None:
+        """Seal the run's evidence; now and then drop what is past the limits."""
+        req = result.req
+        meta = RunMeta(
+            run_id=req.run_id or "",
+            playbook=req.playbook_name,
+            revision=req.playbook.revision,
+            sha256=req.playbook.sha256,
+            started=result.started,
+            ended=result.ended,
+            status=result.status,
+            rc=result.rc,
+            intents={t.node: t.key for t in req.targets},
+        )
+        try:
+            evidence.seal(meta)
+            now = self.clock.now()
+            if self._rotated_at is None or now - self._rotated_at >= ROTATE_EVERY_S:
+                self._rotated_at = now
+                evidence.rotate(now)
+        except (OSError, ActionError) as exc:  # evidence is kept best-effort: the run counts
+            log.warning("run %s: evidence not kept: %s", req.run_id, exc)
+
+    async def _keep_alive(self, batch: Batch) -> None:
+        """Tell JetStream and the claims that the intents are in hand (not redelivered, alive)."""
+        while True:
+            await asyncio.sleep(self.claim_stale_s / 4)
+            now = self.clock.now()
+            await asyncio.gather(
+                *(self._renew(p, now) for p in batch if not p.done), return_exceptions=True
+            )
+
+    async def _renew(self, p: Pending, now: float) -> None:
+        await p.msg.in_progress()
+        if p.tries:
+            await self.claims.update(partial(_renewed, now=now), p.intent.key)
+
+
+async def _check_consumer(sub: JetStreamContext.PullSubscription, want: ConsumerConfig) -> None:
+    """An existing durable consumer keeps its config: say so when it caps the batches."""
+    with contextlib.suppress(Exception):
+        have = (await sub.consumer_info()).config.max_ack_pending or 0
+        if 0 < have < (want.max_ack_pending or 0):
+            log.warning(
+                "consumer %s allows %d unacked intents (batches need %d): delete it "
+                "(nats consumer rm %s %s) while no executor runs, to recreate it",
+                DURABLE,
+                have,
+                want.max_ack_pending,
+                ACTIONS,
+                DURABLE,
+            )
+
+
+def _renewed(claim: Claim | None, now: float) -> Claim | None:
+    """A running claim renewed at `now` (others are left alone)."""
+    if claim is None or claim.state != "running":
+        return None
+    return claim.model_copy(update={"renewed": now})

@@ -1,0 +1,241 @@
+"""`gpuops` commands about the engine itself: run it, check rules, try them on events
+(test-rules, replay), print schemas."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+from rich.table import Table
+
+from gpuops.cli.terminal import cells, err, out, run_async, settings_from
+from gpuops.errors import EngineError, RuleError
+
+if TYPE_CHECKING:
+    from gpuops.clock import Clock
+    from gpuops.match.rules import RuleSet
+    from gpuops.settings import Settings
+
+
+@click.command()
+@click.option("--nats", help="NATS URL; without one an embedded nats-server is started")
+@click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="rules directory")
+@click.option("--playbooks", "playbooks_dir", type=click.Path(path_type=Path))
+@click.option("--inventory", type=click.Path(path_type=Path), help="Ansible inventory")
+@click.option("--dry-run/--no-dry-run", default=None, help="decide and record, never execute")
+@click.option("--role", type=click.Choice(["all", "engine", "executor"]), help="which loops to run")
+@click.option("--http", help="host:port for ChatOps, /metrics and /healthz (e.g. 127.0.0.1:8080)")
+@click.option(
+    "--replicas",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="engine replicas to run from this command, one process each (they share the "
+    "partitions; see docs/operations.md)",
+)
+@click.pass_context
+def run(ctx: click.Context, /, replicas: int, **flags: Any) -> None:
+    """Run the engine (intake, match, decide, intents) and the executor."""
+    settings = settings_from(ctx, **flags)
+    logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+    if replicas > 1:
+        sys.exit(run_async(run_replicas(settings, replicas)))
+    run_async(run_engine(settings))
+
+
+async def run_replicas(settings: Settings, replicas: int) -> int:
+    """This command's engine as `replicas` processes that share the partitions."""
+    from gpuops.scale.leases import default_replica_id
+    from gpuops.scale.supervisor import Supervisor, replica_children, strip_option
+
+    if settings.http and replicas > 1:
+        raise click.UsageError(
+            "--http with --replicas: each replica needs its own port; run them one by one "
+            "with GPUOPS_HTTP set for each, or leave --http out"
+        )
+    base = settings.replica_id or default_replica_id(str(settings.state_dir))
+    args = strip_option(sys.argv[1:], "--replicas", "--role")
+    children = replica_children(args, replicas, base, settings.role)
+    supervisor = Supervisor(children, settings.state_dir, embedded=not settings.nats.url)
+    return await supervisor.run()
+
+
+async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
+    """Load rules and inventory (failing fast), connect, and run until stopped."""
+    from gpuops.bus.conn import open_bus
+    from gpuops.clock import SystemClock
+    from gpuops.spine.app import App, load_world
+    from gpuops.spine.heap import settle_heap
+
+    rules, inventory = load_world(settings)
+    settle_heap()
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    async with open_bus(
+        settings.nats,
+        settings.state_dir,
+        name="gpuops-engine",
+        role="executor" if settings.role == "executor" else "engine",
+    ) as bus:
+        app = App(
+            settings=settings,
+            bus=bus,
+            clock=clock or SystemClock(),
+            rules=rules,
+            inventory=inventory,
+        )
+        await app.run()
+
+
+@click.command()
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--playbooks",
+    "playbooks_dir",
+    type=click.Path(path_type=Path),
+    help="check playbooks exist here",
+)
+@click.option(
+    "--source",
+    type=click.Choice(["dcgm"]),
+    help="also warn which rules cannot fire when this source feeds the engine (exit 0)",
+)
+@click.option(
+    "--inventory",
+    type=click.Path(path_type=Path),
+    help="check group keys and inventory variables (group_by: [rack]) against it",
+)
+def validate(
+    paths: tuple[Path, ...],
+    playbooks_dir: Path | None,
+    source: str | None,
+    inventory: Path | None,
+) -> None:
+    """Check rule files (default: the site's rules/, else the shipped ones); print
+    `file:line: rule NAME: message` per error, exit 1 on any."""
+    from gpuops.inventory.hosts import load_inventory
+    from gpuops.match.loader import load_rules
+    from gpuops.shipped import locate
+
+    if not paths:
+        click.echo(f"checking {locate('rules').describe()}")
+    targets = list(paths) or [locate("rules").path]
+    books = playbooks_dir or locate("playbooks").path
+    try:
+        inv = load_inventory(inventory) if inventory is not None else None
+        rules = load_rules(targets, books if books.is_dir() else None, inv)
+    except EngineError as exc:
+        for line in str(exc).splitlines():
+            click.echo(line)
+        sys.exit(1)
+    click.echo(f"ok: {len(rules.rules)} rules in {len(rules.sources)} files")
+    if source:
+        from gpuops.sources.coverage import NOTES, gaps
+
+        found = gaps(rules, source)
+        for gap in found:
+            click.echo(f"warning: {gap}")
+        for note in NOTES[source]:
+            click.echo(f"note: {note}")
+        click.echo(f"{source}: {len(found)} of {len(rules.rules)} rules not fully served")
+
+
+def _rules(rules_dir: Path | None, inventory: Path | None = None) -> RuleSet:
+    from gpuops.inventory.hosts import load_inventory
+    from gpuops.match.loader import load_rules
+    from gpuops.shipped import locate
+
+    books = locate("playbooks").path
+    try:
+        inv = load_inventory(inventory) if inventory is not None else None
+        return load_rules(
+            [rules_dir or locate("rules").path], books if books.is_dir() else None, inv
+        )
+    except EngineError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+
+
+@click.command("test-rules")
+@click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/")
+@click.option(
+    "--inventory",
+    type=click.Path(path_type=Path),
+    help="check rules that read the inventory against it (cases give hosts' variables)",
+)
+def test_rules(paths: tuple[Path, ...], rules_dir: Path | None, inventory: Path | None) -> None:
+    """Run rule tests (YAML cases of events and expected actions; default: the site's
+    tests/rules/, else the shipped ones); exit 1 on any failure."""
+    from gpuops.shipped import locate
+    from gpuops.spine.ruletest import load_cases, run_cases
+
+    rules = _rules(rules_dir, inventory)
+    if not paths:
+        click.echo(f"running {locate('tests/rules').describe()}")
+    paths = paths or (locate("tests/rules").path,)
+    files = [f for p in paths for f in (sorted(p.rglob("*.y*ml")) if p.is_dir() else [p])]
+    failed = total = 0
+    for file in files:
+        try:
+            results = asyncio.run(run_cases(str(file), load_cases(file), rules))
+        except RuleError as exc:
+            click.echo(f"FAIL {exc}")
+            failed += 1
+            continue
+        for result in results:
+            total += 1
+            click.echo(f"{'PASS' if result.passed else 'FAIL'} {file}: {result.name}")
+            for failure in result.failures:
+                click.echo(f"     {failure}")
+            failed += 0 if result.passed else 1
+    click.echo(f"{total - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+@click.command()
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/")
+@click.option(
+    "--inventory", type=click.Path(path_type=Path), help="only these hosts may be acted on"
+)
+@click.option("--json", "as_json", is_flag=True, help="one JSON line per would-be action")
+def replay(file: Path, rules_dir: Path | None, inventory: Path | None, as_json: bool) -> None:
+    """Shadow mode: recorded events through matching and safety stages, acting on nothing."""
+    from gpuops.clock import rfc3339
+    from gpuops.spine.replay import replay_file
+
+    rules = _rules(rules_dir)
+    actions, stats = run_async(replay_file(file, rules, inventory))
+    if as_json:
+        for action in actions:
+            click.echo(json.dumps(action.as_dict(), sort_keys=True))
+    else:
+        table = Table("ts", "rule", "node", "gpu", "would run")
+        for a in actions:
+            would = a.action + (" (dry-run rule)" if a.dry_run else "")
+            gpu = ",".join(map(str, a.gpus)) if a.gpus else ""
+            table.add_row(*cells(rfc3339(a.ts), a.rule, a.node, gpu, would))
+        out.print(table)
+    err.print(
+        f"{stats['events']} events, {stats['bad']} unreadable, {len(actions)} would-be actions",
+        highlight=False,
+    )
+
+
+@click.command()
+@click.argument("what", type=click.Choice(["events", "rules"]))
+def schema(what: str) -> None:
+    """Print the JSON Schema of events (format v1) or of rule files."""
+    from gpuops.match.schema import RULES_FILE_SCHEMA
+    from gpuops.models import event_json_schema
+
+    doc = event_json_schema() if what == "events" else RULES_FILE_SCHEMA
+    click.echo(json.dumps(doc, indent=2, sort_keys=True))
+
+
+COMMANDS = [run, validate, test_rules, replay, schema]

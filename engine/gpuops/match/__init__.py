@@ -1,0 +1,4 @@
+"""Matching: rule loading, the rule schema, the condition compiler and time windows.
+
+May import: inventory.
+"""

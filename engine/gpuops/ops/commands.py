@@ -1,0 +1,483 @@
+"""The commands people give, from ChatOps or the CLI, with their permissions.
+
+Every command works through the bus and its KV buckets, so it acts the same from a
+chat, from a terminal, or from another replica. Each command that is allowed and well
+formed is also published as a `chatops` event, so rules can match commands too: that
+event is how `drain` and `undrain` reach the engine, which decides them through its
+built-in rules and every safety stage (node lock, fleet breaker) like any other action.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from nats.errors import Error as NatsError
+from nats.js.errors import Error as JsError
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuops import subjects
+from gpuops.bus.conn import Bus
+from gpuops.bus.publish import JetStreamPublisher
+from gpuops.bus.store import NatsKV, Store
+from gpuops.clock import Clock, rfc3339
+from gpuops.decide.breaker import BreakerState, BreakerStore
+from gpuops.decide.silence import SilenceStore, parse_target, silence_span
+from gpuops.errors import BusError, ConfigError, EngineError
+from gpuops.inventory.hosts import Inventory
+from gpuops.match.durations import format_duration
+from gpuops.models import new_event, subject_for
+from gpuops.ops.cmdwire import (
+    CommandError,
+    CommandReply,
+    CommandRequest,
+    CommandUsageError,
+    Refused,
+)
+from gpuops.ops.heartbeat import EngineState, Heartbeats, engine_state
+from gpuops.ops.power import USAGE as POWER_USAGE
+from gpuops.ops.power import do_power
+from gpuops.power.config import PowerSettings
+from gpuops.record.approvals import ApprovalStatus, ApprovalStore
+from gpuops.record.audit import Auditor, read_audit
+from gpuops.record.episodes import Episode, episode_line, read_open
+from gpuops.record.nodestate import NodeState, NodeStates
+from gpuops.scale.lag import render_replicas, replica_view
+from gpuops.settings import ChatopsSettings
+
+DRY_RUN_KEY = "dry_run"
+
+
+FORCE = "--force"
+
+
+class Switch(BaseModel):
+    """A runtime switch in the control bucket (dry-run)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    on: bool
+    by: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who asked, and where."""
+
+    user: str
+    channel: str = ""
+    platform: str = "cli"
+
+
+class Access(StrEnum):
+    """Who may run a command when settings do not name its users or channels."""
+
+    READ_ONLY = "read-only"  # anyone who passed verification
+    GRANTED = "granted"  # chat: nobody until settings grant it: these change things
+
+
+Handler = Callable[["Commands", list[str], Caller], Awaitable[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One entry of the command table."""
+
+    name: str
+    handler: Handler
+    usage: str
+    access: Access
+
+
+def allowed(command: Command, caller: Caller, settings: ChatopsSettings) -> str | None:
+    """None if the caller may run the command, else why not.
+
+    One table for chat and CLI. A CLI caller is a NATS user with credentials of its own,
+    which a site hands out to operators only, so a command the table does not list is
+    open to it; a listed command needs the user in `users` (`channels` are chat's).
+    A chat user is whoever can type in a channel: there, what changes things is closed
+    until listed.
+    """
+    grant = settings.permissions.get(command.name)
+    cli = caller.platform == "cli"
+    if grant is None:
+        if cli or command.access is Access.READ_ONLY:
+            return None
+        return f"'{command.name}' is not granted to anyone in settings"
+    if grant.users and caller.user not in grant.users:
+        return f"user {caller.user!r} may not run '{command.name}'"
+    if grant.channels and not cli and caller.channel not in grant.channels:
+        return f"'{command.name}' may not be run in channel {caller.channel!r}"
+    return None
+
+
+class Commands:
+    """Carries out commands against the bus."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        clock: Clock,
+        inventory: Inventory | None,
+        settings: ChatopsSettings,
+        drift_check: Callable[[str], Awaitable[str]] | None = None,
+        power: PowerSettings | None = None,
+        density: Callable[[float], str] | None = None,
+    ) -> None:
+        """`inventory` None: the CLI's read-only use (status), which needs no inventory file."""
+        self.bus, self.clock, self.inventory, self.settings = bus, clock, inventory, settings
+        self.power = power or PowerSettings()
+        self.control = control = NatsKV(bus.kv["control"])
+        self.auditor = Auditor(JetStreamPublisher(bus.js))
+        self.approvals = ApprovalStore(control)
+        self.silences = SilenceStore(control)
+        self.breaker = BreakerStore(control)
+        self.switches: Store[Switch] = Store(control, Switch, "switch")
+        self.states = NodeStates(NatsKV(bus.kv["nodes"]))
+        self.episodes: Store[Episode] = Store(NatsKV(bus.kv["nodes"]), Episode, "episode")
+        self.heartbeats = Heartbeats(control)
+        self.drift_check = drift_check
+        self.density = density
+
+    def _known(self, node: str) -> bool:
+        return self.inventory is not None and node in self.inventory
+
+    async def run(self, text: str, caller: Caller, request_id: str | None = None) -> str:
+        """Parse and carry out one command line; the reply for the person (errors too).
+
+        `request_id`, derived from the chat request, becomes the chatops event's id: a
+        replayed request that got past the HTTP layer is then stored once by JetStream.
+        """
+        try:
+            return await self.execute(text, caller, request_id)
+        except CommandError as exc:
+            return str(exc)
+
+    async def execute(self, text: str, caller: Caller, request_id: str | None = None) -> str:
+        """Carry out one command line; the reply, or a CommandError saying why not
+        (CommandUsageError when badly formed, Refused when not allowed)."""
+        try:
+            words = shlex.split(text)
+        except ValueError as exc:
+            raise CommandUsageError(f"cannot parse {text!r}: {exc}") from exc
+        command = COMMANDS.get(words[0]) if words else None
+        if command is None:
+            raise CommandUsageError(help_text())
+        args = words[1:]
+        refused = allowed(command, caller, self.settings)
+        if refused is not None:
+            who = f"{caller.user}@{caller.platform}"
+            await self._note(args, f"refused {command.name} from {who}: {refused}")
+            raise Refused(f"refused: {refused}")
+        try:
+            reply = await command.handler(self, args, caller)
+        except CommandUsageError as exc:
+            raise CommandUsageError(f"{command.name}: {exc} (usage: {command.usage})") from exc
+        except EngineError as exc:
+            raise CommandError(f"{command.name}: {exc}") from exc
+        # Published only once allowed and well formed: the engine acts on some of these.
+        await self._publish(command.name, [a for a in args if a != FORCE], caller, request_id)
+        first = reply.splitlines()[0] if reply else ""
+        await self._note(args, f"{caller.user}@{caller.platform}: {text} -> {first}")
+        return reply
+
+    async def answer(self, subject: str, payload: bytes) -> bytes:
+        """The engine's answer to an operator's command request (see `ask_engine`).
+
+        Who asked is the user in the subject, which the server lets no one else publish
+        to; the payload carries only the arguments.
+        """
+        try:
+            user, name = subjects.parse_command(subject)
+            args = CommandRequest.model_validate_json(payload).args
+        except (EngineError, ValidationError) as exc:
+            return CommandReply(ok=False, kind="usage", text=f"bad command request: {exc}").dump()
+        caller = Caller(user=user, platform="cli")
+        try:
+            text = await self.execute(shlex.join([name, *args]), caller)
+        except CommandError as exc:
+            return CommandReply.refusing(exc).dump()
+        return CommandReply(ok=True, kind="done", text=text).dump()
+
+    async def _note(self, args: list[str], summary: str) -> None:
+        node = args[0] if args and self._known(args[0]) else ""
+        await self.auditor.note(self.clock.now(), node, summary)
+
+    async def _publish(
+        self, command: str, args: list[str], caller: Caller, request_id: str | None
+    ) -> None:
+        node = args[0] if args and self._known(args[0]) else "fleet"
+        data = {
+            "command": command,
+            "args": args,
+            "reason": " ".join(args[1:]),
+            "user": caller.user,
+            "channel": caller.channel,
+            "platform": caller.platform,
+        }
+        event = new_event("chatops", node, self.clock.now(), data, f"chatops:{caller.platform}")
+        if request_id:
+            event["id"] = request_id
+        await self.bus.js.publish(
+            subject_for("chatops", node),
+            json.dumps(event).encode(),
+            headers={"Nats-Msg-Id": event["id"]},
+        )
+
+    def _node(self, args: list[str], n: int = 1) -> str:
+        if len(args) < n:
+            raise CommandUsageError("missing arguments")
+        if not self._known(args[0]):
+            raise CommandError(f"{args[0]!r} is not in the inventory")
+        return args[0]
+
+    # --- the commands: handlers of the table below -----------------------------------
+
+    async def do_help(self, args: list[str], caller: Caller) -> str:
+        return help_text()
+
+    async def do_status(self, args: list[str], caller: Caller) -> str:
+        return render_status(await self.status())
+
+    async def status(self) -> dict[str, Any]:
+        """The fleet: counts per state, nodes not healthy, breaker, approvals, silences,
+        and whether an engine is running (its heartbeat)."""
+        now = self.clock.now()
+        engine = await self.engine(now)
+        records = {
+            r.node: r
+            for r in await self.states.all()
+            if self.inventory is None or r.node in self.inventory
+        }
+        counts = dict.fromkeys((s.value for s in NodeState), 0)
+        for record in records.values():
+            counts[record.state.value] += 1
+        # Nodes never recorded are healthy; without an inventory file the engine's own
+        # host count (its heartbeat) says how many there are.
+        hosts = len(self.inventory.hosts) if self.inventory is not None else None
+        if hosts is None and engine.beat is not None:
+            hosts = engine.beat.hosts
+        counts[NodeState.HEALTHY.value] += max((hosts or 0) - len(records), 0)
+        unhealthy = sorted(
+            (
+                r.model_dump(mode="json")
+                for r in records.values()
+                if r.state is not NodeState.HEALTHY
+            ),
+            key=lambda r: r["since"],
+        )
+        breaker, _ = await self.breaker.get()
+        approvals = [
+            r.model_dump(mode="json", exclude={"match"})
+            for r in await self.approvals.all()
+            if r.status is ApprovalStatus.PENDING and r.expires > now
+        ]
+        silences = [s.model_dump() for s in await self.silences.all() if s.ends > now]
+        dry, _ = await self.switches.get(DRY_RUN_KEY)
+        return {
+            "at": now,
+            "engine": {
+                "running": engine.running,
+                "line": engine.line,
+                "heartbeat": engine.beat.model_dump() if engine.beat else None,
+            },
+            "counts": counts,
+            "unhealthy": unhealthy,
+            "breaker": breaker.model_dump(mode="json"),
+            "approvals": approvals,
+            "silences": silences,
+            "episodes": [
+                {**ep.model_dump(mode="json"), "id": ep.id, "line": episode_line(ep, now)}
+                for ep in await read_open(self.episodes)
+            ],
+            "dry_run": bool(dry and dry.on),
+            "scale": await self._replicas(),
+        }
+
+    async def _replicas(self) -> dict[str, Any]:
+        """The engine replicas and their partitions (empty when it cannot be read)."""
+        try:
+            return await replica_view(self.bus.js, NatsKV(self.bus.kv["leases"]))
+        except (KeyError, BusError, JsError, NatsError, TimeoutError) as exc:
+            return {"error": str(exc) or type(exc).__name__}
+
+    async def engine(self, now: float) -> EngineState:
+        """Whether an engine runs, from the heartbeats."""
+        return engine_state(await self.heartbeats.all(), now)
+
+    async def do_history(self, args: list[str], caller: Caller) -> str:
+        node = self._node(args)
+        records = [r async for r in read_audit(self.bus.js, node)][-10:]
+        return (
+            "\n".join(f"{rfc3339(r.at)[:19]} {r.type}: {r.summary}" for r in records)
+            or f"nothing for {node}"
+        )
+
+    async def do_drain(self, args: list[str], caller: Caller) -> str:
+        # The chatops event published after this is the request: the engine's built-in
+        # rule turns it into a decision, so the lock and the breaker apply.
+        node = self._node(args, 2)
+        reason = " ".join(args[1:]).strip()
+        if not reason:
+            raise CommandUsageError("say why")
+        return f"drain of {node} requested: {reason} (the engine decides; see `status`)"
+
+    async def do_undrain(self, args: list[str], caller: Caller) -> str:
+        node = self._node(args)
+        reason = " ".join(args[1:]).strip()
+        said = f": {reason}" if reason else ""
+        return f"undrain of {node} requested{said} (the engine decides; see `status`)"
+
+    async def do_approve(self, args: list[str], caller: Caller) -> str:
+        if not args:
+            raise CommandUsageError("which approval?")
+        record = await self.approvals.decide(args[0], True, caller.user, self.clock.now())
+        return f"approved {args[0]}: {record.summary}"
+
+    async def do_deny(self, args: list[str], caller: Caller) -> str:
+        if not args:
+            raise CommandUsageError("which approval?")
+        record = await self.approvals.decide(args[0], False, caller.user, self.clock.now())
+        return f"denied {args[0]}: {record.summary}"
+
+    async def do_silence(self, args: list[str], caller: Caller) -> str:
+        force = FORCE in args
+        try:
+            target, starts, ends, reason = silence_span(
+                [a for a in args if a != FORCE], self.clock.now()
+            )
+            parse_target(target)
+        except (ValueError, ConfigError) as exc:
+            raise CommandUsageError(str(exc)) from exc
+        if not force:
+            self._check_target(target)
+        s = await self.silences.add(target, starts, ends, reason, caller.user)
+        return f"silence {s.id}: {s.target} for {format_duration(ends - starts)} ({s.reason})"
+
+    def _check_target(self, target: str) -> None:
+        """A silence of a node or group the inventory lacks is most likely a typo, which
+        would silence nothing while the person believes it quiet: refused unless forced
+        (a node about to join the fleet)."""
+        kind, _, name = target.partition(":")
+        inventory = self.inventory
+        if kind == "node" and not self._known(name):
+            missing = f"node {name!r} is not in the inventory"
+        elif kind == "group" and (inventory is None or not inventory.group_hosts(name)):
+            missing = f"group {name!r} is not in the inventory"
+        else:
+            return
+        raise CommandError(f"{missing}: check the name, or add {FORCE} to silence it anyway")
+
+    async def do_unsilence(self, args: list[str], caller: Caller) -> str:
+        if not args:
+            raise CommandUsageError("which silence?")
+        if not await self.silences.remove(args[0]):
+            raise CommandError(f"no silence {args[0]!r}")
+        return f"silence {args[0]} removed"
+
+    async def do_breaker(self, args: list[str], caller: Caller) -> str:
+        targets = {"reset": BreakerState.CLOSED, "half-open": BreakerState.HALF_OPEN}
+        if not args or args[0] not in targets:
+            raise CommandUsageError("reset or half-open?")
+        await self.breaker.set_state(
+            targets[args[0]], f"{args[0]} by {caller.user}", self.clock.now(), caller.user
+        )
+        return f"breaker {targets[args[0]].value.replace('_', '-')}"
+
+    async def do_dry_run(self, args: list[str], caller: Caller) -> str:
+        if not args or args[0] not in ("on", "off"):
+            raise CommandUsageError("on or off?")
+        await self.switches.put(Switch(on=args[0] == "on", by=caller.user), DRY_RUN_KEY)
+        return f"dry-run {args[0]}"
+
+    async def do_drift_check(self, args: list[str], caller: Caller) -> str:
+        if self.drift_check is None:
+            raise CommandError(
+                "drift checks run in the engine; ask it (ChatOps) or use `gpuops drift-check`"
+            )
+        return await self.drift_check(args[0] if args else "all")
+
+    async def do_power(self, args: list[str], caller: Caller) -> str:
+        return await do_power(
+            args, caller.user, self.control, self.power, self.inventory, self.clock.now()
+        )
+
+    async def do_density(self, args: list[str], caller: Caller) -> str:
+        if self.density is None:
+            raise CommandError(
+                "the engine keeps the utilisation: ask it (ChatOps) or `gpuops report density`"
+            )
+        return self.density(_percent(args[0]) if args else DENSITY_THRESHOLD)
+
+
+DENSITY_THRESHOLD = 10.0  # percent p95 utilisation over a day, as rules/density.yml
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.removesuffix("%"))
+    except ValueError:
+        raise CommandUsageError(f"{text!r} is not a percentage") from None
+    if not 0 < value <= 100:
+        raise CommandUsageError(f"{text!r}: a threshold is between 0 and 100%")
+    return value
+
+
+_R, _G = Access.READ_ONLY, Access.GRANTED
+COMMANDS: dict[str, Command] = {
+    c.name: c
+    for c in (
+        Command("status", Commands.do_status, "status", _R),
+        Command("history", Commands.do_history, "history NODE", _R),
+        Command("drain", Commands.do_drain, "drain NODE REASON", _G),
+        Command("undrain", Commands.do_undrain, "undrain NODE [REASON]", _G),
+        Command("approve", Commands.do_approve, "approve ID", _G),
+        Command("deny", Commands.do_deny, "deny ID", _G),
+        Command("silence", Commands.do_silence, "silence TARGET DURATION REASON", _G),
+        Command("unsilence", Commands.do_unsilence, "unsilence ID", _G),
+        Command("breaker", Commands.do_breaker, "breaker reset|half-open", _G),
+        Command("drift-check", Commands.do_drift_check, "drift-check [GROUP]", _G),
+        Command("dry-run", Commands.do_dry_run, "dry-run on|off", _G),
+        Command("power", Commands.do_power, POWER_USAGE, _G),
+        Command("density", Commands.do_density, "density [THRESHOLD%]", _R),
+        Command("help", Commands.do_help, "help", _R),
+    )
+}
+
+
+def help_text() -> str:
+    """Every command's usage, from the table."""
+    return "commands: " + "; ".join(c.usage for c in COMMANDS.values())
+
+
+def render_status(s: dict[str, Any]) -> str:
+    """The status as lines of text for chat and terminal."""
+    lines = [s["engine"]["line"]]
+    lines.append("nodes: " + (", ".join(f"{k} {v}" for k, v in s["counts"].items() if v) or "-"))
+    for r in s["unhealthy"]:
+        lines.append(
+            f"  {r['node']}: {r['state']} since {rfc3339(r['since'])[:19]} ({r.get('why', '')})"
+        )
+    b = s["breaker"]
+    closed = b["state"] == BreakerState.CLOSED.value
+    lines.append(f"breaker: {b['state']}" + ("" if closed else f" ({b.get('why')})"))
+    for a in s["approvals"]:
+        lines.append(f"approval {a['id']}: {a['summary']}")
+    for x in s["silences"]:
+        lines.append(
+            f"silence {x['id']}: {x['target']} until {rfc3339(x['ends'])[:19]} ({x['reason']})"
+        )
+    episodes = s.get("episodes", [])
+    lines.append(f"open episodes: {len(episodes)}")
+    lines += [f"  {ep['line']}" for ep in episodes[:20]]
+    lines.append(f"dry-run: {'on' if s['dry_run'] else 'off'}")
+    scale = s.get("scale", {})
+    if "error" in scale:
+        lines.append(f"replicas: unknown ({scale['error']})")
+    elif scale:
+        lines += render_replicas(scale)
+    return "\n".join(lines)

@@ -1,0 +1,325 @@
+"""The controller inside the engine: telemetry from the pipeline, a supervised loop, and
+every change decided like any rule's action.
+
+- The pipeline hands each telemetry event to `observe` (bounded: the last reading per GPU).
+- `run` steps every `power.interval_s`, and at once when a group's budget changes (an
+  override from the CLI or ChatOps, a window opening or closing).
+- Each node's change is a match of the built-in rule `power-budget` (power_limit.yml with
+  per-GPU watts), decided through every safety stage (node lock, silence, dry-run,
+  approvals ...) and audited with the budget and the allocation behind it. Only an
+  accepted change counts as sent; a dropped one is tried again next step.
+- The node's allocation is kept in KV (`power.alloc.<node>`): the stage in
+  gpuops/power/guard.py reads it to keep other power rules off budgeted GPUs.
+- Floors above a budget are kept, and a person is told (needs-human, through the outbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from gpuops.bus.store import KV, Store
+from gpuops.clock import Clock
+from gpuops.inventory.hosts import Inventory
+from gpuops.match.facts import Telemetry, as_telemetry
+from gpuops.models import Event, Match
+from gpuops.power.budgets import FLEET, GroupBudget, Overrides, budgets_now
+from gpuops.power.config import PowerSettings
+from gpuops.power.controller import (
+    GroupPlan,
+    NodeChange,
+    NodePolicy,
+    Plan,
+    PowerController,
+    Reading,
+)
+from gpuops.power.units import format_watts
+from gpuops.record.outbox import Tell
+from gpuops.record.recorder import Recorder
+from gpuops.spine.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+
+POWER_RULE = "power-budget"
+POLL_S = 1.0  # how often overrides are read (a person's budget acts within this)
+
+
+class NodeAllocation(BaseModel):
+    """The limits the controller set on a node, and the budgets they keep (in KV)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node: str
+    groups: tuple[str, ...]
+    limits: dict[str, float]
+    budgets: dict[str, float]
+    at: float
+
+
+def allocations(kv: KV) -> Store[NodeAllocation]:
+    """The allocation records in the control bucket."""
+    return Store(kv, NodeAllocation, "power.alloc")
+
+
+def readings(event: Telemetry) -> list[Reading]:
+    """The power readings of a telemetry event (GPUs that lack one are left out)."""
+    out = []
+    for g in event.facts:
+        power, limit = g["power_w"], g["power_limit_w"]
+        low, high = g["power_min_limit_w"], g["power_max_limit_w"]
+        if power is None or limit is None or low is None or high is None:
+            continue
+        out.append(
+            Reading(
+                g["index"],
+                float(power),
+                float(limit),
+                float(low),
+                float(high),
+                g["power_default_limit_w"],
+                float(g["util_gpu"] or 0.0),
+                int(g["clocks_event_reasons"] or 0),
+            )
+        )
+    return out
+
+
+def node_policies(inventory: Inventory, settings: PowerSettings) -> dict[str, NodePolicy]:
+    """Each host's policy limit (gpu_power_policy_w) and floor (power_floor_w, or its class)."""
+    out = {}
+    for host, hv in inventory.hostvars.items():
+        policy = hv.get("gpu_power_policy_w")
+        floor = hv.get("power_floor_w")
+        if floor is None:
+            floor = settings.floors.get(str(hv.get(settings.class_var, "")), 0.0)
+        out[host] = NodePolicy(float(policy) if policy is not None else None, float(floor))
+    return out
+
+
+class PowerEngine:
+    """Budgets, the controller and its loop, for one engine."""
+
+    def __init__(
+        self,
+        settings: PowerSettings,
+        inventory: Inventory,
+        control: KV,
+        pipeline: Pipeline,
+        recorder: Recorder,
+        clock: Clock,
+    ) -> None:
+        self.settings, self.inventory, self.clock = settings, inventory, clock
+        self.pipeline, self.recorder = pipeline, recorder
+        self.overrides = Overrides(control)
+        self.records = allocations(control)
+        self.controller = PowerController(settings, node_policies(inventory, settings))
+        self.hosts_of = {**inventory.groups, FLEET: inventory.hosts}
+        self.told: dict[str, float] = {}  # group -> the budget a person was told of
+        self.split: set[str] = set()  # groups told to be split between replicas
+        # Whether another replica owns some of these nodes (set by the app: its leases).
+        self.shared_with_others: Callable[[frozenset[str]], bool] = lambda nodes: False
+        self.last: Plan | None = None
+        self._loaded = False
+
+    def observe(self, event: Event | Telemetry) -> None:
+        """Take a telemetry event's power readings (others are not the controller's)."""
+        telemetry = as_telemetry(event)
+        if telemetry is not None:
+            self.controller.observe(telemetry.node, readings(telemetry), telemetry.epoch)
+
+    async def budgets(self) -> list[GroupBudget]:
+        """Every group's budget now."""
+        overrides = await self.overrides.all()
+        return budgets_now(self.settings, overrides, self.hosts_of, self.clock.now())
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Step every interval, and at once when a budget changes, until `stop`."""
+        last_step, last_seen = float("-inf"), None
+        while not stop.is_set():
+            budgets = await self.budgets()
+            seen = {b.group: b.watts for b in budgets}
+            now = self.clock.now()
+            if seen != last_seen or now - last_step >= self.settings.interval_s:
+                await self.step(budgets)
+                last_step, last_seen = now, seen
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), POLL_S)
+
+    async def step(self, budgets: list[GroupBudget] | None = None) -> Plan:
+        """One control step: plan, decide each node's change, keep the records."""
+        if not self._loaded:  # nodes a previous run left off policy are still ours
+            self.controller.managed |= {r.node for _, r in await self.records.all()}
+            self._loaded = True
+        budgets = await self.budgets() if budgets is None else budgets
+        now = self.clock.now()
+        budgets = await self._whole(budgets, now)
+        plan = self.controller.plan(budgets, now)
+        self.last = plan
+        sent = [c for c in plan.changes if await self._decide(c, plan, now)]
+        for node in plan.released:
+            await self.records.delete(node)
+            await self.recorder.auditor.note(now, node, f"power: {node} back at policy")
+        await self._tell_infeasible(plan, now)
+        if sent:
+            await self._note(plan, sent, now)
+        return plan
+
+    async def _whole(self, budgets: list[GroupBudget], now: float) -> list[GroupBudget]:
+        """The budgets whose every node this replica owns (and so reads the power of).
+
+        A group split between engine replicas is kept by none of them: each would see
+        only its own nodes' draw, believe the group under budget and raise limits. People
+        are told once, so a budget is never silently not kept (docs/power.md, replicas)."""
+        whole = []
+        for b in budgets:
+            if all(self.pipeline.owns(n) for n in b.nodes):
+                whole.append(b)
+                self.split.discard(b.group)
+                continue
+            if not self.shared_with_others(b.nodes):
+                # Partitions not all taken yet (a start): planned as before; a change for
+                # a node not owned yet is not decided (`_decide`).
+                whole.append(b)
+                continue
+            if b.group in self.split:
+                continue  # told already
+            self.split.add(b.group)
+            text = (
+                f"power budget {b.line()} is not kept: its nodes are split between engine "
+                "replicas, and a replica reads only its own nodes' power; run one replica "
+                "where budgets must hold (docs/power.md)"
+            )
+            log.warning(text)
+            self.recorder.notifier.notify("power budget not kept", text)
+            await self.recorder.auditor.note(now, "", text, {"power_budget": b.group})
+        return whole
+
+    async def _decide(self, change: NodeChange, plan: Plan, now: float) -> bool:
+        if not self.pipeline.owns(change.node):
+            return False  # another replica owns the node's partition (and its samples)
+        d = await self.pipeline.handle_match(self._match(change, plan, now))
+        if d is None or not d.accepted:
+            return False
+        self.controller.sent(change, now)
+        if not change.restore:
+            await self._record(change, plan, now)
+        return True
+
+    async def _record(self, change: NodeChange, plan: Plan, now: float) -> None:
+        def merge(old: NodeAllocation | None) -> NodeAllocation:
+            limits = dict(old.limits) if old else {}
+            limits.update({str(i): w for i, w in change.limits.items()})
+            budgets = {g.budget.group: g.budget.watts for g in plan.groups}
+            mine = {k: budgets[k] for k in change.groups if k in budgets}
+            return NodeAllocation(
+                node=change.node, groups=change.groups, limits=limits, budgets=mine, at=now
+            )
+
+        await self.records.update(merge, change.node)
+
+    def _match(self, change: NodeChange, plan: Plan, now: float) -> Match:
+        groups = {g.budget.group: g for g in plan.groups}
+        mine = [groups[name] for name in change.groups if name in groups]
+        limits = ",".join(f"{i}:{w:g}" for i, w in sorted(change.limits.items()))
+        why = (
+            "; ".join(g.budget.line() for g in mine) if mine else "no budget holds: back to policy"
+        )
+        facts: dict[str, Any] = {
+            "node": change.node,
+            "limits": limits,
+            "reason": f"power budget: {why}",
+            "budgets": [_group_facts(g) for g in mine],
+            "allocation": {
+                str(i): {
+                    "from": change.before[i],
+                    "to": w,
+                    "use": _use(mine, change.node, i),
+                }
+                for i, w in sorted(change.limits.items())
+            },
+        }
+        gpus = tuple(sorted(change.limits))
+        return Match(
+            rule=POWER_RULE,
+            kind="chatops",  # the engine's own request, like a person's: not a fault
+            node=change.node,
+            gpu=gpus[0] if len(gpus) == 1 else None,
+            gpus=gpus,
+            key=change.node,
+            event_id=f"power-{change.node}-{now:.3f}",
+            event_ts=now,
+            at=now,
+            severity="info",
+            facts=facts,
+        )
+
+    async def _tell_infeasible(self, plan: Plan, now: float) -> None:
+        for g in plan.groups:
+            if g.feasible:
+                self.told.pop(g.budget.group, None)
+                continue
+            if self.told.get(g.budget.group) == g.budget.watts:
+                continue
+            self.told[g.budget.group] = g.budget.watts
+            text = (
+                f"power budget {g.budget.line()} is below the guaranteed floors of its GPUs "
+                f"({format_watts(g.allocation.floors_w)}): floors kept, budget exceeded; "
+                "raise the budget, lower a floor or move work"
+            )
+            log.warning(text)
+            self.recorder.outbox.add(
+                Tell("needs-human", POWER_RULE, g.budget.group, "node", text), now
+            )
+            self.recorder.flush()
+            await self.recorder.auditor.note(
+                now, "", text, {"power": _group_facts(g), "needs_human": True}
+            )
+
+    async def _note(self, plan: Plan, sent: list[NodeChange], now: float) -> None:
+        nodes = {c.node for c in sent}
+        for g in plan.groups:
+            changed = sorted(nodes & g.budget.nodes)
+            if not changed:
+                continue
+            allowed = sum(g.allocation.limits.values())
+            await self.recorder.auditor.note(
+                now,
+                "",
+                f"power {g.budget.line()}: draw {format_watts(g.draw_w)}, limits "
+                f"{format_watts(g.limits_w)} -> {format_watts(allowed)}; "
+                f"{len(changed)} nodes changed",
+                {"power": _group_facts(g), "nodes": changed},
+            )
+        restored = sorted(c.node for c in sent if c.restore)
+        if restored:
+            await self.recorder.auditor.note(
+                now, "", f"power: {len(restored)} nodes back to policy", {"nodes": restored}
+            )
+
+
+def _use(groups: list[GroupPlan], node: str, index: int) -> str:
+    for g in groups:
+        use = g.uses.get((node, index))
+        if use is not None:
+            return use.value
+    return "restore"
+
+
+def _group_facts(g: GroupPlan) -> dict[str, Any]:
+    a = g.allocation
+    return {
+        "group": g.budget.group,
+        "budget_w": g.budget.watts,
+        "source": g.budget.source,
+        "draw_w": round(g.draw_w, 1),
+        "limits_w": round(g.limits_w, 1),
+        "allocated_w": a.total_w,
+        "floors_w": a.floors_w,
+        "feasible": a.feasible,
+        "gpus": len(a.limits),
+    }

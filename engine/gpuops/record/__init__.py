@@ -1,0 +1,4 @@
+"""Record: the audit stream, node state, episodes, approvals, notifications, metrics.
+
+May import: bus, inventory, match.
+"""

@@ -1,0 +1,116 @@
+"""Approval records: held decisions waiting for a person's approve or deny (ChatOps or
+CLI), in the control bucket. The recorder opens them, people answer them, the pipeline
+decides an approved one again (the stage that holds proposals is gpuops/decide/approval.py).
+
+An approval record keeps the match. Approving does not write stored intents: the match
+is decided again, approved, so it passes the lock, the breaker and every other stage at
+the moment it would run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from gpuops.bus.store import KV, Store
+from gpuops.errors import ConfigError
+from gpuops.models import Decision, Match
+
+
+class ApprovalStatus(StrEnum):
+    """Where an approval stands."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    DENIED = "denied"
+    EXPIRED = "expired"
+    EXECUTED = "executed"
+
+
+class ApprovalRecord(BaseModel):
+    """One held decision waiting for a person."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    status: ApprovalStatus = ApprovalStatus.PENDING
+    rule: str
+    node: str
+    key: str
+    summary: str
+    detail: str = ""
+    match: Match
+    closes_breaker: bool = False
+    created: float
+    expires: float
+    by: str = ""
+    decided_at: float | None = None
+
+
+def approval_id(d: Decision) -> str:
+    """Derived from the held match, so a decision replayed after a crash opens it once."""
+    m = d.match
+    return hashlib.sha256(f"{m.rule}|{m.key}|{m.event_id}".encode()).hexdigest()[:8]
+
+
+class ApprovalStore:
+    """Approval records in the control bucket under `approval.<id>`."""
+
+    def __init__(self, kv: KV) -> None:
+        self.store: Store[ApprovalRecord] = Store(kv, ApprovalRecord, "approval")
+
+    async def open(self, d: Decision, now: float, timeout_s: float) -> ApprovalRecord:
+        """A pending approval for a held decision (the existing one when already open)."""
+        m = d.match
+        plays = ", ".join(a.playbook for a in d.actions) or "nothing"
+        record = ApprovalRecord(
+            id=approval_id(d),
+            rule=m.rule,
+            node=m.node,
+            key=m.key,
+            summary=f"{m.rule} on {m.key} would run {plays}",
+            detail=d.detail,
+            match=m,
+            closes_breaker=d.closes_breaker,
+            created=now,
+            expires=now + timeout_s,
+        )
+        stored = await self.store.update(lambda old: record if old is None else None, record.id)
+        return stored or record
+
+    async def get(self, approval_id: str) -> ApprovalRecord | None:
+        """One record."""
+        record, _ = await self.store.get(approval_id)
+        return record
+
+    async def decide(self, approval_id: str, approve: bool, by: str, now: float) -> ApprovalRecord:
+        """Approve or deny a pending approval; raise ConfigError saying why not."""
+        record, rev = await self.store.get(approval_id)
+        if record is None:
+            raise ConfigError(f"no approval {approval_id!r}")
+        if record.status is not ApprovalStatus.PENDING:
+            raise ConfigError(f"approval {approval_id} is already {record.status.value}")
+        if now >= record.expires:
+            raise ConfigError(f"approval {approval_id} expired (a timeout is a deny)")
+        status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
+        record = record.model_copy(update={"status": status, "by": by, "decided_at": now})
+        if not await self.store.cas(record, rev, approval_id):
+            raise ConfigError(f"approval {approval_id} changed meanwhile; look again")
+        return record
+
+    async def mark(self, record: ApprovalRecord, status: ApprovalStatus) -> bool:
+        """Move a record on (executed, expired) if nobody changed it meanwhile."""
+
+        def move(current: ApprovalRecord | None) -> ApprovalRecord | None:
+            if current is None or current.status is not record.status:
+                return None
+            return current.model_copy(update={"status": status})
+
+        stored = await self.store.update(move, record.id)
+        return stored is not None and stored.status is status
+
+    async def all(self) -> list[ApprovalRecord]:
+        """Every approval record."""
+        return [r for _, r in await self.store.all()]

@@ -1,0 +1,210 @@
+"""The record stage: what follows a decision or a run, written down and told.
+
+For each decision: the audit record, the node's state, an approval record when one is
+held for a person, and its episode (which tells people once, grouped: episodes.py and
+outbox.py). For each run (reported by the executor): the run record, the node's state
+and the episode's run times. Nothing here sends work back up the pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gpuops.bus.store import together
+from gpuops.catalog import Catalog
+from gpuops.clock import Clock
+from gpuops.models import AuditRecord, Decision, Intent, Reason, RunOutcome
+from gpuops.record import nodestate as ns
+from gpuops.record.approvals import ApprovalStore
+from gpuops.record.audit import Auditor
+from gpuops.record.episodes import Episodes
+from gpuops.record.notify import Notifier
+from gpuops.record.outbox import Outbox, Tell
+
+log = logging.getLogger(__name__)
+
+# A rule held true keeps matching every sample while its cooldown drops it; write the
+# first such drop and then one per period with a count, not one record per sample.
+REPEAT_PERIOD_S = 60.0
+
+
+def decision_record(
+    d: Decision, intents: list[str], at: float, approval: str | None = None, repeats: int = 0
+) -> AuditRecord:
+    """The audit record of a decision (the executor writes the same one from an intent)."""
+    m = d.match
+    verdict = "accepted" if d.accepted else f"dropped ({d.reason.value})"
+    if approval:
+        verdict = f"waiting for approval {approval}"
+    plays = ", ".join(a.playbook for a in d.actions) or "no playbook"
+    detail = f" [{d.detail}]" if d.detail else ""
+    body: dict[str, Any] = {
+        "decision": d.model_dump(mode="json", exclude={"match": {"facts"}}),
+        "facts": {k: v for k, v in m.facts.items() if v is not None},
+        "intents": intents,
+        "approval": approval,
+        "repeats_suppressed": repeats,
+    }
+    return AuditRecord(
+        type="decision",
+        at=at,
+        node=m.node,
+        rule=m.rule,
+        summary=f"{m.rule} on {m.key}: {verdict} -> {plays}{detail}",
+        body=body,
+    )
+
+
+def decision_msg_id(d: Decision) -> str:
+    """One audit record per decided match and verdict, however often it is decided again
+    after a crash. The verdict is part of it because a replay may come out differently: a
+    drop recorded just before a crash (its event not acked yet) and the acceptance of the
+    same event redelivered once the lock's lease ran out are both true, and the intents
+    stored belong to the second; keeping only the first would leave them unexplained."""
+    m = d.match
+    return f"decision-{d.reason.value}-{m.event_id}-{m.rule}-{m.key}"[:250]
+
+
+class Recorder:
+    """Audit, node states, approvals and notifications."""
+
+    def __init__(
+        self,
+        auditor: Auditor,
+        states: ns.NodeStates,
+        approvals: ApprovalStore,
+        catalog: Catalog,
+        notifier: Notifier,
+        clock: Clock,
+        episodes: Episodes,
+        outbox: Outbox,
+        approval_timeout_s: float = 1800.0,
+        validation_timeout_s: float = 900.0,
+    ) -> None:
+        self.auditor = auditor
+        self.states = states
+        self.approvals = approvals
+        self.catalog = catalog
+        self.notifier = notifier
+        self.clock = clock
+        self.episodes = episodes
+        self.outbox = outbox
+        self.approval_timeout_s = approval_timeout_s
+        self.validation_timeout_s = validation_timeout_s
+        self._repeats: dict[tuple[str, str, str], tuple[float, int]] = {}
+
+    async def decided(self, d: Decision, intents: list[Intent]) -> None:
+        """Everything that follows one decision.
+
+        The node's state, the episode and the audit record are separate records, each
+        written once however often the decision is replayed, so they go together.
+        """
+        if d.reason is Reason.NOT_APPLICABLE:
+            return
+        now, m = self.clock.now(), d.match
+        approval = await self._hold(d) if d.reason is Reason.APPROVAL_PENDING else None
+        writes = [
+            self.states.apply(m.node, lambda r: ns.after_decision(r, d, self.catalog, now)),
+            self.episodes.decided(d),
+        ]
+        repeats = self._repeated(d, now)
+        if repeats is not None:
+            record = decision_record(d, [i.key for i in intents], now, approval, repeats)
+            writes.append(self.auditor.write(record, decision_msg_id(d)))
+        await together(*writes)
+        self.outbox.flush(now)
+
+    async def _hold(self, d: Decision) -> str:
+        record = await self.approvals.open(d, self.clock.now(), self.approval_timeout_s)
+        self.notifier.notify(
+            "approval needed",
+            f"{record.id}: {record.summary} ({d.detail}); "
+            f"answer `approve {record.id}` or `deny {record.id}`",
+        )
+        return record.id
+
+    async def cleared(self, rule: str, node: str, gpu: int | None, at: float) -> None:
+        """A rule's condition went false on a key that had fired: the fault may be over."""
+        await self.episodes.cleared(rule, node, gpu, at)
+
+    def flush(self, force: bool = False) -> None:
+        """Send the grouped notifications that are due (`force`: all, at shutdown)."""
+        self.outbox.flush(self.clock.now(), force)
+
+    def _tell_node(self, topic: str, node: str, rule: str, text: str) -> None:
+        self.outbox.add(Tell(topic, rule, node, "node", text), self.clock.now())
+
+    def _repeated(self, d: Decision, now: float) -> int | None:
+        """None to skip the record (a repeat within the period), else repeats since the last."""
+        if d.accepted or d.reason is Reason.APPROVAL_PENDING:
+            return 0
+        slot = (d.match.rule, d.match.key, d.reason.value)
+        last, count = self._repeats.get(slot, (float("-inf"), 0))
+        if now - last < REPEAT_PERIOD_S:
+            self._repeats[slot] = (last, count + 1)
+            return None
+        self._repeats[slot] = (now, 0)
+        return count
+
+    async def run_started(self, intent: Intent) -> None:
+        """A playbook began on the node (its decision applied first, if not yet: the
+        executor may start before the engine has recorded the decision)."""
+        now, play, d = self.clock.now(), intent.action.playbook, intent.decision
+
+        def step(r: ns.NodeRecord) -> ns.NodeRecord | None:
+            decided = ns.after_decision(r, d, self.catalog, now) if d is not None else None
+            return ns.after_run_started(decided or r, play, now) or decided
+
+        await self.states.apply(intent.node, step)
+        await self.episodes.run_started(intent)
+
+    async def run_ended(self, intent: Intent, outcome: RunOutcome) -> ns.NodeRecord:
+        """The run record and the node's next state; the node's record after it."""
+        await self.auditor.write(
+            AuditRecord(
+                type="run",
+                at=self.clock.now(),
+                node=intent.node,
+                rule=intent.rule,
+                summary=f"{outcome.playbook} {outcome.status.value} rc={outcome.rc} "
+                f"in {outcome.duration_s:.1f}s" + (f": {outcome.error}" if outcome.error else ""),
+                body=outcome.model_dump(mode="json"),
+            ),
+            f"run-{intent.key}",
+        )
+        now, play = self.clock.now(), intent.action.playbook
+
+        def step(r: ns.NodeRecord) -> ns.NodeRecord | None:
+            return ns.after_run(
+                r, play, outcome.status, self.catalog, intent.rule, now, outcome.error
+            )
+
+        moved = await self.states.apply(intent.node, step)
+        await self.episodes.run_ended(intent, outcome)
+        if moved is not None and moved.state is ns.NodeState.NEEDS_HUMAN:
+            self._tell_node("needs-human", intent.node, intent.rule, f"{intent.node}: {moved.why}")
+        elif outcome.status.value != "successful":
+            why = f"{play} on {intent.node}: {outcome.status.value} (rc={outcome.rc})"
+            self._tell_node("run failed", intent.node, intent.rule, why)
+        self.flush()
+        return moved or await self.states.get(intent.node)
+
+    async def sweep(self) -> None:
+        """Nodes whose validation probe never came go to a person; old repeat slots go."""
+        now = self.clock.now()
+        for record in await self.states.all():
+            if record.state is not ns.NodeState.VALIDATING:
+                continue
+            moved = await self.states.apply(
+                record.node, lambda r: ns.after_silence(r, now, self.validation_timeout_s)
+            )
+            if moved is not None:
+                self._tell_node(
+                    "needs-human", moved.node, "validation", f"{moved.node}: {moved.why}"
+                )
+                await self.auditor.note(now, moved.node, f"{moved.node}: {moved.why}")
+        await self.episodes.sweep()
+        self.flush()
+        for slot in [s for s, (t, _) in self._repeats.items() if now - t > REPEAT_PERIOD_S]:
+            del self._repeats[slot]

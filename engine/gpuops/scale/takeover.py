@@ -1,0 +1,195 @@
+"""Taking over a partition: rebuild its rule windows from the stream, then consume.
+
+The partition's durable consumer says how far its last owner got: every message at or
+below the ack floor was decided (its handling was recorded before the ack). Those of
+the last `span` seconds are read again and fed to the matcher without deciding (so a
+`for: 60s` 40 s along goes on from 40 s, and a rule that fired stays fired); a consumer
+named by the new owner's epoch is then made to deliver from floor + 1, and the old ones
+are deleted. That fences the last owner out: if it is alive but cut off, its consumer
+is gone when it comes back, it cannot make it again (a partition's intake never
+creates its consumer) and it does not know the new one's name. A takeover cut short
+between making the new consumer and deleting the old leaves both: the next one takes
+the highest floor of all and deletes them all.
+
+Messages after the floor that the last owner had decided but not acked are decided
+again; every decision is idempotent by event id, so that is the first decision again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from gpuops.bus.partitions import durable, epoch_of
+from gpuops.bus.reader import one_read
+from gpuops.errors import EventError, LeaseLost
+from gpuops.intake.decode import decode
+from gpuops.models import Event
+
+log = logging.getLogger(__name__)
+
+Feed = Callable[[Event], None]
+
+# Reads of a stream's consumers while takeovers delete some under it: each one that
+# finds a deleted consumer is followed by the takeover's own, already made.
+SNAPSHOT_READS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """What a takeover found and did, for the log and the metrics."""
+
+    stream: str
+    durable: str
+    floor: int  # the last message the previous owner had finished (0: none)
+    warmed: int  # messages fed to the windows again
+
+
+async def take_over(
+    js: JetStreamContext,
+    *,
+    stream: str,
+    telemetry: bool,
+    partition: int,
+    epoch: int,
+    config: ConsumerConfig,
+    span_s: float,
+    now: float,
+    feed: Feed,
+) -> Takeover:
+    """Warm the windows from what was decided, then make this epoch's durable from
+    floor + 1 and delete the earlier owners'."""
+    subject = config.filter_subject or ""
+    earlier = await partition_consumers(js, stream, telemetry, partition)
+    newer = [n for n in earlier if (epoch_of(n, telemetry, partition) or 0) > epoch]
+    if newer:  # a later owner took it already: this takeover is stale
+        raise LeaseLost(f"partition {partition} was taken over again ({newer[0]})")
+    floor = max((_floor(info) for info in earlier.values()), default=0)
+    warmed = 0
+    if floor and span_s > 0:
+        warmed = await _warm(js, stream, subject, now - span_s, floor, feed)
+    name = durable(telemetry, partition, epoch)
+    fresh = ConsumerConfig.from_response(config.as_dict())
+    fresh.durable_name = fresh.name = name
+    if floor:
+        fresh.deliver_policy = DeliverPolicy.BY_START_SEQUENCE
+        fresh.opt_start_seq = floor + 1
+    if name not in earlier:
+        await js.add_consumer(stream, fresh)
+    for old in earlier:
+        if old != name:
+            with contextlib.suppress(NotFoundError):
+                await js.delete_consumer(stream, old)
+    return Takeover(stream, name, floor, warmed)
+
+
+async def partition_consumers(
+    js: JetStreamContext, stream: str, telemetry: bool, partition: int
+) -> dict[str, ConsumerInfo]:
+    """The consumers of one partition of a stream (any epoch), by name."""
+    infos, whole = await _snapshot(
+        js, stream, lambda n: epoch_of(n, telemetry, partition) is not None
+    )
+    if not whole:  # a floor from part of them could replay what was decided
+        raise LeaseLost(f"partition {partition}'s consumers kept changing under the takeover")
+    return {info.name or "": info for info in infos}
+
+
+async def all_consumers(js: JetStreamContext, stream: str) -> list[ConsumerInfo]:
+    """Every consumer of a stream (should takeovers keep deleting some while it is read,
+    those deleted are left out: their partitions read as not drained)."""
+    return (await _snapshot(js, stream, lambda _: True))[0]
+
+
+async def _snapshot(
+    js: JetStreamContext, stream: str, wanted: Callable[[str], bool]
+) -> tuple[list[ConsumerInfo], bool]:
+    """The wanted consumers' states, read again while one listed is gone when asked;
+    whether the last read had every one it listed.
+
+    A consumer deleted between the names and its state is a takeover in flight, which
+    made its own consumer first: read once more and that one is listed. Read only once,
+    the partition would look as if it had no consumer at all (nothing decided, or a
+    takeover from the stream's start), though its new owner's consumer is there.
+    """
+    infos: list[ConsumerInfo] = []
+    for _ in range(SNAPSHOT_READS):
+        names = [n for n in await consumer_names(js, stream) if wanted(n)]
+        infos = await consumer_infos(js, stream, names)
+        if len(infos) == len(names):
+            return infos, True
+    return infos, False
+
+
+async def consumer_names(js: JetStreamContext, stream: str) -> list[str]:
+    """The names of a stream's consumers, 1,024 a page.
+
+    Names, not the server's consumer list: on a cluster the list gathers every consumer's
+    state from its leader and, when one is deleted meanwhile (a takeover elsewhere),
+    answers only after a 4 s timeout. The names come from the cluster's metadata at once.
+    """
+    found: list[str] = []
+    while True:
+        body = json.dumps({"offset": len(found)}).encode()
+        # The client has no call for this API; its request helper maps the errors.
+        page = await js._api_request(f"{js._prefix}.CONSUMER.NAMES.{stream}", body, timeout=10)
+        names = page.get("consumers") or []
+        found += names
+        if not names or len(found) >= int(page.get("total") or 0):
+            return found
+
+
+async def consumer_infos(js: JetStreamContext, stream: str, names: list[str]) -> list[ConsumerInfo]:
+    """The state of the named consumers, asked together; one deleted meanwhile is left out."""
+
+    async def one(name: str) -> ConsumerInfo | None:
+        try:
+            info: ConsumerInfo = await js.consumer_info(stream, name)
+        except NotFoundError:
+            return None
+        return info
+
+    return [info for info in await asyncio.gather(*(one(n) for n in names)) if info is not None]
+
+
+def _floor(info: ConsumerInfo) -> int:
+    return int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
+
+
+async def _warm(
+    js: JetStreamContext, stream: str, subject: str, since: float, floor: int, feed: Feed
+) -> int:
+    """Feed the partition's messages stored after `since`, up to the floor."""
+    config = ConsumerConfig(
+        deliver_policy=DeliverPolicy.BY_START_TIME,
+        opt_start_time=datetime.fromtimestamp(since, UTC),
+        ack_policy=AckPolicy.NONE,
+        filter_subject=subject,
+        max_ack_pending=-1,
+    )
+    fed = 0
+    async with one_read(js, subject, stream, config) as sub:
+        while True:
+            try:
+                msgs = await sub.fetch(1024, timeout=2.0)
+            except (NatsTimeout, TimeoutError):
+                return fed  # nothing more stored
+            for msg in msgs:
+                meta = msg.metadata
+                if meta.sequence.stream > floor:
+                    return fed
+                with contextlib.suppress(EventError):  # dead-lettered when it came
+                    feed(decode(msg.data, msg.subject))
+                    fed += 1
+                if not meta.num_pending:
+                    return fed

@@ -1,0 +1,57 @@
+"""Intents carry the engine's signature; the executor runs nothing it cannot verify.
+
+HMAC-SHA256 with a key shared by the engine and its executors (a file under the state
+dir, 0600, made on first use), over the intent's canonical JSON without the signature.
+Anyone who can publish on the actions subject but does not hold the key can make an
+executor do nothing but refuse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from pathlib import Path
+
+from gpuops.errors import ConfigError
+from gpuops.models import Intent
+
+
+def same_secret(given: str, expected: str) -> bool:
+    """Constant-time compare on bytes: a non-ASCII value is just wrong, never an error."""
+    return hmac.compare_digest(given.encode(errors="replace"), expected.encode(errors="replace"))
+
+
+def _body(intent: Intent) -> bytes:
+    return intent.model_copy(update={"signature": ""}).model_dump_json().encode()
+
+
+def sign(intent: Intent, key: bytes) -> Intent:
+    """The intent with its signature."""
+    mac = hmac.new(key, _body(intent), hashlib.sha256).hexdigest()
+    return intent.model_copy(update={"signature": mac})
+
+
+def verify(intent: Intent, key: bytes) -> bool:
+    """Whether the signature is the engine's for exactly this intent."""
+    want = hmac.new(key, _body(intent), hashlib.sha256).hexdigest()
+    return hmac.compare_digest(want.encode(), intent.signature.encode("ascii", "replace"))
+
+
+def load_key(path: Path) -> bytes:
+    """The signing key in `path`, made (0600, in a 0700 dir) when missing."""
+    try:
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_hex(32))
+        key = path.read_text().strip()
+    except FileExistsError:  # another process made it first: read theirs
+        key = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"intent signing key {path}: {exc}") from exc
+    if len(key) < 32:
+        raise ConfigError(f"intent signing key {path} is too short (want 64 hex characters)")
+    return key.encode()

@@ -1,0 +1,5 @@
+"""The simulated fleet: nodes built on real H200 recordings, the tools playbooks call, and
+an agent backend for a simulated node.
+
+May import: agent, bus, match, record.
+"""

@@ -1,0 +1,191 @@
+"""One event through match, decide, act (the intent) and record, in that order.
+
+The event handed in is acked by the intake only after `handle` returns, and `handle`
+returns only after every intent is stored in the actions queue and every decision is
+in the audit stream. The intents of a decision are stored before any stage commits
+what it remembers, and every commit is idempotent by event id, so a crash at any point
+either leaves nothing or lets the redelivered event decide the same again. The record
+of a decision (audit, node state, episode) is as idempotent, so it is written alongside
+the commits rather than after them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+
+from gpuops.bus.publish import Publisher
+from gpuops.bus.store import together
+from gpuops.clock import Clock
+from gpuops.decide.stage import Decider
+from gpuops.errors import LeaseLost
+from gpuops.inventory.hosts import Inventory
+from gpuops.match.facts import Telemetry, as_telemetry
+from gpuops.match.matcher import Matcher
+from gpuops.models import Decision, Event, Intent, Match, action_subject
+from gpuops.record.audit import Auditor
+from gpuops.record.density import DensityTracker
+from gpuops.record.metrics import Metrics
+from gpuops.record.recorder import Recorder
+from gpuops.signing import sign
+
+log = logging.getLogger(__name__)
+
+# Events from hosts outside the inventory are counted, and summarised in the audit at
+# most once per period: a flood of made-up names must not grow state or the trail.
+UNKNOWN_REPORT_S = 60.0
+
+
+def intent_key(rule: str, key: str, event_id: str, playbook: str) -> str:
+    """The idempotency key of one action: rule, group key, triggering event, playbook."""
+    return hashlib.sha256(f"{rule}|{key}|{event_id}|{playbook}".encode()).hexdigest()[:40]
+
+
+class Pipeline:
+    """Match, decide, write intents, record."""
+
+    def __init__(
+        self,
+        matcher: Matcher,
+        decider: Decider,
+        recorder: Recorder,
+        publisher: Publisher,
+        clock: Clock,
+        inventory: Inventory,
+        metrics: Metrics,
+        signing_key: bytes,
+        density: DensityTracker | None = None,
+    ) -> None:
+        self.matcher = matcher
+        self.density = density or DensityTracker()
+        self.decider = decider
+        self.recorder = recorder
+        self.publisher = publisher
+        self.clock = clock
+        self.inventory = inventory
+        self.metrics = metrics
+        self.signing_key = signing_key
+        # Called with every telemetry sample from a known host before matching: the
+        # density report's day of utilisation, the power controller.
+        self.observers: list[Callable[[Telemetry], None]] = [self.density.observe]
+        # Whether this replica decides for a node now (its partition's lease); asked before
+        # every decision and again before its intents are written (gpuops.scale).
+        self.owns: Callable[[str], bool] = lambda node: True
+        self._unknown: dict[str, int] = {}
+        self._unknown_reported = float("-inf")
+
+    @property
+    def auditor(self) -> Auditor:
+        """Where decisions are recorded."""
+        return self.recorder.auditor
+
+    async def handle(self, event: Event | Telemetry) -> None:
+        """Everything the engine does with one event (telemetry: expanded to facts once)."""
+        self.metrics.events.labels(event.kind).inc()
+        if event.node not in self.inventory:
+            await self._unknown_node(event)
+            return
+        self._fence(event.node)
+        telemetry = as_telemetry(event)
+        if telemetry is not None:
+            event = telemetry
+            for observe in self.observers:
+                observe(telemetry)
+        for match in self.matcher.match(event):
+            await self.handle_match(match)
+        await self.settle_cleared()
+
+    async def settle_cleared(self) -> None:
+        """Conditions that went false on keys that had fired: their episodes may be over."""
+        for rule, node, gpu, at in self.matcher.take_cleared():
+            await self.recorder.cleared(rule, node, gpu, at)
+
+    async def tick(self) -> None:
+        """Matches that come from silence rather than from an event."""
+        for match in self.matcher.tick(self.clock.now()):
+            if self.owns(match.node):  # a silence of a node another replica now hears
+                await self.handle_match(match)
+        await self._report_unknown(force=False)
+
+    async def handle_match(self, match: Match, approved_by: str | None = None) -> Decision | None:
+        """Decide one match, store its intents, record the decision."""
+        rule = self.matcher.rules.get(match.rule)
+        if rule is None:
+            return None
+        self._fence(match.node)
+        self.metrics.matches.labels(match.rule).inc()
+        intents: list[Intent] = []
+
+        async def write(d: Decision) -> None:
+            self._fence(match.node)  # the lease may have run out while the stages read KV
+            intents.extend(self._intents(d) if d.accepted else [])
+            # Each intent is stored once by its key, so they go together: a crash half-way
+            # lets the redelivered event store them all again, the stored ones as no-ops.
+            await together(*(self._store(intent) for intent in intents))
+
+        async def record(d: Decision) -> None:
+            self.metrics.decisions.labels(d.reason.value).inc()
+            since = self.clock.now() - match.event_ts
+            self.metrics.event_to_decision.labels(match.rule).observe(max(0.0, since))
+            await self.recorder.decided(d, intents)
+
+        return await self.decider.decide(match, rule, write, approved_by, record)
+
+    async def _store(self, intent: Intent) -> None:
+        await self.publisher.publish(
+            action_subject(intent.node), intent.model_dump_json().encode(), intent.key
+        )
+        self.metrics.intents.inc()
+
+    def _fence(self, node: str) -> None:
+        """Refuse to decide for a node whose partition this replica does not hold now: the
+        event is not acked, and its partition's owner decides it."""
+        if not self.owns(node):
+            raise LeaseLost(f"partition of {node} is not held by this replica")
+
+    def _intents(self, d: Decision) -> list[Intent]:
+        m = d.match
+        return [
+            sign(
+                Intent(
+                    key=intent_key(m.rule, m.key, m.event_id, action.playbook),
+                    rule=m.rule,
+                    node=m.node,
+                    gpu=m.gpu,
+                    gpus=m.gpus,
+                    action=action,
+                    event_id=m.event_id,
+                    event_ts=m.event_ts,
+                    decided_at=self.clock.now(),
+                    decision=d,
+                ),
+                self.signing_key,
+            )
+            for action in d.actions
+        ]
+
+    async def _unknown_node(self, event: Event | Telemetry) -> None:
+        self.metrics.unknown_nodes.inc()
+        if len(self._unknown) < 1000 or event.node in self._unknown:
+            self._unknown[event.node] = self._unknown.get(event.node, 0) + 1
+        else:
+            self._unknown["(others)"] = self._unknown.get("(others)", 0) + 1
+        await self._report_unknown(force=False)
+
+    async def _report_unknown(self, force: bool) -> None:
+        """One audit note per period naming the unknown hosts seen (never acted upon)."""
+        now = self.clock.now()
+        if not self._unknown or (not force and now - self._unknown_reported < UNKNOWN_REPORT_S):
+            return
+        seen, self._unknown = self._unknown, {}
+        self._unknown_reported = now
+        top = sorted(seen.items(), key=lambda kv: -kv[1])[:20]
+        log.warning("events from %d hosts not in the inventory: never acted upon", len(seen))
+        await self.auditor.note(
+            now,
+            "",
+            f"{sum(seen.values())} events from {len(seen)} hosts not in the inventory; "
+            "never acted upon",
+            {"hosts": dict(top)},
+        )

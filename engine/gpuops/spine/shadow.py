@@ -1,0 +1,169 @@
+"""Shadow evaluation: events through the same engine the live one runs, never acting.
+
+`gpuops replay` and `gpuops test-rules` use it. It is built by `build_engine` with
+in-memory buckets, so every stage runs in the live order. Time is the events' own: the
+clock is moved to each event's timestamp, so windows, cooldowns and `absent` behave
+exactly as they did (or would) live. Intents are "run" at once and succeed (the
+simulated fleet's outcome), which releases the node's lock and moves its state.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuops.bus.publish import MemoryPublisher
+from gpuops.catalog import load_catalog
+from gpuops.clock import ManualClock, rfc3339
+from gpuops.decide.silence import silence_span
+from gpuops.errors import EngineError
+from gpuops.inventory.hosts import Inventory
+from gpuops.match.rules import RuleSet
+from gpuops.models import (
+    ChatopsEvent,
+    Decision,
+    Event,
+    Intent,
+    Match,
+    Reason,
+    RunOutcome,
+    RunStatus,
+)
+from gpuops.settings import Settings
+from gpuops.spine.build import Buckets, build_engine
+
+# Decisions that say what the engine would do; the other drops say why it would not.
+WOULD = (Reason.ACCEPTED, Reason.DRY_RUN, Reason.NO_ACTION, Reason.APPROVAL_PENDING)
+
+
+@dataclass(frozen=True, slots=True)
+class WouldRun:
+    """One action the engine would have taken."""
+
+    rule: str
+    node: str
+    gpu: int | None
+    action: str
+    ts: float
+    dry_run: bool
+    gpus: tuple[int, ...] = ()
+
+    def as_dict(self) -> dict[str, object]:
+        """The `--json` line of replay."""
+        return {
+            "rule": self.rule,
+            "node": self.node,
+            "gpu": self.gpu,
+            "gpus": list(self.gpus),
+            "action": self.action,
+            "ts": rfc3339(self.ts),
+            "dry_run": self.dry_run,
+        }
+
+
+def would_run(d: Decision) -> list[WouldRun]:
+    """What a decision amounts to, as replay reports it."""
+    m = d.match
+    if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
+        return [WouldRun(m.rule, m.node, m.gpu, "needs-human", m.event_ts, False, m.gpus)]
+    if d.reason not in WOULD:
+        return []
+    actions = [a.playbook for a in d.actions]
+    if d.notify:
+        actions.append("notify:chatops")
+    if not actions:
+        actions.append("record")  # a rule that only records still fired
+    dry = d.reason is Reason.DRY_RUN
+    return [WouldRun(m.rule, m.node, m.gpu, a, m.event_ts, dry, m.gpus) for a in actions]
+
+
+class Shadow:
+    """The engine on in-memory stores and a manual clock, collecting decisions."""
+
+    def __init__(
+        self,
+        rules: RuleSet,
+        nodes: Iterable[str],
+        settings: Settings | None = None,
+        playbooks_dir: Path | None = None,
+        hostvars: Mapping[str, dict[str, Any]] | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.clock = ManualClock(0.0)
+        self.publisher = MemoryPublisher()
+        self.hosts = frozenset(nodes)
+        self.engine = build_engine(
+            self.settings,
+            rules=rules,
+            inventory=Inventory(Path("<shadow>"), self.hosts, {}, dict(hostvars or {})),
+            catalog=load_catalog(playbooks_dir or self.settings.playbooks_dir),
+            buckets=Buckets.memory(),
+            publisher=self.publisher,
+            clock=self.clock,
+            signing_key=secrets.token_bytes(32),
+        )
+        self.decisions: list[Decision] = []
+        self._seeded = False
+        self._ran = 0
+
+    async def feed(self, event: Event) -> list[WouldRun]:
+        """Evaluate one event at its own time (ticking `absent` rules up to it first)."""
+        out = await self.advance(event.epoch)
+        if isinstance(event, ChatopsEvent):
+            await self._command(event)
+        if event.node not in self.hosts:
+            return out
+        for match in self.engine.matcher.match(event):
+            out += await self._decide(match)
+        await self.engine.pipeline.settle_cleared()
+        # Runs start once the event is decided, as live: a second rule matching the same
+        # event sees the node as the first decision left it, not as its run would.
+        await self._run_intents()
+        return out
+
+    async def advance(self, t: float) -> list[WouldRun]:
+        """Move the clock to `t` and fire what silence has made due."""
+        if not self._seeded:
+            self._seeded = True
+            self.engine.matcher.seed(self.hosts, t)
+        self.clock.set(max(self.clock.now(), t))
+        out: list[WouldRun] = []
+        for match in self.engine.matcher.tick(self.clock.now()):
+            out += await self._decide(match)
+        await self._run_intents()
+        return out
+
+    async def _command(self, event: ChatopsEvent) -> None:
+        """A person's silence, as recorded, is in force in the replay as it was live."""
+        if event.data.command != "silence":
+            return
+        try:
+            target, starts, ends, reason = silence_span(event.data.args, event.epoch)
+            await self.engine.silences.add(target, starts, ends, reason, event.data.user)
+        except (ValueError, EngineError):
+            return  # the live command refused it too
+
+    async def _decide(self, match: Match) -> list[WouldRun]:
+        d = await self.engine.pipeline.handle_match(match)
+        if d is None:
+            return []
+        if d.reason is not Reason.NOT_APPLICABLE:
+            self.decisions.append(d)
+        return would_run(d)
+
+    async def _run_intents(self) -> None:
+        """Every new intent runs at once and succeeds, as on the simulated fleet."""
+        new = self.publisher.messages[self._ran :]
+        self._ran = len(self.publisher.messages)
+        for subject, payload in new:
+            if not subject.startswith("gpuops.actions."):
+                continue
+            intent = Intent.model_validate_json(payload)
+            now = self.clock.now()
+            await self.engine.recorder.run_started(intent)
+            outcome = RunOutcome.of(intent, RunStatus.SUCCESSFUL, now, now)
+            await self.engine.recorder.run_ended(intent, outcome)
+            await self.engine.locks.release(intent.node, intent.event_id)

@@ -1,0 +1,114 @@
+"""Every NATS subject gpuops uses, built and parsed in one place.
+
+    gpuops.telemetry.<node>           samples (stream GPUOPS_TELEMETRY)
+    gpuops.events.<kind>.<node>       health events (stream GPUOPS_EVENTS)
+    gpuops.actions.<node>             intents (work queue GPUOPS_ACTIONS)
+    gpuops.audit.<node>               the audit trail (`_fleet` for records about no node)
+    gpuops.dlq.<reason>               dead letters
+    gpuops.agent.<node>.probe         a request to a node's agent to run its probe
+    gpuops.cmd.<user>.<command>       an operator's command to the engine (request/reply;
+                                      only <user> may publish there)
+
+A node name becomes one subject token: anything but letters, digits, `_` and `-` turns
+into `_`. Two names that differ only there (`gpu.a1` and `gpu_a1`) share a token, so an
+inventory may not hold both (gpuops.inventory.hosts checks).
+"""
+
+from __future__ import annotations
+
+import re
+
+from gpuops.errors import EventError
+
+PREFIX = "gpuops"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def token(name: str) -> str:
+    """A node name (or kind) as one NATS subject token."""
+    return _UNSAFE.sub("_", name)
+
+
+def _node(node: str) -> str:
+    return token(node) or "unknown"
+
+
+def telemetry(node: str) -> str:
+    """Where a node's samples are published."""
+    return f"{PREFIX}.telemetry.{_node(node)}"
+
+
+def event(kind: str, node: str) -> str:
+    """Where an event is published: telemetry and health events have their own streams."""
+    if kind == "telemetry":
+        return telemetry(node)
+    return f"{PREFIX}.events.{token(kind) or 'unknown'}.{_node(node)}"
+
+
+def action(node: str) -> str:
+    """Where intents for a node go (the actions work queue)."""
+    return f"{PREFIX}.actions.{_node(node)}"
+
+
+def audit(node: str) -> str:
+    """The audit subject of a node; records about no node go to `_fleet`."""
+    return f"{PREFIX}.audit.{token(node) if node else '_fleet'}"
+
+
+def dlq(reason: str) -> str:
+    """Where dead letters with this reason go."""
+    return f"{PREFIX}.dlq.{token(reason) or 'unknown'}"
+
+
+def probe_request(node: str) -> str:
+    """Where a node's agent listens for a probe request."""
+    return f"{PREFIX}.agent.{_node(node)}.probe"
+
+
+def command(user: str, name: str) -> str:
+    """Where an operator's command goes; the server lets only `user` publish there."""
+    return f"{PREFIX}.cmd.{token(user) or 'unknown'}.{token(name) or 'unknown'}"
+
+
+COMMANDS = f"{PREFIX}.cmd.*.*"
+
+
+def parse_command(subject: str) -> tuple[str, str]:
+    """(user, command) of a command subject; EventError("subject_mismatch") otherwise."""
+    parts = subject.split(".")
+    if len(parts) == 4 and parts[:2] == [PREFIX, "cmd"] and parts[2] and parts[3]:
+        return parts[2], parts[3]
+    raise EventError("subject_mismatch", f"subject {subject!r} is not {PREFIX}.cmd.<user>.<name>")
+
+
+def parse_event(subject: str) -> tuple[str, str]:
+    """(kind, node token) of an intake subject; EventError("subject_mismatch") otherwise.
+
+    Only the exact shapes count: a subject with an extra or missing token names no node,
+    and a check that skipped such subjects would let one node speak for another. The
+    streams store a message under its partition (`gpuops.telemetry.<p>.<node>`,
+    `gpuops.events.<p>.<kind>.<node>`, see gpuops.bus.partitions): both shapes are read.
+    """
+    parts = subject.split(".")
+    stored = {"telemetry": 4, "events": 5}.get(parts[1] if len(parts) > 1 else "")
+    if len(parts) == stored and parts[2].isdigit():
+        del parts[2]  # the partition the stream stored it under
+    if len(parts) == 3 and parts[:2] == [PREFIX, "telemetry"] and parts[2]:
+        return "telemetry", parts[2]
+    if len(parts) == 4 and parts[:2] == [PREFIX, "events"] and parts[2] and parts[3]:
+        return parts[2], parts[3]
+    raise EventError(
+        "subject_mismatch",
+        f"subject {subject!r} is not {PREFIX}.telemetry.<node> or {PREFIX}.events.<kind>.<node>",
+    )
+
+
+def stored_telemetry(node: str) -> str:
+    """The subject filter of a node's samples as the stream stores them (any partition)."""
+    return f"{PREFIX}.telemetry.*.{_node(node)}"
+
+
+def stored_events(kind: str, node: str) -> str:
+    """The subject filter of a node's events of a kind as stored (`*` for any kind)."""
+    kind = kind if kind == "*" else token(kind) or "unknown"
+    return f"{PREFIX}.events.*.{kind}.{node if node == '*' else _node(node)}"

@@ -1,1 +1,0 @@
-"""Act: the executor, the ansible-runner bridge and playbook versions."""

@@ -1,1 +1,0 @@
-"""The node agent: NVML sampling, the XID/ECC listener, the GPU probe, heartbeats, the spool."""

@@ -1,1 +1,0 @@
-"""NATS: the embedded server, the connection, streams and KV buckets."""

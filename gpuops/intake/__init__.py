@@ -1,1 +1,0 @@
-"""Intake: decoding events off the bus, and dead letters for what cannot be decoded."""

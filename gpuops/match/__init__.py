@@ -1,1 +1,0 @@
-"""Matching: rule loading, the rule schema, the condition compiler and time windows."""

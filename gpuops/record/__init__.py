@@ -1,1 +1,0 @@
-"""Record: the audit stream, history, metrics."""

@@ -1,1 +1,0 @@
-"""Engine replicas sharing the fleet: partitions by node, leases in KV, takeover."""

@@ -1,1 +1,0 @@
-"""The simulated fleet: nodes built on real H200 recordings, and the tools playbooks call."""

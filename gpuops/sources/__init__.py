@@ -1,6 +1,0 @@
-"""Telemetry sources other than the agent: what a fleet's monitoring already publishes.
-
-`prometheus` scrapes dcgm-exporter (or asks Prometheus) and publishes telemetry v1 and
-XID events with source `prometheus`; `dcgm` is its mapping table; `coverage` says which
-rules cannot fire on a source.
-"""
