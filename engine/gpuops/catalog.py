@@ -32,6 +32,13 @@ class Effect(StrEnum):
     COLLECT = "collect"  # reads only
 
 
+class Role(StrEnum):
+    """What the engine itself uses a playbook for, beside the rules that name it."""
+
+    POWER_LIMIT = "power_limit"  # sets per-GPU power limits (the power controller's changes)
+    BASELINE = "baseline"  # the drift check: run in check mode, it reports what differs
+
+
 class PlaybookSpec(BaseModel):
     """One catalogue entry."""
 
@@ -44,6 +51,7 @@ class PlaybookSpec(BaseModel):
     validate_after: bool = Field(default=False, alias="validate")
     retry_safe: bool = False
     per_gpu: bool = False
+    role: Role | None = None
     vars: dict[str, str] = Field(default_factory=dict)
 
 
@@ -76,6 +84,18 @@ class Catalog:
             and (s.validate_after or s.effect is Effect.ISOLATE)
             for n in names
         )
+
+    def for_role(self, role: Role) -> str:
+        """The playbook the engine uses for `role`; ConfigError when none is catalogued."""
+        for name, spec in self.specs.items():
+            if spec.role is role:
+                return name
+        raise ConfigError(f"the playbook catalogue has no playbook with role: {role.value}")
+
+    def has_role(self, name: str, role: Role) -> bool:
+        """Whether `name` is the playbook for `role`."""
+        spec = self.specs.get(name)
+        return spec is not None and spec.role is role
 
     def returning(self) -> str:
         """The playbook that returns a node to service."""
@@ -111,4 +131,7 @@ def load_catalog(playbooks_dir: Path) -> Catalog:
             raise ConfigError(f"{path}: playbook {name}: {exc}") from exc
         if not (playbooks_dir / name).is_file():
             raise ConfigError(f"{path}: playbook {name} is catalogued but not in {playbooks_dir}")
+    roles = [s.role for s in specs.values() if s.role is not None]
+    if twice := sorted({r.value for r in roles if roles.count(r) > 1}):
+        raise ConfigError(f"{path}: more than one playbook has role: {', '.join(twice)}")
     return Catalog(specs)

@@ -6,7 +6,7 @@ import math
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
     AwareDatetime,
@@ -530,6 +530,30 @@ class Match(_Frozen):
     at: float
     severity: str = "warning"
     facts: dict[str, Any] = Field(default_factory=dict)
+
+
+# Match kinds that come from the engine's own requests, never from the bus: a decision
+# the power controller asks for is not a fault (nor is a person's command, `chatops`).
+REQUEST_KINDS = frozenset({"power"})
+NOT_FAULT_KINDS = REQUEST_KINDS | {"chatops"}
+
+
+class Request(_Frozen):
+    """A decision the engine asks for itself, handed to the pipeline's one entry beside the
+    events: a power change the controller planned (its match names the power rule), or a
+    held match a person approved (decided again, with who approved it)."""
+
+    match: Match
+    approved_by: str | None = None
+
+
+class Decide(Protocol):
+    """The pipeline's one entry as the engine's own requesters hold it (handed to them at
+    construction): a request in, the decisions made out."""
+
+    async def __call__(self, item: Request, /) -> list[Decision]:
+        """Decide the request's match through every safety stage."""
+        ...
 
 
 class ActionSpec(_Frozen):

@@ -72,6 +72,63 @@ def command(user: str, name: str) -> str:
 
 COMMANDS = f"{PREFIX}.cmd.*.*"
 
+# Filters and permission patterns of the shapes above (`*` is one token, `>` the rest):
+# streams, consumers and NATS users are all written from these, never from text.
+EVERYTHING = f"{PREFIX}.>"
+TELEMETRY_PREFIX = f"{PREFIX}.telemetry."  # what every telemetry subject starts with
+TELEMETRY = f"{PREFIX}.telemetry.*"  # as an agent publishes it: one node token
+EVENTS = f"{PREFIX}.events.*.*"  # as published: kind and node
+TELEMETRY_ALL = f"{PREFIX}.telemetry.>"  # as published or as stored (under a partition)
+EVENTS_ALL = f"{PREFIX}.events.>"
+ACTIONS = f"{PREFIX}.actions.>"
+AUDIT = f"{PREFIX}.audit.>"
+DLQ = f"{PREFIX}.dlq.>"
+PROBE_REQUESTS = f"{PREFIX}.agent.*.probe"
+AGENT_REQUESTS = f"{PREFIX}.agent.*.>"
+ALL_COMMANDS = f"{PREFIX}.cmd.>"
+
+
+def events_of(kind: str) -> str:
+    """Every node's events of one kind, as published."""
+    return f"{PREFIX}.events.{token(kind) or 'unknown'}.*"
+
+
+def commands_of(user: str) -> str:
+    """Every command subject of one operator (the only ones that user may publish)."""
+    return f"{PREFIX}.cmd.{token(user) or 'unknown'}.>"
+
+
+def stored_telemetry_at(partition: str, node: str) -> str:
+    """A sample's subject as the telemetry stream stores it (tokens, or transform parts)."""
+    return f"{PREFIX}.telemetry.{partition}.{node}"
+
+
+def stored_event_at(partition: str, kind: str, node: str) -> str:
+    """An event's subject as the events stream stores it (tokens, or transform parts)."""
+    return f"{PREFIX}.events.{partition}.{kind}.{node}"
+
+
+def telemetry_partition(partition: int) -> str:
+    """The filter of one partition's samples as the telemetry stream stores them."""
+    return stored_telemetry_at(str(partition), "*")
+
+
+def events_partition(partition: int) -> str:
+    """The filter of one partition's events as the events stream stores them."""
+    return stored_event_at(str(partition), "*", "*")
+
+
+def is_action(subject: str) -> bool:
+    """Whether `subject` is an intent's (the actions work queue)."""
+    parts = subject.split(".")
+    return len(parts) == 3 and parts[:2] == [PREFIX, "actions"]
+
+
+def is_event(subject: str) -> bool:
+    """Whether `subject` is a health event's, as published or as stored."""
+    parts = subject.split(".")
+    return len(parts) in (4, 5) and parts[:2] == [PREFIX, "events"]
+
 
 def parse_command(subject: str) -> tuple[str, str]:
     """(user, command) of a command subject; EventError("subject_mismatch") otherwise."""
@@ -105,10 +162,10 @@ def parse_event(subject: str) -> tuple[str, str]:
 
 def stored_telemetry(node: str) -> str:
     """The subject filter of a node's samples as the stream stores them (any partition)."""
-    return f"{PREFIX}.telemetry.*.{_node(node)}"
+    return stored_telemetry_at("*", _node(node))
 
 
 def stored_events(kind: str, node: str) -> str:
     """The subject filter of a node's events of a kind as stored (`*` for any kind)."""
     kind = kind if kind == "*" else token(kind) or "unknown"
-    return f"{PREFIX}.events.*.{kind}.{node if node == '*' else _node(node)}"
+    return stored_event_at("*", kind, node if node == "*" else _node(node))

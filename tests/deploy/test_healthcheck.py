@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,6 +14,8 @@ from typing import Any
 import pytest
 from gpuops.http import HttpServer
 from prometheus_client import CollectorRegistry
+
+from tests.support import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "deploy" / "docker" / "healthcheck.py"
 GPUOPS = "/opt/gpuops/bin/gpuops"
@@ -102,9 +103,7 @@ def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def test_nothing_listening_is_unhealthy(tmp_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     assert await check(cmdline(tmp_path, GPUOPS, "run", f"--http=127.0.0.1:{port}")) == 1
 
 

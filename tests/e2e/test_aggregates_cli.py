@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import gpuops_argv
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +22,7 @@ RACK = """rules:
 
 def _gpuops(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpuops.cli", *args],
+        gpuops_argv(*args),
         capture_output=True,
         text=True,
         timeout=120,

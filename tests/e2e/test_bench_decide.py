@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import gpuops_argv
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_bench_decide_prints_round_trips_and_latencies() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gpuops.cli", "bench", "decide", "--nodes", "20"],
+        gpuops_argv("bench", "decide", "--nodes", "20"),
         capture_output=True,
         text=True,
         timeout=120,

@@ -6,11 +6,12 @@ from __future__ import annotations
 import gc
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from gpuops.bench.intake import GcPauses
+
+from tests.support import gpuops_argv
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,7 +20,7 @@ SMALL = ["--gpus", "160", "--seconds", "3", "--health", "6"]
 
 def test_bench_intake_reports_every_health_event_and_the_collectors_pauses() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gpuops.cli", "bench", "intake", *SMALL],
+        gpuops_argv("bench", "intake", *SMALL),
         capture_output=True,
         text=True,
         timeout=180,

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import gpuops_argv
+
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
-GPUOPS = [sys.executable, "-m", "gpuops.cli"]
+GPUOPS = gpuops_argv()
 
 
 def _gpuops(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,13 +19,15 @@ from gpuops.ops.heartbeat import Heartbeats, this_process
 from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet
 
+from tests.support import free_port, gpuops_argv
+
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gpuops(state: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpuops.cli", "--state-dir", str(state), *args],
+        gpuops_argv(*args, state_dir=state),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -42,14 +42,8 @@ def _one_error(done: subprocess.CompletedProcess[str]) -> str:
     return line
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_a_wrong_nats_url_fails_within_15s_and_names_the_url(tmp_path: Path) -> None:
-    url = f"nats://127.0.0.1:{_free_port()}"
+    url = f"nats://127.0.0.1:{free_port()}"
     began = time.monotonic()
     done = _gpuops(tmp_path / "state", "status", "--nats", url, timeout=60)
     elapsed = time.monotonic() - began
@@ -111,7 +105,7 @@ def test_the_engine_refuses_an_inventory_that_does_not_parse_with_the_parsers_me
     path = tmp_path / "broken.yml"
     path.write_text("all:\n  hosts:\n    node-001: [\n")
     # No NATS at that URL: the inventory is checked before anything connects.
-    args = ("run", "--inventory", str(path), "--nats", f"nats://127.0.0.1:{_free_port()}")
+    args = ("run", "--inventory", str(path), "--nats", f"nats://127.0.0.1:{free_port()}")
     done = _gpuops(tmp_path / "state", *args)
     assert done.returncode == 1
     expected = f"Error: inventory {path}: cannot parse {path}: line 4, column 1: "
@@ -150,7 +144,7 @@ def test_bad_cli_use_against_a_running_engine_exits_non_zero_with_its_cause(
     config.write_text(f"inventory: {fleet.root / 'inventory'}\n")
     cli = ("--config", str(config))
     engine = subprocess.Popen(
-        [sys.executable, "-m", "gpuops.cli", "--state-dir", str(state), *cli, "run"],
+        gpuops_argv(*cli, "run", state_dir=state),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         cwd=ROOT,

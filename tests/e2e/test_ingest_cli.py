@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +18,11 @@ from gpuops.cli import main
 
 from tests.conftest import wait_for
 from tests.dcgm_exposition import exposition, serve
+from tests.support import free_port, gpuops_argv
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
-GPUOPS = [sys.executable, "-m", "gpuops.cli"]
+GPUOPS = gpuops_argv()
 
 
 async def _gpuops(*args: str) -> tuple[int, str, str]:
@@ -75,15 +74,9 @@ def test_ingest_without_a_target_says_what_to_give(tmp_path: Path) -> None:
     )
     done = runner.invoke(main, [*base, "--target", "http://x/metrics", "--interval", "0"])
     assert done.exit_code == 1 and "sources.prometheus.interval_s" in done.output
-    closed = f"http://127.0.0.1:{_free_port()}/metrics"
+    closed = f"http://127.0.0.1:{free_port()}/metrics"
     done = runner.invoke(main, [*base, "--target", closed])
     assert done.exit_code == 1 and f"no target answered: {closed} (down)" in done.output
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def test_ingest_publishes_every_interval_serves_metrics_and_stops_on_sigterm(
@@ -96,7 +89,7 @@ async def test_ingest_publishes_every_interval_serves_metrics_and_stops_on_sigte
 
     nc = await nats.connect(nats_server.url)
     await nc.subscribe("gpuops.telemetry.>", cb=keep)
-    http = f"127.0.0.1:{_free_port()}"
+    http = f"127.0.0.1:{free_port()}"
     async with serve({"/metrics": exposition(gpus=2)}) as port:
         args = ["--state-dir", str(tmp_path), "ingest", "prometheus", "--interval", "0.5"]
         args += ["--target", f"http://127.0.0.1:{port}/metrics", "--nats", nats_server.url]

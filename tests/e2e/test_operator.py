@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 from gpuops.sim.fleet import SimFleet
 
+from tests.support import gpuops_argv
+
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _gpuops(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "gpuops.cli", "--state-dir", str(state), *args],
+        gpuops_argv(*args, state_dir=state),
         capture_output=True,
         text=True,
         timeout=120,

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,23 +16,17 @@ from gpuops.bus.server import EmbeddedNats
 from gpuops.sim.fleet import SimFleet
 
 from tests.conftest import ROOT, wait_for
+from tests.support import free_port, gpuops_argv
 
 pytestmark = pytest.mark.faults
-
-
-def _closed_port() -> int:
-    """A loopback port nothing listens on (bound and released at once)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture
 def agent_setup(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path, int]]:
     """`gpuops agent` on a simulated node, pointed at a port where NATS is not (yet)."""
     fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=2)
-    port, spool = _closed_port(), tmp_path / "spool.jsonl"
-    args = [sys.executable, "-m", "gpuops.cli", "--state-dir", str(tmp_path / "state")]
+    port, spool = free_port(), tmp_path / "spool.jsonl"
+    args = gpuops_argv(state_dir=tmp_path / "state")
     args += ["agent", "--backend", "sim", "--sim-root", str(fleet.root), "--node", "node-001"]
     args += ["--nats", f"nats://127.0.0.1:{port}", "--spool", str(spool)]
     args += ["--interval", "0.2", "--heartbeat", "0.2", "--probe-command", "true"]

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -31,16 +29,11 @@ from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
 from tests.conftest import ROOT, wait_for
+from tests.support import free_port, gpuops_argv
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 OUTAGE_S = 15.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _healthz(port: int) -> int:
@@ -64,7 +57,7 @@ async def _healthy(port: int) -> bool:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[EmbeddedNats]:
-    nats_server = EmbeddedNats(tmp_path / "nats", port=_free_port()).start()
+    nats_server = EmbeddedNats(tmp_path / "nats", port=free_port()).start()
     yield nats_server
     nats_server.stop()
 
@@ -73,8 +66,8 @@ def server(tmp_path: Path) -> Iterator[EmbeddedNats]:
 def engine(tmp_path: Path, server: EmbeddedNats) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """`gpuops run --dry-run` on the checkout's rules against a two-node simulated fleet."""
     fleet = SimFleet.create(tmp_path / "sim", nodes=2, gpus=4)
-    http = _free_port()
-    args = [sys.executable, "-m", "gpuops.cli", "--state-dir", str(tmp_path / "state"), "run"]
+    http = free_port()
+    args = gpuops_argv("run", state_dir=tmp_path / "state")
     args += ["--nats", server.url, "--rules", str(ROOT / "rules")]
     args += ["--playbooks", str(ROOT / "playbooks"), "--inventory", str(fleet.root / "inventory")]
     args += ["--dry-run", "--http", f"127.0.0.1:{http}"]

@@ -5,7 +5,6 @@ Mattermost bodies, floods of unsigned requests, and Rich markup sent from chat."
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from gpuops.sim.fleet import SimFleet
 from prometheus_client import CollectorRegistry
 
 from tests.conftest import wait_for
+from tests.support import gpuops_argv
 
 pytestmark = pytest.mark.faults
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ class Endpoint:
             }
         )
         inventory = load_inventory(fleet.root / "inventory")
-        commands = Commands(bus, self.clock, inventory, self.settings)
+        commands = Commands.over_bus(bus, self.clock, inventory, self.settings)
         self.chatops = Chatops(
             commands, self.settings, Auditor(JetStreamPublisher(bus.js)), self.clock, self.registry
         )
@@ -222,11 +222,13 @@ async def test_history_prints_rich_markup_sent_from_chat(
     bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
     settings = ChatopsSettings()
-    commands = Commands(bus, ManualClock(), load_inventory(fleet.root / "inventory"), settings)
+    commands = Commands.over_bus(
+        bus, ManualClock(), load_inventory(fleet.root / "inventory"), settings
+    )
     reply = await commands.run('silence node:node-001 1m "[/]x[bold]y"', Caller("alice"))
     assert reply.startswith("silence ")
     cli = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "gpuops.cli", "--state-dir", str(tmp_path / "cli")),
+        *gpuops_argv(state_dir=tmp_path / "cli"),
         *("history", "--nats", nats_server.url),
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,

@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet
 
 from tests.conftest import ROOT, calls, wait_for
+from tests.support import gpuops_argv
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -49,7 +49,7 @@ class Engine:
         rules: Path = ROOT / "rules",
         **env: str,
     ) -> None:
-        self.args = [sys.executable, "-m", "gpuops.cli", "--state-dir", str(tmp / "state")]
+        self.args = gpuops_argv(state_dir=tmp / "state")
         self.args += ["run", "--nats", url, "--rules", str(rules), "--role", role]
         self.args += ["--inventory", str(fleet.root / "inventory")]
         self.env = {**os.environ, **{f"GPUOPS_{k.upper()}": v for k, v in env.items()}}

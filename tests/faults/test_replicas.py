@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import math
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import wait_for
 from tests.faults.conftest import LEASE_S
 from tests.faults.test_crash import PARTITIONS, Engine, assert_all_decided_once
+from tests.support import free_port
 
 pytestmark = pytest.mark.faults
 
@@ -308,19 +308,13 @@ async def decisions_made(port: int) -> float:
     return await metric(port, "gpuops_decisions_total")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def test_a_replica_cut_off_for_longer_than_its_lease_decides_nothing_it_lost(
     tmp_path: Path, cluster: LocalCluster, cluster_bus: Bus
 ) -> None:
     bus, fleet = cluster_bus, SimFleet.create(tmp_path / "sim", nodes=12, gpus=8)
     # The cut replica knows one member, through the proxy, and no other (no_advertise).
     proxy = await Proxy(cluster.members[0].url).start()
-    http = _free_port()
+    http = free_port()
     engines = {rid: replica(tmp_path, cluster.url, fleet, rid) for rid in ("a", "b")}
     engines["c"] = replica(tmp_path, proxy.url, fleet, "c", http=f"127.0.0.1:{http}")
     load = Load(bus, fleet.nodes)

@@ -13,7 +13,6 @@ from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import ManualClock
 from gpuops.decide.breaker import BreakerState
-from gpuops.intake.answers import settle_approvals
 from gpuops.models import Match, Reason
 from gpuops.ops.commands import Caller
 from gpuops.record.approvals import ApprovalStatus
@@ -22,6 +21,7 @@ from gpuops.sim.fleet import SimFleet
 from pydantic import SecretStr
 
 from tests.conftest import calls, counted, engine_settings, running_engine, wait_for
+from tests.support import decide
 
 pytestmark = pytest.mark.integration
 ALICE = Caller(user="alice", platform="cli")
@@ -48,7 +48,7 @@ async def test_half_open_breaker_action_runs_after_approval_and_closes_it(
     async with running_engine(settings, bus) as app:
         engine = app.engine
         await engine.breaker.set_state(BreakerState.HALF_OPEN, "test", app.clock.now(), "alice")
-        await engine.pipeline.handle_match(_overheat("node-001", app.clock.now()))
+        await decide(engine.pipeline, _overheat("node-001", app.clock.now()))
         assert counted(engine.metrics.decisions, Reason.APPROVAL_PENDING.value) == 1
         [record] = await engine.approvals.all()
         assert (await bus.js.stream_info(ACTIONS)).state.messages == 0, (
@@ -75,12 +75,12 @@ async def test_denied_and_expired_approvals_run_nothing(
     async with running_engine(settings, bus, clock) as app:
         engine = app.engine
         await engine.breaker.set_state(BreakerState.HALF_OPEN, "test", clock.now(), "alice")
-        await engine.pipeline.handle_match(_overheat("node-001", clock.now()))
-        await engine.pipeline.handle_match(_overheat("node-002", clock.now()))
+        await decide(engine.pipeline, _overheat("node-001", clock.now()))
+        await decide(engine.pipeline, _overheat("node-002", clock.now()))
         first, second = sorted(await engine.approvals.all(), key=lambda r: r.node)
         assert (await app.commands().run(f"deny {first.id}", ALICE)).startswith("denied")
         clock.advance(settings.safety.approval_timeout_s + 1)
-        await settle_approvals(engine.approvals, engine.pipeline, clock)
+        await engine.answers.settle()
         statuses = {r.node: r.status for r in await engine.approvals.all()}
         assert statuses == {"node-001": ApprovalStatus.DENIED, "node-002": ApprovalStatus.EXPIRED}
         too_late = await app.commands().run(f"approve {second.id}", ALICE)

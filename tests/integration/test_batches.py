@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from tests.conftest import (
     running_engine,
     wait_for,
 )
+from tests.support import gpuops_argv
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +69,7 @@ def _settings(tmp_path: Path, fleet: SimFleet, url: str, **over: Any) -> Setting
 
 
 def _gpuops(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "gpuops.cli", "--state-dir", str(settings.state_dir), *args]
+    cmd = gpuops_argv(*args, state_dir=settings.state_dir)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 

@@ -35,6 +35,7 @@ from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
 from tests.conftest import ROOT, wait_for
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -360,9 +361,7 @@ async def _restart_engine(state: Path, engine: Bus, url: str) -> None:
 
 
 async def test_a_configured_embedded_port_is_used(tmp_path: Path) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     async with open_bus(NatsSettings(embedded_port=port), tmp_path / "state") as bus:
         assert bus.url == f"nats://127.0.0.1:{port}"
 

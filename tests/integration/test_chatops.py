@@ -149,7 +149,7 @@ async def test_commands_become_chatops_events_and_metrics_and_health(engine: App
     await _slack(engine, "dry-run on")
     m = engine.engine.metrics
     await wait_for(lambda: total(m.events, "chatops") >= 1, 10)
-    await wait_for(lambda: engine.pipeline.decider.dry_run, 10)
+    await wait_for(lambda: engine.engine.stores.dry_run.on, 10)
     metrics = await _get(engine, "/metrics")
     assert 'gpuops_events_total{kind="chatops"}' in metrics
     assert "gpuops_breaker_open" in metrics

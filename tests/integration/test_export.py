@@ -3,24 +3,24 @@ replay like the events that were published."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import subprocess
-import sys
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from gpuops import shipped
-from gpuops.bus.conn import TELEMETRY, Bus, open_bus
+from gpuops.bus.conn import EVENTS, TELEMETRY, Bus, open_bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.match.loader import load_rules
 from gpuops.models import subject_for
 from gpuops.ops.export import Selection, _read, export
 from gpuops.settings import NatsSettings
 from gpuops.spine.replay import replay_file
+
+from tests.support import gpuops_argv
 
 pytestmark = pytest.mark.integration
 RECORDING = shipped.shipped("examples") / "recording.jsonl"
@@ -59,13 +59,23 @@ async def test_everything_exported_replays_like_the_recording(bus: Bus, tmp_path
     assert {a["action"] for a in replayed} >= {"power_limit.yml", "reboot.yml"}
 
 
+async def _last_stored(bus: Bus, stream: str) -> datetime:
+    """When the stream stored its newest message, by the server's clock."""
+    state = (await bus.js.stream_info(stream)).state
+    if state.messages == 0:
+        return datetime.min.replace(tzinfo=UTC)
+    stored = (await bus.js.get_msg(stream, state.last_seq)).time
+    assert stored is not None
+    return stored
+
+
 async def test_node_kind_and_time_filters_select_only_their_events(bus: Bus) -> None:
     events = _recorded()
     half = len(events) // 2
     await _publish(bus, events[:half])
-    await asyncio.sleep(0.05)
-    middle = datetime.now(UTC)
-    await asyncio.sleep(0.05)
+    # Just after the first half was stored (the server's clock): the second half is later.
+    stored = [await _last_stored(bus, stream) for stream in (TELEMETRY, EVENTS)]
+    middle = max(stored) + timedelta(microseconds=1)
     await _publish(bus, events[half:])
 
     later = await _export(bus, Selection(since=middle))
@@ -108,7 +118,7 @@ def test_the_export_command_writes_lines_publish_reads(
 ) -> None:
     url = nats_server.url
     done = subprocess.run(
-        [sys.executable, "-m", "gpuops.cli", "publish", "--nats", url, str(RECORDING)],
+        gpuops_argv("publish", "--nats", url, str(RECORDING)),
         capture_output=True,
         text=True,
         timeout=60,
@@ -118,7 +128,7 @@ def test_the_export_command_writes_lines_publish_reads(
     out = tmp_path / "xid.jsonl"
     args = ["export", "--nats", url, "--kind", "xid", "--since", "1h", "-o", str(out)]
     done = subprocess.run(
-        [sys.executable, "-m", "gpuops.cli", *args],
+        gpuops_argv(*args),
         capture_output=True,
         text=True,
         timeout=60,
@@ -128,7 +138,7 @@ def test_the_export_command_writes_lines_publish_reads(
     assert "exported 1 events (1 from GPUOPS_EVENTS)" in done.stderr
     assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["gpu-a01-02-xid79"]
     bad = subprocess.run(
-        [sys.executable, "-m", "gpuops.cli", "export", "--nats", url, "--since", "yesterday"],
+        gpuops_argv("export", "--nats", url, "--since", "yesterday"),
         capture_output=True,
         text=True,
         timeout=60,

@@ -27,6 +27,7 @@ from gpuops.sim.fleet import SimFleet
 from gpuops.spine.app import App
 
 from tests.conftest import engine_settings, running_engine, wait_for
+from tests.support import decide
 
 pytestmark = pytest.mark.integration
 MALLORY_PASSWORD = "mallory-has-her-own-password"
@@ -62,7 +63,7 @@ async def _engine_up(bus: Bus) -> bool:
 
 def _commands(bus: Bus) -> Commands:
     """The CLI's read-only view (no inventory), as `gpuops status` builds it."""
-    return Commands(bus, SystemClock(), None, ChatopsSettings())
+    return Commands.over_bus(bus, SystemClock(), None, ChatopsSettings())
 
 
 async def _pending_approval(app: App, node: str) -> str:
@@ -80,7 +81,7 @@ async def _pending_approval(app: App, node: str) -> str:
         at=now,
         facts={"node": node, "gpu": 3, "temp_c": 88.0},
     )
-    await app.engine.pipeline.handle_match(match)
+    await decide(app.engine.pipeline, match)
     [record] = [r for r in await app.engine.approvals.all() if r.node == node]
     return record.id
 

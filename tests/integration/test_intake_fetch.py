@@ -60,7 +60,11 @@ async def test_a_deleted_consumer_is_an_error_to_create_it_again(bus: Bus) -> No
     puller = Puller(bus.nc, EVENTS, "p2")
     try:
         fetching = asyncio.create_task(puller.fetch(16, 10.0))
-        await asyncio.sleep(0.3)  # the pull request is waiting on the server
+
+        async def waiting() -> bool:  # the pull request is waiting on the server
+            return (await bus.js.consumer_info(EVENTS, "p2")).num_waiting >= 1
+
+        await wait_for(waiting, 10)
         await bus.js.delete_consumer(EVENTS, "p2")
         with pytest.raises(PullError, match="409"):
             await fetching

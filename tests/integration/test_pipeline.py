@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -66,7 +65,7 @@ async def test_overheat_and_low_power_limit_run_their_playbooks(
         decided = app.engine.metrics.event_to_decision.labels("gpu-overheat")
         assert _observations(decided) >= 1, "event-to-decision observed per decision"
         # People see the fault as one open episode, not the samples behind it.
-        status = await Commands(bus, SystemClock(), None, ChatopsSettings()).status()
+        status = await Commands.over_bus(bus, SystemClock(), None, ChatopsSettings()).status()
         [hot] = [e for e in status["episodes"] if e["rule"] == "gpu-overheat"]
         assert hot["node"] == "node-001" and hot["gpus"] == [3] and hot["decided_at"]
         assert "open episodes: " in render_status(status)
@@ -131,6 +130,12 @@ async def test_event_about_unknown_host_is_recorded_never_acted_upon(
     assert (await bus.js.stream_info(ACTIONS)).state.messages == 0
 
 
+async def _engine_up(bus: Bus) -> bool:
+    """Whether an engine process beat lately (what `gpuops status` reads)."""
+    commands = Commands.over_bus(bus, SystemClock(), None, ChatopsSettings())
+    return (await commands.engine(time.time())).running
+
+
 def _engine(
     state: Path, url: str, fleet: SimFleet, role: str, **env: str
 ) -> subprocess.Popen[bytes]:
@@ -159,7 +164,7 @@ async def test_crash_after_intent_runs_the_playbook_exactly_once(
     state.mkdir()
     decider = _engine(state, nats_server.url, fleet, "engine")
     try:
-        await asyncio.sleep(0.5)
+        await wait_for(lambda: _engine_up(bus), 60)  # its heartbeat: up, consuming
         await _publish(bus, envelope("xid", "node-001", time.time(), {"gpu": 2, "xid": 79}))
 
         async def intent_stored() -> bool:

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gpuops import subjects
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.ops.commands import Caller
@@ -37,7 +38,7 @@ async def _agents(bus: Bus, fleet: SimFleet, stop: asyncio.Event) -> None:
     while not stop.is_set():
         for node in fleet.nodes:
             event = fleet.telemetry(node, time.time())
-            await bus.nc.publish(f"gpuops.telemetry.{node}", json.dumps(event).encode())
+            await bus.nc.publish(subjects.telemetry(node), json.dumps(event).encode())
         await asyncio.sleep(1.0)
 
 
@@ -53,7 +54,8 @@ async def test_a_budget_override_caps_the_rack_under_it_and_its_end_restores_pol
     async with running_engine(settings, bus) as app:
         agents = asyncio.create_task(_agents(bus, fleet, stop))
         try:
-            await asyncio.sleep(2.0)
+            # The controller has a reading of every GPU before the budget is set.
+            await wait_for(lambda: len(app.engine.power.controller.gpus) == 8, 30)
             commands, alice = app.commands(), Caller("alice")
             said = await commands.execute("power budget rack-a1 4kW 10m demand response", alice)
             assert said.startswith("power budget rack-a1: 4.0 kW for 10m")

@@ -6,7 +6,6 @@ import asyncio
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from gpuops.clock import rfc3339
 from gpuops.sim.fleet import SimFleet
 
 from tests.conftest import ROOT, engine_settings, running_engine, wait_for
+from tests.support import gpuops_argv
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +92,7 @@ def test_replay_prints_would_be_actions_as_json(tmp_path: Path) -> None:
     path = tmp_path / "week.jsonl"
     path.write_text("\n".join(json.dumps(e) for e in events) + "\n{broken\n")
     done = subprocess.run(
-        [sys.executable, "-m", "gpuops.cli", "replay", str(path), "--json"],
+        gpuops_argv("replay", str(path), "--json"),
         capture_output=True,
         text=True,
         cwd=ROOT,

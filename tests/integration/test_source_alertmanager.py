@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -29,6 +28,7 @@ from gpuops.sim.fleet import SimFleet
 from gpuops.spine.app import App
 
 from tests.conftest import engine_settings, running_engine, wait_for
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 TOKEN = "am-engine-token-41c9"
@@ -128,12 +128,6 @@ async def test_the_engine_decides_a_posted_alert_once_and_survives_a_malformed_p
         assert r.status == 200
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def alertmanager(tmp_path: Path, webhook_url: str) -> Iterator[str]:
     """A real Alertmanager on a random port, routing every alert to `webhook_url`."""
@@ -163,7 +157,7 @@ def alertmanager(tmp_path: Path, webhook_url: str) -> Iterator[str]:
     home = tmp_path / "alertmanager"
     home.mkdir()
     (home / "alertmanager.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = (home / "log").open("w")
     proc = subprocess.Popen(
         [

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -29,6 +28,7 @@ from gpuops.sources.prometheus import PromSource, SourceMetrics
 
 from tests.conftest import wait_for
 from tests.dcgm_exposition import exposition, serve
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 NODE = "gpu-node-07"
@@ -182,18 +182,12 @@ async def _watcher(url: str, cb: Any) -> Any:
     return nc
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def prometheus(tmp_path: Path, exporter: Exporter) -> Iterator[str]:
     """/usr/bin/prometheus scraping the exporter every second; its base URL."""
     if PROMETHEUS is None:
         pytest.skip("prometheus is not installed (scripts/ci-setup.sh installs Debian's)")
-    port = _free_port()
+    port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"

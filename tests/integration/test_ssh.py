@@ -24,15 +24,10 @@ from gpuops.models import ActionSpec, Intent, RunStatus
 from gpuops.sim.fleet import SimFleet
 
 from tests.conftest import ROOT, calls
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -48,7 +43,7 @@ def sshd(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / "client")], check=True
     )
     shutil.copy(keys / "client.pub", keys / "authorized_keys")
-    port = _free_port()
+    port = free_port()
     config = keys / "sshd_config"
     config.write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {keys / 'host'}\n"

@@ -18,13 +18,13 @@ from typing import Any
 
 from gpuops.act.playbooks import resolve
 from gpuops.act.runner import RunRequest, run_async
+from gpuops.catalog import Role, load_catalog
 from gpuops.clock import Clock
 from gpuops.inventory.hosts import Inventory
 from gpuops.models import RunStatus, new_event, subject_for
 
 log = logging.getLogger(__name__)
 
-PLAYBOOK = "baseline.yml"
 # The key under which baseline.yml's report tasks put what differs.
 DRIFT_KEY = "gpuops_drift"
 
@@ -161,7 +161,8 @@ async def drift_check(
     """Run the check over `group` batch by batch; every host of the group gets a result."""
     hosts = sorted(inventory.group_hosts(group))
     report = DriftReport(group=group, started=clock.now())
-    version = resolve(playbooks_dir, PLAYBOOK, None, playbooks_dir)
+    playbook = load_catalog(playbooks_dir).for_role(Role.BASELINE)
+    version = resolve(playbooks_dir, playbook, None, playbooks_dir)
     for i in range(0, len(hosts), batch_size):
         batch = hosts[i : i + batch_size]
         for host in batch:
@@ -171,7 +172,7 @@ async def drift_check(
             rule="drift-check",
             node=",".join(batch),
             playbook=version,
-            playbook_name=PLAYBOOK,
+            playbook_name=playbook,
             inventory=inventory.path,
             timeout_s=timeout_s,
             limit=",".join(batch),

@@ -23,7 +23,6 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Protocol
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -32,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuops import subjects
 from gpuops.act.batching import Batch, Pending, gather, group
+from gpuops.act.completion import Completion, LockRelease
 from gpuops.act.evidence import Evidence, RunMeta, new_run_id
 from gpuops.act.hostdata import RESERVED
 from gpuops.act.playbooks import resolve
@@ -44,7 +44,6 @@ from gpuops.errors import ActionError
 from gpuops.inventory.hosts import Inventory
 from gpuops.models import Intent, RunOutcome, RunStatus
 from gpuops.record.metrics import Metrics
-from gpuops.record.nodestate import NodeState
 from gpuops.record.recorder import Recorder, decision_msg_id, decision_record
 from gpuops.settings import ExecutorSettings
 from gpuops.signing import verify
@@ -57,14 +56,6 @@ DURABLE = "gpuops-executor"
 # of its intent must not judge it). The intent comes back after the same time.
 RECHECK_MARGIN_S = 0.5  # past the moment a claim goes stale, so it is stale when read
 ROTATE_EVERY_S = 60.0  # evidence rotation reads every kept run's record: not after each run
-
-
-class LockRelease(Protocol):
-    """What the executor needs of the decide layer's node locks."""
-
-    async def release(self, node: str, event_id: str) -> bool:
-        """Give the node back when this event's decision holds it."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -115,6 +106,7 @@ class Executor:
         self.clock = clock
         self.claims: Store[Claim] = Store(claims, Claim, "intent")
         self.locks = locks
+        self.completion = Completion(recorder, locks, self._ask_probe)
         self.catalog = catalog
         self.inventory = inventory
         self.signing_key = signing_key
@@ -138,7 +130,7 @@ class Executor:
             max_ack_pending=max(self.parallel * 4, size * (self.parallel + 1)),
         )
         sub = await self.bus.js.pull_subscribe(
-            "gpuops.actions.>", durable=DURABLE, stream=ACTIONS, config=config
+            subjects.ACTIONS, durable=DURABLE, stream=ACTIONS, config=config
         )
         await _check_consumer(sub, config)
         tasks: set[asyncio.Task[None]] = set()
@@ -232,7 +224,7 @@ class Executor:
             await p.msg.ack()
             p.done = True
             return None
-        await self.recorder.run_started(intent)
+        await self.completion.started(intent)
         p.tries = tries
         return p
 
@@ -329,11 +321,11 @@ class Executor:
 
     async def _record(self, intent: Intent, outcome: RunOutcome) -> None:
         self.metrics.runs.labels(outcome.status.value).inc()
-        record = await self.recorder.run_ended(intent, outcome)
-        if intent.holds_lock:
-            await self.locks.release(intent.node, intent.event_id)
-        if record.state is NodeState.VALIDATING and outcome.status is RunStatus.SUCCESSFUL:
-            await self.bus.nc.publish(subjects.probe_request(intent.node), b"validate")
+        await self.completion.ended(intent, outcome)
+
+    async def _ask_probe(self, node: str) -> None:
+        """The node's agent runs its probe: its result decides whether the node returns."""
+        await self.bus.nc.publish(subjects.probe_request(node), b"validate")
 
     async def _execute(self, ready: Batch) -> list[RunOutcome]:
         """One run over the batch's hosts; an outcome per intent, in order."""

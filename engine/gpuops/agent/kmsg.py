@@ -164,6 +164,11 @@ class KmsgReader:
         self._skipping = False  # inside a line longer than MAX_LINE
         self.ready = threading.Event()  # open and at the end: what comes now is read
 
+    @property
+    def pending(self) -> int:
+        """Bytes of a record read but not yet ended by its newline."""
+        return len(self._partial)
+
     def follow(self, halt: threading.Event, emit: Callable[[HealthSignal], None]) -> None:
         """Read until `halt`, calling `emit` per signal; an unreadable log is logged once."""
         self.parser.prime()

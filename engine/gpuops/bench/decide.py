@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TypeVar
 
+from gpuops.bus.buckets import Buckets
 from gpuops.bus.conn import connect
 from gpuops.bus.publish import JetStreamPublisher, Publisher
 from gpuops.bus.server import EmbeddedNats
@@ -31,9 +32,9 @@ from gpuops.clock import SystemClock
 from gpuops.decide.breaker import BreakerState
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.loader import load_rules
-from gpuops.models import Match, Reason
+from gpuops.models import Match, Reason, Request
 from gpuops.settings import NatsSettings, SafetySettings, Settings, checkout_root
-from gpuops.spine.build import Buckets, build_engine
+from gpuops.spine.build import build_engine
 from gpuops.spine.pipeline import Pipeline
 
 R = TypeVar("R")
@@ -89,8 +90,8 @@ class TimedKV:
     async def cas(self, key: str, value: bytes, revision: int) -> int | None:
         return await self.calls.timed("kv.cas", self.kv.cas(key, value, revision))
 
-    async def delete(self, key: str, revision: int | None = None) -> None:
-        await self.calls.timed("kv.delete", self.kv.delete(key, revision))
+    async def delete(self, key: str, revision: int | None = None) -> bool:
+        return await self.calls.timed("kv.delete", self.kv.delete(key, revision))
 
     async def keys(self, prefix: str = "") -> list[str]:
         return await self.calls.timed("kv.keys", self.kv.keys(prefix))
@@ -146,11 +147,11 @@ async def _decide(pipeline: Pipeline, rule: str, node: str, n: int) -> tuple[flo
     """Seconds the n-th match on `node` took, and whether it was decided as expected
     (the first accepted, the next dropped by the cooldown)."""
     start = time.perf_counter()
-    d = await pipeline.handle_match(_match(rule, node, n, time.time()))
+    decided = await pipeline.handle(Request(match=_match(rule, node, n, time.time())))
     took = time.perf_counter() - start
-    if d is None:
+    if not decided:
         raise ValueError(f"no rule {rule!r} in the shipped rules")
-    return took, d.reason is (Reason.ACCEPTED if n == 0 else Reason.COOLDOWN)
+    return took, decided[0].reason is (Reason.ACCEPTED if n == 0 else Reason.COOLDOWN)
 
 
 async def _measure(store: Path, nodes: int, rule: str) -> Figures:
@@ -159,7 +160,7 @@ async def _measure(store: Path, nodes: int, rule: str) -> Figures:
     try:
         bus = await connect(server.url, NatsSettings(), "gpuops-bench")
         names = [f"bench-{i:05d}" for i in range(WARM_UP + nodes)]
-        built = Buckets.on(bus)
+        built = bus.buckets
         buckets = Buckets(**{f.name: TimedKV(getattr(built, f.name), calls) for f in fields(built)})
         engine = build_engine(
             Settings(safety=SafetySettings(breaker_share=1.0)),

@@ -268,7 +268,7 @@ async def _intents(bus: Any, spec: IntakeBench) -> dict[str, Any]:
     from gpuops.bus.conn import ACTIONS
     from gpuops.models import Intent
 
-    sub = await bus.js.pull_subscribe("gpuops.actions.>", stream=ACTIONS)
+    sub = await bus.js.pull_subscribe(subjects.ACTIONS, stream=ACTIONS)
     latency: list[float] = []
     others: dict[str, int] = {}
     while True:

@@ -16,6 +16,7 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from gpuops import subjects
 from gpuops.bus.conn import ACTIONS, AUDIT, DLQ, EVENTS, TELEMETRY
 from gpuops.models import AuditRecord
 from gpuops.record.audit import read_audit
@@ -146,7 +147,7 @@ async def stream_counts(js: JetStreamContext) -> StreamCounts:
         counts.consumers[durable] = await consumer_state(js, stream, durable)
     for body in await _bodies(js, DLQ):
         origin = str(body.get("subject", ""))
-        counts.dlq_from["events" if origin.startswith("gpuops.events.") else "other"] += 1
+        counts.dlq_from["events" if subjects.is_event(origin) else "other"] += 1
     counts.queued_intents = {str(b.get("key")) for b in await _bodies(js, ACTIONS)}
     return counts
 

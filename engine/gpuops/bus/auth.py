@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from gpuops import subjects
+from gpuops.bus.buckets import BUCKETS, LEASES_KEY
 from gpuops.errors import BusError
 
 Role = Literal["engine", "executor", "agent", "cli"]
@@ -28,16 +30,9 @@ ROLES: tuple[Role, ...] = ("engine", "executor", "agent", "cli")
 
 ACTIONS = "GPUOPS_ACTIONS"
 AUDIT = "GPUOPS_AUDIT"
-KV_BUCKETS = (
-    "gpuops_claims",
-    "gpuops_cooldowns",
-    "gpuops_nodes",
-    "gpuops_locks",
-    "gpuops_control",
-    "gpuops_history",
-)
 # Engine replicas' leases: only engines write them; the others read them (status).
-LEASES = "gpuops_leases"
+LEASES = BUCKETS[LEASES_KEY].bucket
+KV_BUCKETS = tuple(c.bucket for name, c in BUCKETS.items() if name != LEASES_KEY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +75,13 @@ _FLOW = ["$JS.FC.>"]
 
 PERMISSIONS: dict[Role, Permissions] = {
     "engine": Permissions(
-        publish=("gpuops.>", "$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", "_INBOX.>"),
-        subscribe=("gpuops.>", "_INBOX.>"),
+        publish=(subjects.EVERYTHING, "$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", "_INBOX.>"),
+        subscribe=(subjects.EVERYTHING, "_INBOX.>"),
     ),
     "executor": Permissions(
         publish=(
-            "gpuops.audit.>",
-            "gpuops.agent.*.probe",
+            subjects.AUDIT,
+            subjects.PROBE_REQUESTS,
             "$JS.API.INFO",
             *_read_stream(ACTIONS),
             *_read_stream(AUDIT),
@@ -101,12 +96,12 @@ PERMISSIONS: dict[Role, Permissions] = {
     # drift or alert event would be decided like a person's, the baseline check's or
     # Alertmanager's (the engine's receiver publishes those).
     "agent": Permissions(
-        publish=("gpuops.telemetry.*", "gpuops.events.*.*"),
-        subscribe=("gpuops.agent.*.>", *_CLIENT),
+        publish=(subjects.TELEMETRY, subjects.EVENTS),
+        subscribe=(subjects.AGENT_REQUESTS, *_CLIENT),
         deny_publish=(
-            "gpuops.events.chatops.*",
-            "gpuops.events.drift.*",
-            "gpuops.events.alert.*",
+            subjects.events_of("chatops"),
+            subjects.events_of("drift"),
+            subjects.events_of("alert"),
         ),
     ),
     # An operator (the CLI) reads everything it shows; everything it changes (silences,
@@ -115,9 +110,9 @@ PERMISSIONS: dict[Role, Permissions] = {
     # cannot forge a command event in someone else's name.
     "cli": Permissions(
         publish=(
-            "gpuops.events.>",
-            "gpuops.telemetry.>",
-            "gpuops.audit.>",
+            subjects.EVENTS_ALL,
+            subjects.TELEMETRY_ALL,
+            subjects.AUDIT,
             "$JS.API.INFO",
             "$JS.API.STREAM.NAMES",
             "$JS.API.STREAM.LIST",
@@ -128,8 +123,8 @@ PERMISSIONS: dict[Role, Permissions] = {
             *_kv((*KV_BUCKETS, LEASES), ()),
             *_FLOW,
         ),
-        subscribe=("gpuops.agent.*.>", *_CLIENT),
-        deny_publish=("gpuops.actions.>", "gpuops.events.chatops.*", "gpuops.cmd.>"),
+        subscribe=(subjects.AGENT_REQUESTS, *_CLIENT),
+        deny_publish=(subjects.ACTIONS, subjects.events_of("chatops"), subjects.ALL_COMMANDS),
     ),
 }
 
@@ -155,11 +150,11 @@ def operator_permissions(user: str) -> Permissions:
     only this user publish there: that is what makes the identity unforgeable.
     """
     base = PERMISSIONS["cli"]
-    own = f"gpuops.cmd.{check_user_name(user)}.>"
+    own = subjects.commands_of(check_user_name(user))
     return Permissions(
         publish=(*base.publish, own),
         subscribe=base.subscribe,
-        deny_publish=tuple(d for d in base.deny_publish if d != "gpuops.cmd.>"),
+        deny_publish=tuple(d for d in base.deny_publish if d != subjects.ALL_COMMANDS),
     )
 
 

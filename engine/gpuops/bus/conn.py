@@ -31,6 +31,7 @@ from nats.js.errors import (
 from nats.js.errors import Error as JsError
 from nats.js.kv import KeyValue
 
+from gpuops import subjects
 from gpuops.bus.auth import (
     Credentials,
     Role,
@@ -39,6 +40,7 @@ from gpuops.bus.auth import (
     read_credentials,
     server_config,
 )
+from gpuops.bus.buckets import BUCKETS, LEASES_KEY, Buckets
 from gpuops.bus.client import connect_forever as connect_forever
 from gpuops.bus.client import first_connect
 from gpuops.bus.embedded import announce, new_server, remembered_url, store_dir, url_file
@@ -61,7 +63,7 @@ STREAMS: tuple[StreamConfig, ...] = (
     StreamConfig(
         name=TELEMETRY,
         # Exactly one node token: the stream stores it under its partition (below).
-        subjects=["gpuops.telemetry.*"],
+        subjects=[subjects.TELEMETRY],
         retention=RetentionPolicy.LIMITS,
         max_age=600.0,
         max_bytes=1 << 30,
@@ -70,7 +72,7 @@ STREAMS: tuple[StreamConfig, ...] = (
     ),
     StreamConfig(
         name=EVENTS,
-        subjects=["gpuops.events.*.*"],
+        subjects=[subjects.EVENTS],
         retention=RetentionPolicy.LIMITS,
         max_age=7 * _DAY,
         # Covers ChatOps's 5-minute signature window: a replayed command is stored once.
@@ -80,14 +82,14 @@ STREAMS: tuple[StreamConfig, ...] = (
     # A work queue: each intent is removed once an executor acks it.
     StreamConfig(
         name=ACTIONS,
-        subjects=["gpuops.actions.>"],
+        subjects=[subjects.ACTIONS],
         retention=RetentionPolicy.WORK_QUEUE,
         duplicate_window=600.0,
         storage=StorageType.FILE,
     ),
     StreamConfig(
         name=AUDIT,
-        subjects=["gpuops.audit.>"],
+        subjects=[subjects.AUDIT],
         retention=RetentionPolicy.LIMITS,
         max_age=90 * _DAY,
         # A decision's record is written by the engine and again, from its intent, by the
@@ -97,25 +99,12 @@ STREAMS: tuple[StreamConfig, ...] = (
     ),
     StreamConfig(
         name=DLQ,
-        subjects=["gpuops.dlq.>"],
+        subjects=[subjects.DLQ],
         retention=RetentionPolicy.LIMITS,
         max_age=14 * _DAY,
         storage=StorageType.FILE,
     ),
 )
-
-BUCKETS: dict[str, KeyValueConfig] = {
-    "claims": KeyValueConfig(bucket="gpuops_claims", history=1, ttl=30 * _DAY),
-    "cooldowns": KeyValueConfig(bucket="gpuops_cooldowns", history=1, ttl=30 * _DAY),
-    "nodes": KeyValueConfig(bucket="gpuops_nodes", history=5),
-    "locks": KeyValueConfig(bucket="gpuops_locks", history=1),
-    # silences, approvals, the breaker, runtime switches such as dry-run
-    "control": KeyValueConfig(bucket="gpuops_control", history=5),
-    # remediation history per node: attempt counts and ladder rungs (survives restarts)
-    "history": KeyValueConfig(bucket="gpuops_history", history=1, ttl=30 * _DAY),
-    # engine replicas and the partitions each owns; an entry not renewed expires (nats.lease_s)
-    "leases": KeyValueConfig(bucket="gpuops_leases", history=1),
-}
 
 
 # What a connection sets up: the engine creates streams and buckets (and brings them to
@@ -144,6 +133,11 @@ class Bus:
     user: str = ""
     # The supervised embedded server when this process started it (for health reports).
     server: EmbeddedNats | None = None
+
+    @property
+    def buckets(self) -> Buckets:
+        """The KV buckets by purpose."""
+        return Buckets.of(self.kv)
 
     async def close(self) -> None:
         """Flush what is pending and disconnect."""
@@ -286,7 +280,7 @@ async def ensure_bucket(
     comparing clocks. A changed lease time is applied to the bucket that exists.
     """
     cfg = cfg or NatsSettings()
-    leases = config.bucket == BUCKETS["leases"].bucket
+    leases = config.bucket == BUCKETS[LEASES_KEY].bucket
     try:
         bucket = await js.key_value(config.bucket)
     except BucketNotFoundError:

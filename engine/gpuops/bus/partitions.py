@@ -29,30 +29,29 @@ def partition_of(node: str, partitions: int) -> int:
 def telemetry_transform(partitions: int) -> SubjectTransform:
     """The telemetry stream's mapping: the partition goes before the node."""
     return SubjectTransform(
-        src=f"{subjects.PREFIX}.telemetry.*",
-        dest=f"{subjects.PREFIX}.telemetry.{{{{partition({partitions},1)}}}}.{{{{wildcard(1)}}}}",
+        src=subjects.TELEMETRY,
+        dest=subjects.stored_telemetry_at(f"{{{{partition({partitions},1)}}}}", "{{wildcard(1)}}"),
     )
 
 
 def events_transform(partitions: int) -> SubjectTransform:
     """The health events stream's mapping: the partition goes before the kind."""
     return SubjectTransform(
-        src=f"{subjects.PREFIX}.events.*.*",
-        dest=(
-            f"{subjects.PREFIX}.events.{{{{partition({partitions},2)}}}}"
-            ".{{wildcard(1)}}.{{wildcard(2)}}"
+        src=subjects.EVENTS,
+        dest=subjects.stored_event_at(
+            f"{{{{partition({partitions},2)}}}}", "{{wildcard(1)}}", "{{wildcard(2)}}"
         ),
     )
 
 
 def telemetry_filter(partition: int) -> str:
     """The stored subjects of one partition's samples."""
-    return f"{subjects.PREFIX}.telemetry.{partition}.*"
+    return subjects.telemetry_partition(partition)
 
 
 def events_filter(partition: int) -> str:
     """The stored subjects of one partition's health events."""
-    return f"{subjects.PREFIX}.events.{partition}.*.*"
+    return subjects.events_partition(partition)
 
 
 def durable(telemetry: bool, partition: int, epoch: int | None = None) -> str:

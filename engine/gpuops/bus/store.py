@@ -19,6 +19,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import (
+    BadRequestError,
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
@@ -28,6 +29,9 @@ from pydantic import BaseModel, ValidationError
 
 from gpuops.bus.reader import one_read
 from gpuops.errors import BusError
+
+# JetStream's codes for "the key is past the revision you named" (stream and KV forms).
+WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 
 T = TypeVar("T", bound=BaseModel)
 R = TypeVar("R")
@@ -62,9 +66,9 @@ class KV(Protocol):
         """Store if the key is still at `revision` (0: only if absent); None if someone won."""
         ...
 
-    async def delete(self, key: str, revision: int | None = None) -> None:
+    async def delete(self, key: str, revision: int | None = None) -> bool:
         """Remove the key (absent keys are fine); with `revision`, only if it is still at
-        that revision (someone else's newer value stays)."""
+        that revision (someone else's newer value stays). False when that kept it."""
         ...
 
     async def keys(self, prefix: str = "") -> list[str]:
@@ -99,11 +103,20 @@ class NatsKV:
         except KeyWrongLastSequenceError:
             return None
 
-    async def delete(self, key: str, revision: int | None = None) -> None:
+    async def delete(self, key: str, revision: int | None = None) -> bool:
         try:
             await self.bucket.delete(key, last=revision)
-        except (KeyNotFoundError, KeyDeletedError, KeyWrongLastSequenceError):
-            return
+        except KeyWrongLastSequenceError:
+            return False  # written again since `revision`: the newer value stays
+        except BadRequestError as exc:
+            # nats-py turns "wrong last sequence" into KeyWrongLastSequenceError on update,
+            # not on delete: there it is a bare 400 with JetStream's error code.
+            if exc.err_code in WRONG_LAST_SEQUENCE:
+                return False
+            raise
+        except (KeyNotFoundError, KeyDeletedError):
+            return True
+        return True
 
     async def keys(self, prefix: str = "") -> list[str]:
         # The bucket's newest message per key, headers only, read through a consumer that
@@ -154,11 +167,12 @@ class MemoryKV:
                 return None
             return await self.put(key, value)
 
-    async def delete(self, key: str, revision: int | None = None) -> None:
+    async def delete(self, key: str, revision: int | None = None) -> bool:
         current = self.data.get(key)
-        if current is not None and revision is not None and current.revision != revision:
-            return
+        if revision is not None and (current.revision if current else 0) != revision:
+            return False
         self.data.pop(key, None)
+        return True
 
     async def keys(self, prefix: str = "") -> list[str]:
         return [k for k in self.data if fnmatch.fnmatchcase(k, f"{prefix}*")]
@@ -202,9 +216,9 @@ class Store(Generic[T]):
         done = await self.kv.cas(self.key(*parts), value.model_dump_json().encode(), revision)
         return done is not None
 
-    async def delete(self, *parts: str) -> None:
-        """Remove a record."""
-        await self.kv.delete(self.key(*parts))
+    async def delete(self, *parts: str, revision: int | None = None) -> bool:
+        """Remove a record; with `revision`, only if nobody wrote it since (False if kept)."""
+        return await self.kv.delete(self.key(*parts), revision)
 
     async def update(
         self,

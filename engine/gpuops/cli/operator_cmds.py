@@ -35,7 +35,7 @@ async def read_status(settings: Settings) -> dict[str, Any]:
     from gpuops.ops.commands import Commands
 
     async with open_bus(settings.nats, settings.state_dir, name="gpuops-cli", role="cli") as bus:
-        return await Commands(bus, SystemClock(), None, settings.chatops).status()
+        return await Commands.over_bus(bus, SystemClock(), None, settings.chatops).status()
 
 
 @click.command()

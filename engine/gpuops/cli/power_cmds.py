@@ -35,13 +35,12 @@ def status(ctx: click.Context, nats: str | None) -> None:
 
 async def _status(ctx: click.Context, nats: str | None) -> str:
     from gpuops.bus.conn import open_bus
-    from gpuops.bus.store import NatsKV
     from gpuops.clock import SystemClock
     from gpuops.ops.power import power_status
 
     settings = settings_from(ctx, nats=nats)
     async with open_bus(settings.nats, settings.state_dir, name="gpuops-cli", role="cli") as bus:
-        return await power_status(NatsKV(bus.kv["control"]), settings.power, SystemClock().now())
+        return await power_status(bus.buckets.control, settings.power, SystemClock().now())
 
 
 COMMANDS = [power]

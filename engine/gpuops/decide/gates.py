@@ -7,8 +7,47 @@ cooldown, as the live engine would).
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict
+
+from gpuops.bus.store import KV, Store
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.models import Reason
+
+DRY_RUN_KEY = "dry_run"
+
+
+class Switch(BaseModel):
+    """A runtime switch people flip (`gpuops dry-run on`), in the control bucket."""
+
+    model_config = ConfigDict(frozen=True)
+
+    on: bool
+    by: str = ""
+
+
+class DryRunSwitch:
+    """Global dry-run: the settings' flag, or the switch a person flipped, read once a tick
+    (the decider asks `on` for every proposal; it never waits on KV for it)."""
+
+    def __init__(self, control: KV, configured: bool = False) -> None:
+        self.store: Store[Switch] = Store(control, Switch, "switch")
+        self.configured = configured
+        self.flipped: Switch | None = None
+
+    @property
+    def on(self) -> bool:
+        """Whether every decision is dry-run now."""
+        return self.configured or bool(self.flipped and self.flipped.on)
+
+    async def read(self) -> bool:
+        """The switch as people left it (read again now)."""
+        self.flipped, _ = await self.store.get(DRY_RUN_KEY)
+        return self.on
+
+    async def flip(self, on: bool, by: str) -> None:
+        """A person's switch, for every engine that reads it."""
+        self.flipped = Switch(on=on, by=by)
+        await self.store.put(self.flipped, DRY_RUN_KEY)
 
 
 class RecordOnly(BaseStage):

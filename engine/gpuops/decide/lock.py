@@ -45,12 +45,14 @@ class NodeLocks:
         return await self.store.get(node)
 
     async def release(self, node: str, event_id: str) -> bool:
-        """Give the node's lock back if this event's decision holds it."""
-        held, _ = await self.store.get(node)
+        """Give the node's lock back if this event's decision holds it.
+
+        The delete names the revision read: a lock another replica took in between (the
+        old one's lease ran out) is that replica's, and stays."""
+        held, revision = await self.store.get(node)
         if held is None or held.event_id != event_id:
             return False
-        await self.store.delete(node)
-        return True
+        return await self.store.delete(node, revision=revision)
 
 
 class NodeLock(BaseStage):

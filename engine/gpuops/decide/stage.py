@@ -116,13 +116,30 @@ class BaseStage:
         return None
 
 
+class GlobalDryRun(Protocol):
+    """Whether the whole engine decides without acting (gpuops.decide.gates.DryRunSwitch)."""
+
+    @property
+    def on(self) -> bool:
+        """Dry-run now."""
+        ...
+
+
+class Live:
+    """No global dry-run (rules may still be dry-run on their own)."""
+
+    on = False
+
+
 class Decider:
     """Runs the stages in order; the first drop wins."""
 
-    def __init__(self, stages: Sequence[Stage], clock: Clock, dry_run: bool = False) -> None:
+    def __init__(
+        self, stages: Sequence[Stage], clock: Clock, dry_run: GlobalDryRun | None = None
+    ) -> None:
         self.stages = tuple(stages)
         self.clock = clock
-        self.dry_run = dry_run
+        self.dry_run = dry_run or Live()
 
     def propose(self, match: Match, rule: Rule, approved_by: str | None = None) -> Proposal:
         """The proposal a match starts as: the rule's actions, rendered from the fact."""
@@ -132,8 +149,8 @@ class Decider:
             now=self.clock.now(),
             actions=rule_actions(rule, match),
             notify=any(a.notify for a in rule.actions),
-            dry_run=self.dry_run or rule.dry_run,
-            dry_run_why="global dry-run" if self.dry_run else "rule dry-run",
+            dry_run=self.dry_run.on or rule.dry_run,
+            dry_run_why="global dry-run" if self.dry_run.on else "rule dry-run",
             approval=rule.approval,
             approved_by=approved_by,
         )

@@ -26,7 +26,7 @@ from gpuops.models import Event
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Event | Telemetry], Awaitable[None]]
+Handler = Callable[[Event | Telemetry], Awaitable[object]]  # what it returns is not the intake's
 
 EXPIRES_S = 0.5  # a pull waits this long for a first message before asking again
 # Telemetry gives the loop back this often, so a health event that came in is read and

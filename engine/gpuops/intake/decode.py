@@ -16,7 +16,6 @@ from gpuops.models import EVENT_ADAPTER, Event, TelemetryEvent
 
 MAX_EVENT_BYTES = 1 << 20
 MAX_FUTURE_S = 300.0  # the default of settings.max_future_skew_s
-_TELEMETRY = f"{subjects.PREFIX}.telemetry."
 
 
 def decode(
@@ -60,7 +59,7 @@ def decode_intake(
     without the model; anything else (a number as a string, a surprising timestamp, a
     broken sample) goes through `decode`, so what is refused, and why, is the model's.
     """
-    maybe_telemetry = subject is None or subject.startswith(_TELEMETRY)
+    maybe_telemetry = subject is None or subject.startswith(subjects.TELEMETRY_PREFIX)
     if maybe_telemetry and len(payload) <= MAX_EVENT_BYTES:
         fast = telemetry_facts(payload)
         if fast is not None:

@@ -3,7 +3,9 @@
 Validation is a rule like any other: a probe that passes on a node under validation
 returns it to service through the safety stages; one that fails hands it to a person.
 A person's `drain` or `undrain` (ChatOps or CLI) arrives as a `chatops` event and is
-decided by a rule too, so it passes the node lock and the fleet breaker.
+decided by a rule too, so it passes the node lock and the fleet breaker. (The power
+controller's rule is no event's: gpuops/power/engine.py hands its requests to the
+pipeline's entry.)
 """
 
 from __future__ import annotations
@@ -54,20 +56,6 @@ def builtin_rules(catalog: Catalog) -> tuple[Rule, ...]:
             escalate=True,
             severity="critical",
             actions=(RuleAction(notify="chatops"),),
-        ),
-        _rule(
-            "power-budget",
-            "chatops",
-            'command == "power-budget"',  # never typed: the power controller makes these
-            "the power controller keeps a group under its budget (gpuops/power/engine.py)",
-            setting=True,
-            severity="info",
-            actions=(
-                RuleAction(
-                    playbook="power_limit.yml",
-                    vars={"limits": "{{ limits }}", "reason": "{{ reason }}"},
-                ),
-            ),
         ),
         _rule(
             "chatops-drain",

@@ -18,15 +18,15 @@ from typing import Any
 
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from gpuops import subjects
 from gpuops.bus.conn import Bus
 from gpuops.bus.publish import JetStreamPublisher
-from gpuops.bus.store import NatsKV, Store
 from gpuops.clock import Clock, rfc3339
-from gpuops.decide.breaker import BreakerState, BreakerStore
-from gpuops.decide.silence import SilenceStore, parse_target, silence_span
+from gpuops.decide.breaker import BreakerState
+from gpuops.decide.silence import parse_target, silence_span
+from gpuops.decide.stores import Stores
 from gpuops.errors import BusError, ConfigError, EngineError
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.durations import format_duration
@@ -42,26 +42,14 @@ from gpuops.ops.heartbeat import EngineState, Heartbeats, engine_state
 from gpuops.ops.power import USAGE as POWER_USAGE
 from gpuops.ops.power import do_power
 from gpuops.power.config import PowerSettings
-from gpuops.record.approvals import ApprovalStatus, ApprovalStore
-from gpuops.record.audit import Auditor, read_audit
-from gpuops.record.episodes import Episode, episode_line, read_open
-from gpuops.record.nodestate import NodeState, NodeStates
+from gpuops.record.approvals import ApprovalStatus
+from gpuops.record.audit import read_audit
+from gpuops.record.episodes import episode_line, read_open
+from gpuops.record.nodestate import NodeState
 from gpuops.scale.lag import render_replicas, replica_view
 from gpuops.settings import ChatopsSettings
 
-DRY_RUN_KEY = "dry_run"
-
-
 FORCE = "--force"
-
-
-class Switch(BaseModel):
-    """A runtime switch in the control bucket (dry-run)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    on: bool
-    by: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +112,7 @@ class Commands:
         clock: Clock,
         inventory: Inventory | None,
         settings: ChatopsSettings,
+        stores: Stores,
         drift_check: Callable[[str], Awaitable[str]] | None = None,
         power: PowerSettings | None = None,
         density: Callable[[float], str] | None = None,
@@ -131,17 +120,25 @@ class Commands:
         """`inventory` None: the CLI's read-only use (status), which needs no inventory file."""
         self.bus, self.clock, self.inventory, self.settings = bus, clock, inventory, settings
         self.power = power or PowerSettings()
-        self.control = control = NatsKV(bus.kv["control"])
-        self.auditor = Auditor(JetStreamPublisher(bus.js))
-        self.approvals = ApprovalStore(control)
-        self.silences = SilenceStore(control)
-        self.breaker = BreakerStore(control)
-        self.switches: Store[Switch] = Store(control, Switch, "switch")
-        self.states = NodeStates(NatsKV(bus.kv["nodes"]))
-        self.episodes: Store[Episode] = Store(NatsKV(bus.kv["nodes"]), Episode, "episode")
-        self.heartbeats = Heartbeats(control)
+        # The engine's own stores when it serves the commands; the CLI's over the same buckets.
+        self.stores = stores
+        self.control = stores.buckets.control
+        self.auditor, self.approvals = stores.auditor, stores.approvals
+        self.silences, self.breaker = stores.silences, stores.breaker
+        self.states, self.episodes = stores.states, stores.episodes
+        self.heartbeats = Heartbeats(self.control)
         self.drift_check = drift_check
         self.density = density
+
+    @classmethod
+    def over_bus(
+        cls, bus: Bus, clock: Clock, inventory: Inventory | None, settings: ChatopsSettings
+    ) -> Commands:
+        """The commands of a process that runs no engine (the CLI): stores over the bus's
+        buckets, as the engine's are; what only the engine can do says so."""
+        return cls(
+            bus, clock, inventory, settings, Stores.over(bus.buckets, JetStreamPublisher(bus.js))
+        )
 
     def _known(self, node: str) -> bool:
         return self.inventory is not None and node in self.inventory
@@ -277,7 +274,7 @@ class Commands:
             if r.status is ApprovalStatus.PENDING and r.expires > now
         ]
         silences = [s.model_dump() for s in await self.silences.all() if s.ends > now]
-        dry, _ = await self.switches.get(DRY_RUN_KEY)
+        dry_run = await self.stores.dry_run.read()
         return {
             "at": now,
             "engine": {
@@ -294,14 +291,14 @@ class Commands:
                 {**ep.model_dump(mode="json"), "id": ep.id, "line": episode_line(ep, now)}
                 for ep in await read_open(self.episodes)
             ],
-            "dry_run": bool(dry and dry.on),
+            "dry_run": dry_run,
             "scale": await self._replicas(),
         }
 
     async def _replicas(self) -> dict[str, Any]:
         """The engine replicas and their partitions (empty when it cannot be read)."""
         try:
-            return await replica_view(self.bus.js, NatsKV(self.bus.kv["leases"]))
+            return await replica_view(self.bus.js, self.stores.buckets.leases)
         except (KeyError, BusError, JsError, NatsError, TimeoutError) as exc:
             return {"error": str(exc) or type(exc).__name__}
 
@@ -391,7 +388,7 @@ class Commands:
     async def do_dry_run(self, args: list[str], caller: Caller) -> str:
         if not args or args[0] not in ("on", "off"):
             raise CommandUsageError("on or off?")
-        await self.switches.put(Switch(on=args[0] == "on", by=caller.user), DRY_RUN_KEY)
+        await self.stores.dry_run.flip(args[0] == "on", caller.user)
         return f"dry-run {args[0]}"
 
     async def do_drift_check(self, args: list[str], caller: Caller) -> str:

@@ -24,7 +24,7 @@ from gpuops.bus.conn import EVENTS, TELEMETRY
 from gpuops.clock import Clock
 from gpuops.errors import BusError, ConfigError
 from gpuops.match.durations import parse_duration
-from gpuops.subjects import PREFIX, token
+from gpuops.subjects import stored_event_at, stored_telemetry_at, token
 
 # A bounded read never waits this long for the next message; longer means a stalled server.
 _STALL_S = 30.0
@@ -60,10 +60,10 @@ class Selection:
         nodes = [token(n) for n in self.nodes] or ["*"]
         out: dict[str, list[str]] = {}
         if not self.kinds or "telemetry" in self.kinds:
-            out[TELEMETRY] = [f"{PREFIX}.telemetry.*.{n}" for n in nodes]  # any partition
+            out[TELEMETRY] = [stored_telemetry_at("*", n) for n in nodes]  # any partition
         kinds = [token(k) for k in self.kinds if k != "telemetry"]
         if kinds or not self.kinds:
-            out[EVENTS] = [f"{PREFIX}.events.*.{k}.{n}" for k in kinds or ["*"] for n in nodes]
+            out[EVENTS] = [stored_event_at("*", k, n) for k in kinds or ["*"] for n in nodes]
         return out
 
 

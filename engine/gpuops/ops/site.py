@@ -106,7 +106,7 @@ def settings_template() -> str:
     """gpuops.yml with every setting at its default, commented out, with its description.
 
     Setting lines start with `# `, prose with `## `: removing `# ` from the first gives a
-    file that loads to the defaults (tests/unit/test_site.py holds it to that).
+    file that loads to the defaults (tests/unit/ops/test_site.py holds it to that).
     """
     lines = [
         "## gpuops settings for this site. gpuops reads ./gpuops.yml when run from this",

@@ -1,13 +1,16 @@
 """The controller inside the engine: telemetry from the pipeline, a supervised loop, and
 every change decided like any rule's action.
 
-- The pipeline hands each telemetry event to `observe` (bounded: the last reading per GPU).
+- The pipeline hands each telemetry event to the controller (`observer`; bounded: the
+  last reading per GPU).
 - `run` steps every `power.interval_s`, and at once when a group's budget changes (an
   override from the CLI or ChatOps, a window opening or closing).
-- Each node's change is a match of the built-in rule `power-budget` (power_limit.yml with
-  per-GPU watts), decided through every safety stage (node lock, silence, dry-run,
-  approvals ...) and audited with the budget and the allocation behind it. Only an
-  accepted change counts as sent; a dropped one is tried again next step.
+- Each node's change is a `Request` handed to the pipeline's entry (`decide`, given at
+  construction): a match of the engine's rule `power-budget` (`power_rule`: the
+  catalogue's power-limit playbook with per-GPU watts), which no event can match,
+  decided through every safety stage (node lock, silence, dry-run, approvals ...) and
+  audited with the budget and the allocation behind it. Only an accepted change counts
+  as sent; a dropped one is tried again next step.
 - The node's allocation is kept in KV (`power.alloc.<node>`): the stage in
   gpuops/power/guard.py reads it to keep other power rules off budgeted GPUs.
 - Floors above a budget are kept, and a person is told (needs-human, through the outbox).
@@ -19,15 +22,18 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from gpuops.bus.store import KV, Store
+from gpuops.catalog import Catalog, Role
 from gpuops.clock import Clock
 from gpuops.inventory.hosts import Inventory
-from gpuops.match.facts import Telemetry, as_telemetry
-from gpuops.models import Event, Match
+from gpuops.match.builtin import BUILTIN_FILE
+from gpuops.match.facts import Telemetry
+from gpuops.match.rules import Rule, RuleAction
+from gpuops.models import Decide, Decision, Match, Request
 from gpuops.power.budgets import FLEET, GroupBudget, Overrides, budgets_now
 from gpuops.power.config import PowerSettings
 from gpuops.power.controller import (
@@ -41,7 +47,6 @@ from gpuops.power.controller import (
 from gpuops.power.units import format_watts
 from gpuops.record.outbox import Tell
 from gpuops.record.recorder import Recorder
-from gpuops.spine.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +64,46 @@ class NodeAllocation(BaseModel):
     limits: dict[str, float]
     budgets: dict[str, float]
     at: float
+
+
+class Sharing(Protocol):
+    """Which nodes this replica decides for, and whether others hold some (gpuops.scale)."""
+
+    def owns(self, node: str) -> bool:
+        """Whether this replica decides for the node now."""
+        ...
+
+    def shared_with_others(self, nodes: frozenset[str]) -> bool:
+        """Whether another replica owns some of these nodes."""
+        ...
+
+
+def power_rule(catalog: Catalog) -> Rule:
+    """The rule the controller's requests are decided under; no event can match it."""
+    return Rule(
+        name=POWER_RULE,
+        on="power",
+        file=BUILTIN_FILE,
+        line=0,
+        description="the power controller keeps a group under its budget",
+        setting=True,
+        severity="info",
+        actions=(
+            RuleAction(
+                playbook=catalog.for_role(Role.POWER_LIMIT),
+                vars={"limits": "{{ limits }}", "reason": "{{ reason }}"},
+            ),
+        ),
+    )
+
+
+def observer(controller: PowerController) -> Callable[[Telemetry], None]:
+    """What the pipeline calls with each telemetry sample: the controller's readings."""
+
+    def observe(telemetry: Telemetry) -> None:
+        controller.observe(telemetry.node, readings(telemetry), telemetry.epoch)
+
+    return observe
 
 
 def allocations(kv: KV) -> Store[NodeAllocation]:
@@ -109,28 +154,26 @@ class PowerEngine:
         settings: PowerSettings,
         inventory: Inventory,
         control: KV,
-        pipeline: Pipeline,
+        controller: PowerController,
+        decide: Decide,
+        sharing: Sharing,
         recorder: Recorder,
         clock: Clock,
     ) -> None:
         self.settings, self.inventory, self.clock = settings, inventory, clock
-        self.pipeline, self.recorder = pipeline, recorder
+        self.decide, self.sharing, self.recorder = decide, sharing, recorder
         self.overrides = Overrides(control)
         self.records = allocations(control)
-        self.controller = PowerController(settings, node_policies(inventory, settings))
+        self.controller = controller
         self.hosts_of = {**inventory.groups, FLEET: inventory.hosts}
         self.told: dict[str, float] = {}  # group -> the budget a person was told of
         self.split: set[str] = set()  # groups told to be split between replicas
-        # Whether another replica owns some of these nodes (set by the app: its leases).
-        self.shared_with_others: Callable[[frozenset[str]], bool] = lambda nodes: False
         self.last: Plan | None = None
+        self.decided: list[Decision] = []  # the last step's decisions (replaced each step)
         self._loaded = False
-
-    def observe(self, event: Event | Telemetry) -> None:
-        """Take a telemetry event's power readings (others are not the controller's)."""
-        telemetry = as_telemetry(event)
-        if telemetry is not None:
-            self.controller.observe(telemetry.node, readings(telemetry), telemetry.epoch)
+        # When budgets were last read and stepped, and what they were (`poll`).
+        self._polled = self._stepped = float("-inf")
+        self._seen: dict[str, float] | None = None
 
     async def budgets(self) -> list[GroupBudget]:
         """Every group's budget now."""
@@ -138,17 +181,26 @@ class PowerEngine:
         return budgets_now(self.settings, overrides, self.hosts_of, self.clock.now())
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Step every interval, and at once when a budget changes, until `stop`."""
-        last_step, last_seen = float("-inf"), None
+        """Poll until `stop` (the live engine's loop; shadow mode polls as its clock moves)."""
         while not stop.is_set():
-            budgets = await self.budgets()
-            seen = {b.group: b.watts for b in budgets}
-            now = self.clock.now()
-            if seen != last_seen or now - last_step >= self.settings.interval_s:
-                await self.step(budgets)
-                last_step, last_seen = now, seen
+            await self.poll()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), POLL_S)
+
+    async def poll(self) -> list[Decision]:
+        """Read the budgets about every POLL_S of the clock; step when one changed or the
+        interval passed. The decisions of the step (none when it did not step)."""
+        now = self.clock.now()
+        if now - self._polled < POLL_S / 2:  # half: the live loop's waits are not exact
+            return []
+        self._polled = now
+        budgets = await self.budgets()
+        seen = {b.group: b.watts for b in budgets}
+        if seen == self._seen and now - self._stepped < self.settings.interval_s:
+            return []
+        await self.step(budgets)
+        self._stepped, self._seen = now, seen
+        return self.decided
 
     async def step(self, budgets: list[GroupBudget] | None = None) -> Plan:
         """One control step: plan, decide each node's change, keep the records."""
@@ -159,7 +211,7 @@ class PowerEngine:
         now = self.clock.now()
         budgets = await self._whole(budgets, now)
         plan = self.controller.plan(budgets, now)
-        self.last = plan
+        self.last, self.decided = plan, []
         sent = [c for c in plan.changes if await self._decide(c, plan, now)]
         for node in plan.released:
             await self.records.delete(node)
@@ -177,11 +229,11 @@ class PowerEngine:
         are told once, so a budget is never silently not kept (docs/power.md, replicas)."""
         whole = []
         for b in budgets:
-            if all(self.pipeline.owns(n) for n in b.nodes):
+            if all(self.sharing.owns(n) for n in b.nodes):
                 whole.append(b)
                 self.split.discard(b.group)
                 continue
-            if not self.shared_with_others(b.nodes):
+            if not self.sharing.shared_with_others(b.nodes):
                 # Partitions not all taken yet (a start): planned as before; a change for
                 # a node not owned yet is not decided (`_decide`).
                 whole.append(b)
@@ -200,10 +252,11 @@ class PowerEngine:
         return whole
 
     async def _decide(self, change: NodeChange, plan: Plan, now: float) -> bool:
-        if not self.pipeline.owns(change.node):
+        if not self.sharing.owns(change.node):
             return False  # another replica owns the node's partition (and its samples)
-        d = await self.pipeline.handle_match(self._match(change, plan, now))
-        if d is None or not d.accepted:
+        decisions = await self.decide(Request(match=self._match(change, plan, now)))
+        self.decided += decisions
+        if not any(d.accepted for d in decisions):
             return False
         self.controller.sent(change, now)
         if not change.restore:
@@ -246,7 +299,7 @@ class PowerEngine:
         gpus = tuple(sorted(change.limits))
         return Match(
             rule=POWER_RULE,
-            kind="chatops",  # the engine's own request, like a person's: not a fault
+            kind="power",  # the engine's own request: not a fault, and no event has it
             node=change.node,
             gpu=gpus[0] if len(gpus) == 1 else None,
             gpus=gpus,

@@ -9,12 +9,11 @@ dropped with `power_budget`. The record goes when the node is back at policy.
 from __future__ import annotations
 
 from gpuops.bus.store import KV, Store
+from gpuops.catalog import Catalog, Role
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.models import Reason
 from gpuops.power.config import PowerSettings
 from gpuops.power.engine import POWER_RULE, NodeAllocation, allocations
-
-POWER_PLAYBOOK = "power_limit.yml"
 
 
 class YieldToBudget(BaseStage):
@@ -22,8 +21,9 @@ class YieldToBudget(BaseStage):
 
     name = "power_budget"
 
-    def __init__(self, control: KV, settings: PowerSettings) -> None:
+    def __init__(self, control: KV, settings: PowerSettings, catalog: Catalog) -> None:
         self.records: Store[NodeAllocation] = allocations(control)
+        self.catalog = catalog
         self.rules = frozenset(settings.yield_rules)
 
     def _about_power(self, p: Proposal) -> bool:
@@ -35,7 +35,7 @@ class YieldToBudget(BaseStage):
         return (
             p.rule.name in self.rules
             or baseline_power
-            or any(a.playbook == POWER_PLAYBOOK for a in p.actions)
+            or any(self.catalog.has_role(a.playbook, Role.POWER_LIMIT) for a in p.actions)
         )
 
     async def check(self, p: Proposal) -> Drop | None:

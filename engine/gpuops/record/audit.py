@@ -101,7 +101,7 @@ async def read_audit(
     js: JetStreamContext, node: str | None = None, batch: int = 512
 ) -> AsyncIterator[AuditRecord]:
     """Every stored audit record, oldest first, optionally for one node."""
-    subject = audit_subject(node) if node else "gpuops.audit.>"
+    subject = audit_subject(node) if node else subjects.AUDIT
     try:
         info = await js.stream_info(AUDIT)
     except NotFoundError:

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog
 from gpuops.clock import Clock
-from gpuops.models import STATEFUL_KINDS, Decision, Intent, Reason, RunOutcome
+from gpuops.models import NOT_FAULT_KINDS, STATEFUL_KINDS, Decision, Intent, Reason, RunOutcome
 from gpuops.record.audit import Auditor
 from gpuops.record.metrics import Metrics
 from gpuops.record.outbox import Outbox, Tell
@@ -97,6 +97,11 @@ class EpisodeTimes:
     resolve_after_s: float = 300.0
 
 
+def episode_records(kv: KV) -> Store[Episode]:
+    """The episode records in the nodes bucket."""
+    return Store(kv, Episode, "episode")
+
+
 class Episodes:
     """Opens, folds, escalates and resolves episodes; tells people through the outbox."""
 
@@ -110,7 +115,7 @@ class Episodes:
         auditor: Auditor,
         times: EpisodeTimes | None = None,
     ) -> None:
-        self.store: Store[Episode] = Store(kv, Episode, "episode")
+        self.store = episode_records(kv)
         self.auditor = auditor
         self.catalog = catalog
         self.clock = clock
@@ -128,8 +133,8 @@ class Episodes:
         if m.rule == VALIDATION_PASSED and d.accepted:
             await self.validated(m.node, m.at)
             return
-        if m.kind == "chatops":
-            return  # a person's command is not a fault
+        if m.kind in NOT_FAULT_KINDS:
+            return  # a person's command, the power controller's request: not a fault
         now, key = self.clock.now(), (m.rule, m.node)
         ep = self.open.get(key) or await self._load(key)
         first = ep is None

@@ -55,11 +55,9 @@ class Outbox:
         self,
         notifier: Notifier,
         grouping: Grouping | None = None,
-        inhibited_by: Callable[[], set[str]] = set,
     ) -> None:
         self.notifier = notifier
         self.grouping = grouping or Grouping()
-        self.inhibited_by = inhibited_by
         self.groups: dict[tuple[str, str], _Group] = {}
         self.inhibited = 0
 
@@ -70,8 +68,13 @@ class Outbox:
             group.since = now
         group.tells.append(tell)
 
-    def flush(self, now: float, force: bool = False) -> int:
-        """Send every group that is due (`force`: every group); how many messages went out."""
+    def flush(
+        self, now: float, force: bool = False, inhibited: Callable[[], set[str]] = set
+    ) -> int:
+        """Send every group that is due (`force`: every group); how many messages went out.
+
+        `inhibited` names the nodes whose GPU-level notes a node-level episode holds back
+        (asked only when something is due: the episodes, which tell through this box)."""
         g = self.grouping
         due = [
             (key, grp)
@@ -84,7 +87,7 @@ class Outbox:
         ]
         if not due:
             return 0
-        node_level = self.inhibited_by()
+        node_level = inhibited()
         batches: list[tuple[tuple[str, str], list[Tell]]] = []
         for key, grp in due:
             kept = [t for t in grp.tells if not (t.level == "gpu" and t.node in node_level)]

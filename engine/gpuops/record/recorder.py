@@ -113,7 +113,7 @@ class Recorder:
             record = decision_record(d, [i.key for i in intents], now, approval, repeats)
             writes.append(self.auditor.write(record, decision_msg_id(d)))
         await together(*writes)
-        self.outbox.flush(now)
+        self.outbox.flush(now, inhibited=self.episodes.node_level)
 
     async def _hold(self, d: Decision) -> str:
         record = await self.approvals.open(d, self.clock.now(), self.approval_timeout_s)
@@ -130,7 +130,7 @@ class Recorder:
 
     def flush(self, force: bool = False) -> None:
         """Send the grouped notifications that are due (`force`: all, at shutdown)."""
-        self.outbox.flush(self.clock.now(), force)
+        self.outbox.flush(self.clock.now(), force, self.episodes.node_level)
 
     def _tell_node(self, topic: str, node: str, rule: str, text: str) -> None:
         self.outbox.add(Tell(topic, rule, node, "node", text), self.clock.now())

@@ -17,6 +17,7 @@ from typing import Any
 
 from nats.errors import Error as NatsError
 
+from gpuops import subjects
 from gpuops.bus.conn import Bus
 from gpuops.clock import ScaledClock
 from gpuops.models import subject_for
@@ -69,7 +70,7 @@ class SimDriver:
         """Tick until `stop`; each tick is one telemetry interval of simulated time."""
         # Agents answer probe requests (the engine validates remediated nodes this way).
         self._stop = stop
-        sub = await self.bus.nc.subscribe("gpuops.agent.*.probe", cb=self._on_probe_request)
+        sub = await self.bus.nc.subscribe(subjects.PROBE_REQUESTS, cb=self._on_probe_request)
         try:
             await self._loop(stop)
         finally:

@@ -26,7 +26,6 @@ from gpuops.act.evidence import Evidence
 from gpuops.act.executor import Executor
 from gpuops.bus.conn import EVENTS, TELEMETRY, Bus
 from gpuops.bus.publish import JetStreamPublisher
-from gpuops.bus.store import NatsKV, Store
 from gpuops.catalog import Catalog, load_catalog
 from gpuops.clock import Clock
 from gpuops.console import Console, Latest
@@ -35,7 +34,6 @@ from gpuops.decide.breaker import BreakerState
 from gpuops.errors import EngineError
 from gpuops.http import HttpServer
 from gpuops.intake.alertmanager import AlertmanagerReceiver
-from gpuops.intake.answers import settle_approvals
 from gpuops.intake.consumer import Intake, Priority
 from gpuops.intake.scheduler import DriftScheduler
 from gpuops.inventory.hosts import Inventory, load_inventory
@@ -44,7 +42,7 @@ from gpuops.match.loader import load_rules, rule_files
 from gpuops.match.rules import RuleSet
 from gpuops.ops.chatops import Chatops
 from gpuops.ops.cmdwire import CommandReply
-from gpuops.ops.commands import DRY_RUN_KEY, Commands, Switch
+from gpuops.ops.commands import Commands
 from gpuops.ops.heartbeat import EVERY_S as HEARTBEAT_EVERY_S
 from gpuops.ops.heartbeat import Heartbeats, this_process
 from gpuops.record.audit import Auditor
@@ -55,7 +53,7 @@ from gpuops.scale.leases import default_replica_id
 from gpuops.scale.replica import Partitions, ReplicaLock, filters
 from gpuops.settings import Settings
 from gpuops.signing import load_key
-from gpuops.spine.build import Buckets, Engine, build_engine
+from gpuops.spine.build import Engine, build_engine
 from gpuops.spine.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -82,7 +80,7 @@ class App:
     clock: Clock
     rules: RuleSet
     inventory: Inventory
-    notifier: Notifier = field(default_factory=Notifier)
+    notifier: Notifier = field(init=False)
     engine: Engine = field(init=False)
     catalog: Catalog = field(init=False)
     executor: Executor | None = field(init=False, default=None)
@@ -99,27 +97,27 @@ class App:
     def __post_init__(self) -> None:
         s = self.settings
         self.started = self.clock.now()
-        if not self.notifier.webhooks and s.chatops.webhooks:
-            self.notifier.webhooks = [Webhook(w.kind, w.url, w.channel) for w in s.chatops.webhooks]
+        self.notifier = Notifier([Webhook(w.kind, w.url, w.channel) for w in s.chatops.webhooks])
         self.catalog = load_catalog(s.playbooks_dir)
         key = load_key(signing_key_path(s))
+        self.latest = Latest(self.inventory)
         self.engine = build_engine(
             s,
             rules=self.rules,
             inventory=self.inventory,
             catalog=self.catalog,
-            buckets=Buckets.on(self.bus),
+            buckets=self.bus.buckets,
             publisher=JetStreamPublisher(self.bus.js),
             clock=self.clock,
             signing_key=key,
             notifier=self.notifier,
+            observers=(self.latest.observe,),  # the console's heatmap
+            sharing=self,  # which nodes are this replica's: its partitions (below)
         )
-        self.latest = Latest(self.inventory)
-        self.engine.pipeline.observers.append(self.latest.observe)  # the console's heatmap
         if s.role in ("all", "engine"):
             self.partitions = Partitions(
                 self.bus.js,
-                NatsKV(self.bus.kv["leases"]),
+                self.engine.buckets.leases,
                 self.replica_id,
                 s.nats.partitions,
                 s.nats.lease_s,
@@ -129,8 +127,6 @@ class App:
                 self._intake,
                 self.engine.metrics,
             )
-            self.engine.pipeline.owns = self.partitions.owns
-            self.engine.power.shared_with_others = self.partitions.shared_with_others
         if s.role in ("all", "executor"):
             self.executor = Executor(
                 self.bus,
@@ -154,6 +150,15 @@ class App:
                     s.executor.evidence_max_bytes,
                 ),
             )
+
+    def owns(self, node: str) -> bool:
+        """Whether this replica decides for the node now (its partition's lease; a process
+        that runs no engine loops has no partitions to ask)."""
+        return self.partitions is None or self.partitions.owns(node)
+
+    def shared_with_others(self, nodes: frozenset[str]) -> bool:
+        """Whether another replica owns the partition of some of these nodes."""
+        return self.partitions is not None and self.partitions.shared_with_others(nodes)
 
     @property
     def replica_id(self) -> str:
@@ -199,7 +204,7 @@ class App:
             loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self.reload()))
         loops: dict[str, Callable[[], Awaitable[None]]] = {}
         if self.partitions is not None:
-            loops["partitions"] = lambda: self.partitions.run(self.stop)  # type: ignore[union-attr]
+            loops["partitions"] = self._partitions
         loops["heartbeat"] = self._heartbeat
         loops["notes"] = self._notes  # every role tells people (an executor: failed runs)
         if self.partitions is not None:
@@ -214,6 +219,13 @@ class App:
             if self.partitions is not None:
                 held.enter_context(ReplicaLock(self.settings.state_dir, self.replica_id))
             await self._run_loops(loops)
+
+    async def _partitions(self) -> None:
+        """Take partitions only once the dry-run switch people left is read: a restart of a
+        dry-run fleet must not act on the events it finds waiting."""
+        assert self.partitions is not None
+        await self.engine.stores.dry_run.read()
+        await self.partitions.run(self.stop)
 
     async def _run_loops(self, loops: dict[str, Callable[[], Awaitable[None]]]) -> None:
         server = await self._start_http() if self.settings.http else None
@@ -309,6 +321,7 @@ class App:
             self.clock,
             self.inventory,
             self.settings.chatops,
+            self.engine.stores,
             self.run_drift_check,
             self.settings.power,
             density=self.density_report,
@@ -427,12 +440,8 @@ class App:
 
     async def _tick(self) -> None:
         last_observe = last_sweep = float("-inf")
-        switch: Store[Switch] = Store(self.engine.buckets.control, Switch, "switch")
         while not self.stop.is_set():
-            await self.engine.pipeline.tick()
-            await settle_approvals(self.engine.approvals, self.engine.pipeline, self.clock)
-            dry, _ = await switch.get(DRY_RUN_KEY)
-            self.engine.pipeline.decider.dry_run = self.settings.dry_run or bool(dry and dry.on)
+            await self.engine.tick()
             now = self.clock.now()
             if now - last_observe >= OBSERVE_EVERY_S:
                 last_observe = now

@@ -2,16 +2,16 @@
 
 The live engine passes KV buckets on NATS and a JetStream publisher; `replay` and
 `test-rules` pass in-memory buckets and a list, and so run every stage the live engine
-runs, in the same order.
+runs, in the same order, through the same entry.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gpuops.bus.conn import Bus
+from gpuops.bus.buckets import Buckets
 from gpuops.bus.publish import Publisher
-from gpuops.bus.store import KV, MemoryKV, NatsKV
 from gpuops.catalog import Catalog
 from gpuops.clock import Clock
 from gpuops.decide.approval import ApprovalGate
@@ -27,11 +27,23 @@ from gpuops.decide.nodegate import Escalate, NodeStateGate
 from gpuops.decide.silence import Silences, SilenceStore
 from gpuops.decide.stage import Decider, Stage
 from gpuops.decide.stale import StaleCutoff
+from gpuops.decide.stores import Stores
+from gpuops.intake.answers import Answers
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.builtin import with_builtins
+from gpuops.match.facts import Telemetry
 from gpuops.match.matcher import Matcher
 from gpuops.match.rules import RuleSet
-from gpuops.power.engine import PowerEngine
+from gpuops.models import Decision
+from gpuops.power.controller import PowerController
+from gpuops.power.engine import (
+    POWER_RULE,
+    PowerEngine,
+    Sharing,
+    node_policies,
+    observer,
+    power_rule,
+)
 from gpuops.power.guard import YieldToBudget
 from gpuops.record.approvals import ApprovalStore
 from gpuops.record.audit import Auditor
@@ -42,35 +54,9 @@ from gpuops.record.notify import Notifier
 from gpuops.record.outbox import Grouping, Outbox
 from gpuops.record.recorder import Recorder
 from gpuops.settings import Settings
-from gpuops.spine.pipeline import Pipeline
+from gpuops.spine.pipeline import Pipeline, Whole
 
-
-@dataclass(frozen=True, slots=True)
-class Buckets:
-    """The KV stores by purpose."""
-
-    locks: KV
-    cooldowns: KV
-    history: KV
-    control: KV
-    nodes: KV
-    claims: KV
-
-    @classmethod
-    def on(cls, bus: Bus) -> Buckets:
-        """The JetStream buckets of a connected bus."""
-        kv = bus.kv
-        return cls(
-            *(
-                NatsKV(kv[n])
-                for n in ("locks", "cooldowns", "history", "control", "nodes", "claims")
-            )
-        )
-
-    @classmethod
-    def memory(cls) -> Buckets:
-        """Fresh in-memory buckets."""
-        return cls(MemoryKV(), MemoryKV(), MemoryKV(), MemoryKV(), MemoryKV(), MemoryKV())
+__all__ = ["Buckets", "Engine", "build_engine"]
 
 
 @dataclass
@@ -79,15 +65,20 @@ class Engine:
 
     pipeline: Pipeline
     recorder: Recorder
-    approvals: ApprovalStore
-    breaker: BreakerStore
-    silences: SilenceStore
-    states: NodeStates
-    locks: NodeLocks
+    stores: Stores
     metrics: Metrics
     notifier: Notifier
-    buckets: Buckets
     power: PowerEngine
+    answers: Answers
+
+    async def tick(self) -> list[Decision]:
+        """What the engine decides from time rather than from an event, every tick: silence
+        (`absent` rules) and the approvals people answered; then the dry-run switch is
+        read again. Live (`App`) and shadow mode both call this."""
+        decisions = await self.pipeline.tick()
+        decisions += await self.answers.settle()
+        await self.stores.dry_run.read()
+        return decisions
 
     @property
     def matcher(self) -> Matcher:
@@ -98,6 +89,36 @@ class Engine:
     def auditor(self) -> Auditor:
         """The audit trail's writer."""
         return self.recorder.auditor
+
+    @property
+    def buckets(self) -> Buckets:
+        """The KV buckets the stores are over."""
+        return self.stores.buckets
+
+    @property
+    def approvals(self) -> ApprovalStore:
+        """Held decisions."""
+        return self.stores.approvals
+
+    @property
+    def breaker(self) -> BreakerStore:
+        """The fleet breaker's records."""
+        return self.stores.breaker
+
+    @property
+    def silences(self) -> SilenceStore:
+        """Silences and maintenance windows."""
+        return self.stores.silences
+
+    @property
+    def states(self) -> NodeStates:
+        """Each node's lifecycle state."""
+        return self.stores.states
+
+    @property
+    def locks(self) -> NodeLocks:
+        """One remediation at a time per node."""
+        return self.stores.locks
 
 
 def build_engine(
@@ -111,11 +132,19 @@ def build_engine(
     clock: Clock,
     signing_key: bytes,
     notifier: Notifier | None = None,
+    observers: Sequence[Callable[[Telemetry], None]] = (),
+    sharing: Sharing | None = None,
+    metrics: Metrics | None = None,
 ) -> Engine:
-    """Match -> decide (the stages below, in this order) -> intent -> record."""
+    """Match -> decide (the stages below, in this order) -> intent -> record.
+
+    Everything is wired here: `observers` see every telemetry sample (the console's
+    heatmap), `sharing` says which nodes this replica decides for (gpuops.scale; one
+    engine: all of them), and the power controller and people's answers hand their
+    requests to the pipeline's one entry."""
     s, notifier = settings.safety, notifier or Notifier()
-    states, locks = NodeStates(buckets.nodes), NodeLocks(buckets.locks)
-    silences, breaker = SilenceStore(buckets.control), BreakerStore(buckets.control)
+    sharing = sharing or Whole()
+    stores = Stores.over(buckets, publisher, settings.dry_run)
 
     async def tripped(why: str) -> None:
         notifier.notify("breaker open", f"automation stopped: {why}; reset it when understood")
@@ -123,17 +152,17 @@ def build_engine(
     stages: list[Stage] = [
         KnownNode(inventory),
         StaleCutoff(s.stale_after_s, settings.max_future_skew_s),
-        NodeStateGate(states),
+        NodeStateGate(stores.states),
         Escalate(),
-        YieldToBudget(buckets.control, settings.power),  # budgeted GPUs: the controller's
-        Silences(silences, inventory),
+        YieldToBudget(buckets.control, settings.power, catalog),  # budgeted GPUs
+        Silences(stores.silences, inventory),
         Cooldown(buckets.cooldowns, catalog),
         LadderStage(buckets.history),  # picks the rung: the stages below judge its playbook
         Equivalence(buckets.history, catalog, s.equivalence_window_s),
-        NodeLock(locks, s.lock_lease_s),
+        NodeLock(stores.locks, s.lock_lease_s),
         AttemptCap(buckets.history, catalog, s.attempt_cap, s.attempt_window_s),
         FleetBreaker(
-            breaker,
+            stores.breaker,
             catalog,
             len(inventory.hosts),
             share=s.breaker_share,
@@ -145,28 +174,60 @@ def build_engine(
         DryRun(),
         ApprovalGate(),
     ]
-    metrics = Metrics()
-    approvals = ApprovalStore(buckets.control)
-    n = settings.notifications
-    outbox = Outbox(
-        notifier,
-        Grouping(n.group_wait_s, n.group_interval_s, n.storm_nodes),
-        inhibited_by=lambda: episodes.node_level(),
+    metrics = metrics or Metrics()
+    recorder = _recorder(settings, stores, catalog, notifier, clock, metrics)
+    controller = PowerController(settings.power, node_policies(inventory, settings.power))
+    pipeline = Pipeline(
+        Matcher(with_builtins(rules, catalog), clock, inventory=inventory),
+        Decider(stages, clock, stores.dry_run),
+        recorder,
+        publisher,
+        clock,
+        inventory,
+        metrics,
+        signing_key,
+        requests={POWER_RULE: power_rule(catalog)},
+        observers=(observer(controller), *observers),
+        owner=sharing,
     )
-    auditor = Auditor(publisher)
+    power = PowerEngine(
+        settings.power,
+        inventory,
+        buckets.control,
+        controller,
+        pipeline.handle,
+        sharing,
+        recorder,
+        clock,
+    )
+    answers = Answers(stores.approvals, pipeline.handle, sharing.owns, recorder, clock)
+    return Engine(pipeline, recorder, stores, metrics, notifier, power, answers)
+
+
+def _recorder(
+    settings: Settings,
+    stores: Stores,
+    catalog: Catalog,
+    notifier: Notifier,
+    clock: Clock,
+    metrics: Metrics,
+) -> Recorder:
+    """The record stage: audit, node state, episodes and what people are told."""
+    n, s = settings.notifications, settings.safety
+    outbox = Outbox(notifier, Grouping(n.group_wait_s, n.group_interval_s, n.storm_nodes))
     episodes = Episodes(
-        buckets.nodes,
+        stores.buckets.nodes,
         catalog,
         clock,
         outbox,
         metrics,
-        auditor,
+        stores.auditor,
         EpisodeTimes(n.repeat_interval_s, n.resolve_after_s),
     )
-    recorder = Recorder(
-        auditor,
-        states,
-        approvals,
+    return Recorder(
+        stores.auditor,
+        stores.states,
+        stores.approvals,
         catalog,
         notifier,
         clock,
@@ -174,24 +235,4 @@ def build_engine(
         outbox,
         s.approval_timeout_s,
         s.validation_timeout_s,
-    )
-    matcher = Matcher(with_builtins(rules, catalog), clock, inventory=inventory)
-    decider = Decider(stages, clock, settings.dry_run)
-    pipeline = Pipeline(
-        matcher, decider, recorder, publisher, clock, inventory, metrics, signing_key
-    )
-    power = PowerEngine(settings.power, inventory, buckets.control, pipeline, recorder, clock)
-    pipeline.observers.append(power.observe)
-    return Engine(
-        pipeline,
-        recorder,
-        approvals,
-        breaker,
-        silences,
-        states,
-        locks,
-        metrics,
-        notifier,
-        buckets,
-        power,
     )

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from gpuops.bus.publish import Publisher
 from gpuops.bus.store import together
@@ -23,7 +24,8 @@ from gpuops.errors import LeaseLost
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.facts import Telemetry, as_telemetry
 from gpuops.match.matcher import Matcher
-from gpuops.models import Decision, Event, Intent, Match, action_subject
+from gpuops.match.rules import Rule
+from gpuops.models import Decision, Event, Intent, Match, Request, action_subject
 from gpuops.record.audit import Auditor
 from gpuops.record.density import DensityTracker
 from gpuops.record.metrics import Metrics
@@ -42,8 +44,28 @@ def intent_key(rule: str, key: str, event_id: str, playbook: str) -> str:
     return hashlib.sha256(f"{rule}|{key}|{event_id}|{playbook}".encode()).hexdigest()[:40]
 
 
+class Owner(Protocol):
+    """Which nodes this engine decides for now (gpuops.scale: its partitions' leases)."""
+
+    def owns(self, node: str) -> bool:
+        """Whether this replica decides for the node now."""
+        ...
+
+
+class Whole:
+    """One engine for the whole fleet: it decides for every node (replay, a lone engine)."""
+
+    def owns(self, node: str) -> bool:
+        """Always."""
+        return True
+
+    def shared_with_others(self, nodes: frozenset[str]) -> bool:
+        """Never."""
+        return False
+
+
 class Pipeline:
-    """Match, decide, write intents, record."""
+    """Match, decide, write intents, record: one entry, `handle`, for events and requests."""
 
     def __init__(
         self,
@@ -55,6 +77,10 @@ class Pipeline:
         inventory: Inventory,
         metrics: Metrics,
         signing_key: bytes,
+        *,
+        requests: Mapping[str, Rule] | None = None,
+        observers: Sequence[Callable[[Telemetry], None]] = (),
+        owner: Owner | None = None,
         density: DensityTracker | None = None,
     ) -> None:
         self.matcher = matcher
@@ -66,12 +92,13 @@ class Pipeline:
         self.inventory = inventory
         self.metrics = metrics
         self.signing_key = signing_key
+        # The rules the engine's own requests are decided under (no event matches them).
+        self.requests: Mapping[str, Rule] = requests or {}
         # Called with every telemetry sample from a known host before matching: the
-        # density report's day of utilisation, the power controller.
-        self.observers: list[Callable[[Telemetry], None]] = [self.density.observe]
-        # Whether this replica decides for a node now (its partition's lease); asked before
-        # every decision and again before its intents are written (gpuops.scale).
-        self.owns: Callable[[str], bool] = lambda node: True
+        # density report's day of utilisation, the power controller, the console.
+        self.observers = (self.density.observe, *observers)
+        # Asked before every decision and again before its intents are written.
+        self.owner: Owner = owner or Whole()
         self._unknown: dict[str, int] = {}
         self._unknown_reported = float("-inf")
 
@@ -80,37 +107,55 @@ class Pipeline:
         """Where decisions are recorded."""
         return self.recorder.auditor
 
-    async def handle(self, event: Event | Telemetry) -> None:
-        """Everything the engine does with one event (telemetry: expanded to facts once)."""
-        self.metrics.events.labels(event.kind).inc()
-        if event.node not in self.inventory:
-            await self._unknown_node(event)
-            return
-        self._fence(event.node)
-        telemetry = as_telemetry(event)
+    async def handle(self, item: Event | Telemetry | Request) -> list[Decision]:
+        """Everything the engine does with one event (telemetry: expanded to facts once) or
+        one of its own requests; the decisions made, in order."""
+        if isinstance(item, Request):
+            return await self._request(item)
+        self.metrics.events.labels(item.kind).inc()
+        if item.node not in self.inventory:
+            await self._unknown_node(item)
+            return []
+        self._fence(item.node)
+        event: Event | Telemetry = item
+        telemetry = as_telemetry(item)
         if telemetry is not None:
             event = telemetry
             for observe in self.observers:
                 observe(telemetry)
-        for match in self.matcher.match(event):
-            await self.handle_match(match)
+        decisions = [await self._decide(match) for match in self.matcher.match(event)]
         await self.settle_cleared()
+        return [d for d in decisions if d is not None]
 
     async def settle_cleared(self) -> None:
         """Conditions that went false on keys that had fired: their episodes may be over."""
         for rule, node, gpu, at in self.matcher.take_cleared():
             await self.recorder.cleared(rule, node, gpu, at)
 
-    async def tick(self) -> None:
-        """Matches that come from silence rather than from an event."""
+    async def tick(self) -> list[Decision]:
+        """Matches that come from silence rather than from an event; the decisions made."""
+        decisions = []
         for match in self.matcher.tick(self.clock.now()):
-            if self.owns(match.node):  # a silence of a node another replica now hears
-                await self.handle_match(match)
+            if self.owner.owns(match.node):  # a silence of a node another replica now hears
+                decisions.append(await self._decide(match))
         await self._report_unknown(force=False)
+        return [d for d in decisions if d is not None]
 
-    async def handle_match(self, match: Match, approved_by: str | None = None) -> Decision | None:
+    async def _request(self, request: Request) -> list[Decision]:
+        """A power change or an approved match: decided like any match, under the engine's
+        rule for it, or the loaded rule the held match fired (gone: nothing decided)."""
+        name = request.match.rule
+        rule = self.requests.get(name) or self.matcher.rules.get(name)
+        if rule is None:
+            return []
+        d = await self._decide(request.match, rule, request.approved_by)
+        return [] if d is None else [d]
+
+    async def _decide(
+        self, match: Match, rule: Rule | None = None, approved_by: str | None = None
+    ) -> Decision | None:
         """Decide one match, store its intents, record the decision."""
-        rule = self.matcher.rules.get(match.rule)
+        rule = rule or self.matcher.rules.get(match.rule)
         if rule is None:
             return None
         self._fence(match.node)
@@ -141,7 +186,7 @@ class Pipeline:
     def _fence(self, node: str) -> None:
         """Refuse to decide for a node whose partition this replica does not hold now: the
         event is not acked, and its partition's owner decides it."""
-        if not self.owns(node):
+        if not self.owner.owns(node):
             raise LeaseLost(f"partition of {node} is not held by this replica")
 
     def _intents(self, d: Decision) -> list[Intent]:

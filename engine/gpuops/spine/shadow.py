@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuops import subjects
+from gpuops.act.completion import Completion
+from gpuops.bus.buckets import Buckets
 from gpuops.bus.publish import MemoryPublisher
 from gpuops.catalog import load_catalog
 from gpuops.clock import ManualClock, rfc3339
@@ -27,13 +30,12 @@ from gpuops.models import (
     Decision,
     Event,
     Intent,
-    Match,
     Reason,
     RunOutcome,
     RunStatus,
 )
 from gpuops.settings import Settings
-from gpuops.spine.build import Buckets, build_engine
+from gpuops.spine.build import build_engine
 
 # Decisions that say what the engine would do; the other drops say why it would not.
 WOULD = (Reason.ACCEPTED, Reason.DRY_RUN, Reason.NO_ACTION, Reason.APPROVAL_PENDING)
@@ -81,7 +83,12 @@ def would_run(d: Decision) -> list[WouldRun]:
 
 
 class Shadow:
-    """The engine on in-memory stores and a manual clock, collecting decisions."""
+    """The engine on in-memory stores and a manual clock, collecting decisions.
+
+    Events go through `Pipeline.handle`, silence and people's answers through the live
+    tick, the power controller polls as the clock moves, and every intent "runs" at once
+    through the executor's own start and end (`Completion`): only the playbook run itself
+    is simulated (it succeeds, as on the simulated fleet)."""
 
     def __init__(
         self,
@@ -90,22 +97,28 @@ class Shadow:
         settings: Settings | None = None,
         playbooks_dir: Path | None = None,
         hostvars: Mapping[str, dict[str, Any]] | None = None,
+        groups: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self.clock = ManualClock(0.0)
         self.publisher = MemoryPublisher()
         self.hosts = frozenset(nodes)
+        inventory = Inventory(
+            Path("<shadow>"), self.hosts, dict(groups or {}), dict(hostvars or {})
+        )
         self.engine = build_engine(
             self.settings,
             rules=rules,
-            inventory=Inventory(Path("<shadow>"), self.hosts, {}, dict(hostvars or {})),
+            inventory=inventory,
             catalog=load_catalog(playbooks_dir or self.settings.playbooks_dir),
             buckets=Buckets.memory(),
             publisher=self.publisher,
             clock=self.clock,
             signing_key=secrets.token_bytes(32),
         )
+        self.completion = Completion(self.engine.recorder, self.engine.locks, self._probe)
         self.decisions: list[Decision] = []
+        self.probes: list[str] = []  # nodes whose agent would have been asked to validate
         self._seeded = False
         self._ran = 0
 
@@ -114,25 +127,21 @@ class Shadow:
         out = await self.advance(event.epoch)
         if isinstance(event, ChatopsEvent):
             await self._command(event)
-        if event.node not in self.hosts:
-            return out
-        for match in self.engine.matcher.match(event):
-            out += await self._decide(match)
-        await self.engine.pipeline.settle_cleared()
+        out += self._seen(await self.engine.pipeline.handle(event))
         # Runs start once the event is decided, as live: a second rule matching the same
         # event sees the node as the first decision left it, not as its run would.
         await self._run_intents()
         return out
 
     async def advance(self, t: float) -> list[WouldRun]:
-        """Move the clock to `t` and fire what silence has made due."""
+        """Move the clock to `t`; run what the live engine's loops would have run by then
+        (silence, answered approvals, the power controller)."""
         if not self._seeded:
             self._seeded = True
             self.engine.matcher.seed(self.hosts, t)
         self.clock.set(max(self.clock.now(), t))
-        out: list[WouldRun] = []
-        for match in self.engine.matcher.tick(self.clock.now()):
-            out += await self._decide(match)
+        out = self._seen(await self.engine.tick())
+        out += self._seen(await self.engine.power.poll())
         await self._run_intents()
         return out
 
@@ -146,24 +155,27 @@ class Shadow:
         except (ValueError, EngineError):
             return  # the live command refused it too
 
-    async def _decide(self, match: Match) -> list[WouldRun]:
-        d = await self.engine.pipeline.handle_match(match)
-        if d is None:
-            return []
-        if d.reason is not Reason.NOT_APPLICABLE:
-            self.decisions.append(d)
-        return would_run(d)
+    def _seen(self, decisions: list[Decision]) -> list[WouldRun]:
+        out: list[WouldRun] = []
+        for d in decisions:
+            if d.reason is not Reason.NOT_APPLICABLE:
+                self.decisions.append(d)
+            out += would_run(d)
+        return out
+
+    async def _probe(self, node: str) -> None:
+        self.probes.append(node)
 
     async def _run_intents(self) -> None:
         """Every new intent runs at once and succeeds, as on the simulated fleet."""
         new = self.publisher.messages[self._ran :]
         self._ran = len(self.publisher.messages)
         for subject, payload in new:
-            if not subject.startswith("gpuops.actions."):
+            if not subjects.is_action(subject):
                 continue
             intent = Intent.model_validate_json(payload)
             now = self.clock.now()
-            await self.engine.recorder.run_started(intent)
-            outcome = RunOutcome.of(intent, RunStatus.SUCCESSFUL, now, now)
-            await self.engine.recorder.run_ended(intent, outcome)
-            await self.engine.locks.release(intent.node, intent.event_id)
+            await self.completion.started(intent)
+            await self.completion.ended(
+                intent, RunOutcome.of(intent, RunStatus.SUCCESSFUL, now, now)
+            )

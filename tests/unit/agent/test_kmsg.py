@@ -107,13 +107,15 @@ def test_over_long_lines_are_dropped_whole_across_reads() -> None:
     assert reader.lines(b"4,2,2,-;" + b"y" * 100 + b"\n") == [b"4,2,2,-;" + b"y" * 100]
 
 
-def _follow(path: Path, parser: KmsgParser) -> tuple[list[HealthSignal], threading.Event]:
+def _follow(
+    path: Path, parser: KmsgParser
+) -> tuple[list[HealthSignal], threading.Event, KmsgReader]:
     got: list[HealthSignal] = []
     halt = threading.Event()
     reader = KmsgReader(path, parser)
     threading.Thread(target=reader.follow, args=(halt, got.append), daemon=True).start()
     assert reader.ready.wait(10), "the reader opened the log"
-    return got, halt
+    return got, halt, reader
 
 
 def _append(path: Path, data: bytes) -> None:
@@ -124,7 +126,7 @@ def _append(path: Path, data: bytes) -> None:
 async def test_following_a_file_starts_at_its_end(tmp_path: Path) -> None:
     log = tmp_path / "kmsg"
     log.write_bytes(XID_79 + b"\n")  # from before the agent started: history
-    got, halt = _follow(log, _parser())
+    got, halt, _ = _follow(log, _parser())
     try:
         more = b"4,7,9,-;NVRM: Xid (PCI:0000:2a:00): 48, DBE\n" + SXID_FATAL + b"\n"
         await asyncio.to_thread(_append, log, more)
@@ -137,11 +139,11 @@ async def test_following_a_file_starts_at_its_end(tmp_path: Path) -> None:
 async def test_following_a_fifo_with_records_split_across_writes(tmp_path: Path) -> None:
     fifo = tmp_path / "kmsg"
     os.mkfifo(fifo)
-    got, halt = _follow(fifo, _parser())
+    got, halt, reader = _follow(fifo, _parser())
     try:
         fd = os.open(fifo, os.O_WRONLY)
         os.write(fd, XID_79[:40])
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: reader.pending == 40, 10)  # the first half was read alone
         os.write(fd, XID_79[40:] + b"\n")
         os.close(fd)
         await wait_for(lambda: len(got) == 1, 10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpuops.bus.buckets import Buckets
 from gpuops.bus.publish import MemoryPublisher, Publisher
 from gpuops.catalog import load_catalog
 from gpuops.clock import ManualClock
@@ -13,7 +14,7 @@ from gpuops.match.rules import RuleSet
 from gpuops.models import Match
 from gpuops.record.notify import Notifier
 from gpuops.settings import SafetySettings, Settings
-from gpuops.spine.build import Buckets, Engine, build_engine
+from gpuops.spine.build import Engine, build_engine
 
 ROOT = Path(__file__).resolve().parents[3]
 T0 = 1_800_000_000.0

@@ -13,6 +13,7 @@ import itertools
 from dataclasses import dataclass, field, fields
 
 import pytest
+from gpuops.bus.buckets import Buckets
 from gpuops.bus.publish import MemoryPublisher
 from gpuops.bus.store import KV, Entry, MemoryKV, Store, together
 from gpuops.clock import ManualClock
@@ -20,8 +21,8 @@ from gpuops.decide.history import Attempt, AttemptLog
 from gpuops.errors import BusError
 from gpuops.match.loader import load_rules
 from gpuops.models import Reason
-from gpuops.spine.build import Buckets
 
+from tests.support import decide
 from tests.unit.decide.helpers import ROOT, T0, engine_on, match
 
 RULESET = load_rules([ROOT / "rules"], ROOT / "playbooks")
@@ -100,9 +101,9 @@ class NetKV:
         self.calls.log.append(Call("cas", f"{self.name}:{key}", start, next(TICKS)))
         return rev
 
-    async def delete(self, key: str, revision: int | None = None) -> None:
+    async def delete(self, key: str, revision: int | None = None) -> bool:
         await self._call("delete", key)
-        await self.kv.delete(key, revision)
+        return await self.kv.delete(key, revision)
 
     async def keys(self, prefix: str = "") -> list[str]:
         await self._call("keys", prefix)
@@ -156,12 +157,12 @@ async def test_an_accepted_decision_reads_together_and_commits_together() -> Non
     assert len(commits) == 5
 
 
-async def test_handle_match_stores_intents_after_the_lock_and_before_any_commit() -> None:
+async def test_a_decision_stores_intents_after_the_lock_and_before_any_commit() -> None:
     calls, clock = Calls(), ManualClock(T0)
     engine = engine_on(clock, _buckets(calls), rules=RULESET, publisher=NetPublisher(calls))
     rule = RULES["xid-48-dbe"]
     calls.take()
-    d = await engine.pipeline.handle_match(match(rule.name))
+    d = await decide(engine.pipeline, match(rule.name))
     assert d is not None and d.accepted
     log = sorted(calls.take(), key=lambda c: c.start)
     intent = next(c for c in log if c.where.startswith("gpuops.actions."))
@@ -175,7 +176,7 @@ async def test_handle_match_stores_intents_after_the_lock_and_before_any_commit(
     writes = [c for c in changes if c not in taken]
     assert writes and all(intent.end < c.start for c in writes), "a commit before the intent"
     audit = [c for c in writes if c.where.startswith("gpuops.audit.")]
-    assert len(audit) == 1, "the decision is in the audit trail when handle_match returns"
+    assert len(audit) == 1, "the decision is in the audit trail when the entry returns"
     # Before: 23 calls one after another; now reads, lock, breaker, intents, then the
     # commits alongside the record stage (node state and episode: read, then write).
     assert len(Calls(log).waves()) <= 7

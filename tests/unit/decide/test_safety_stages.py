@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gpuops.bus.buckets import Buckets
 from gpuops.clock import ManualClock
 from gpuops.decide.breaker import BreakerState
 from gpuops.errors import ConfigError
@@ -13,8 +14,8 @@ from gpuops.match.rules import Rule, RuleSet
 from gpuops.models import Match, Reason
 from gpuops.record.approvals import ApprovalStatus
 from gpuops.record.notify import Notifier
-from gpuops.spine.build import Buckets
 
+from tests.support import decide
 from tests.unit.decide.helpers import ROOT, T0, engine_on, match
 
 RULESET = load_rules([ROOT / "rules"], ROOT / "playbooks")
@@ -160,7 +161,7 @@ async def test_approval_holds_no_lock_and_an_approved_match_is_decided_again(
     rules = load_rules([tmp_path], ROOT / "playbooks")
     rule, clock = rules.rules[0], ManualClock(T0)
     engine = engine_on(clock, rules=rules)
-    d = await engine.pipeline.handle_match(match("careful"))
+    d = await decide(engine.pipeline, match("careful"))
     assert d is not None and d.reason is Reason.APPROVAL_PENDING
     assert d.actions[0].playbook == "gpu_reset.yml"
     assert (await engine.locks.holder("node-001"))[0] is None, "no lock while a person decides"
@@ -181,13 +182,13 @@ async def test_global_dry_run_takes_no_lock_and_counts_no_attempt(rules: dict[st
     clock = ManualClock(T0)
     engine = engine_on(clock)
     decider = engine.pipeline.decider
-    decider.dry_run = True
+    await engine.stores.dry_run.flip(True, "alice")
     rule = rules["xid-48-dbe"]
     d = await decider.decide(match(rule.name), rule)
     assert d.reason is Reason.DRY_RUN and d.actions[0].playbook == "gpu_reset.yml"
     cap = next(s for s in decider.stages if s.name == "attempt_cap")
     assert await cap.attempts("node-001", clock.now()) == 0  # type: ignore[attr-defined]
-    decider.dry_run = False
+    await engine.stores.dry_run.flip(False, "alice")
     assert (await decider.decide(match(rule.name, gpu=5), rule)).accepted, "no lock left behind"
 
 
@@ -229,17 +230,17 @@ async def test_validation_is_a_rule_through_the_stages() -> None:
     clock = ManualClock(T0)
     engine = engine_on(clock, rules=RuleSet(rules=()))
     probe = match("validation-passed", gpu=None, kind="probe", outcome="pass")
-    healthy = await engine.pipeline.handle_match(probe)
+    healthy = await decide(engine.pipeline, probe)
     assert healthy is not None and healthy.reason is Reason.NOT_APPLICABLE
     await engine.states.store.put(
         engine.states.store.model(node="node-001", state="validating", quarantined=True),
         "node-001",
     )
-    passed = await engine.pipeline.handle_match(probe)
+    passed = await decide(engine.pipeline, probe)
     assert passed is not None and passed.accepted
     assert [a.playbook for a in passed.actions] == ["return_to_service.yml"]
     failed = match("validation-failed", gpu=None, kind="probe", outcome="fail", error="bad sum")
-    d = await engine.pipeline.handle_match(failed)
+    d = await decide(engine.pipeline, failed)
     assert d is not None and d.reason is Reason.NEEDS_HUMAN and "bad sum" in d.detail
     assert (await engine.states.get("node-001")).state.value == "needs_human"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,8 @@ import yaml
 from gpuops.match.loader import load_rules
 from gpuops.match.rules import RuleSet
 from gpuops.spine.ruletest import load_cases, run_cases
+
+from tests.support import gpuops_argv
 
 ROOT = Path(__file__).resolve().parents[3]
 RULE_TESTS = sorted((ROOT / "tests" / "rules").glob("*.yml"))
@@ -53,7 +54,7 @@ def test_cli_exits_nonzero_on_a_failing_case(tmp_path: Path) -> None:
     }
     (tmp_path / "t.yml").write_text(yaml.safe_dump(case))
     done = subprocess.run(
-        [sys.executable, "-m", "gpuops.cli", "test-rules", str(tmp_path)],
+        gpuops_argv("test-rules", str(tmp_path)),
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -8,6 +8,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from gpuops.bus.buckets import Buckets
 from gpuops.bus.publish import MemoryPublisher
 from gpuops.catalog import load_catalog
 from gpuops.clock import ManualClock
@@ -19,7 +20,7 @@ from gpuops.power.engine import POWER_RULE
 from gpuops.record.notify import Notifier
 from gpuops.settings import Settings
 from gpuops.sim.fleet import SimFleet
-from gpuops.spine.build import Buckets, Engine, build_engine
+from gpuops.spine.build import Engine, build_engine
 
 from tests.conftest import ROOT
 
@@ -27,7 +28,21 @@ NODES = ["node-001", "node-002"]
 T0 = 1_767_225_600.0
 
 
-def _engine(tmp_path: Path, hostvars: dict[str, dict[str, Any]] | None = None) -> Engine:
+class HalfOwned:
+    """This replica owns node-001's partition; another replica owns node-002's."""
+
+    def owns(self, node: str) -> bool:
+        return node == "node-001"
+
+    def shared_with_others(self, nodes: frozenset[str]) -> bool:
+        return "node-002" in nodes
+
+
+def _engine(
+    tmp_path: Path,
+    hostvars: dict[str, dict[str, Any]] | None = None,
+    sharing: HalfOwned | None = None,
+) -> Engine:
     settings = Settings.model_validate(
         {"notifications": {"group_wait_s": 0}, "power": {"interval_s": 10}}
     )
@@ -42,11 +57,12 @@ def _engine(tmp_path: Path, hostvars: dict[str, dict[str, Any]] | None = None) -
         clock=ManualClock(T0),
         signing_key=secrets.token_bytes(32),
         notifier=Notifier(),
+        sharing=sharing,
     )
 
 
-async def _feed(engine: Engine, fleet: SimFleet, t: float) -> None:
-    for node in NODES:
+async def _feed(engine: Engine, fleet: SimFleet, t: float, nodes: list[str] = NODES) -> None:
+    for node in nodes:
         event = EVENT_ADAPTER.validate_python(fleet.telemetry(node, t))
         await engine.pipeline.handle(event)
 
@@ -150,11 +166,8 @@ async def test_a_budget_split_between_replicas_is_not_kept_and_people_are_told(
     fleet = SimFleet.create(tmp_path / "sim", nodes=2, gpus=4)
     for node in NODES:
         fleet.inject(node, "load", 0, workload="training")
-    engine = _engine(tmp_path)
-    await _feed(engine, fleet, T0)
-    # This replica owns node-001's partition; another replica owns node-002's.
-    engine.pipeline.owns = lambda node: node == "node-001"
-    engine.power.shared_with_others = lambda nodes: "node-002" in nodes
+    engine = _engine(tmp_path, sharing=HalfOwned())
+    await _feed(engine, fleet, T0, ["node-001"])  # node-002's samples go to its owner
     await _budget(engine, 4000.0)
     await engine.power.step()
     await engine.power.step()

@@ -15,6 +15,7 @@ from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
 from gpuops.models import AuditRecord, Reason
 
+from tests.support import decide
 from tests.unit.decide.helpers import ROOT, T0, engine_on, match
 
 RULES = load_rules([ROOT / "rules"], ROOT / "playbooks")
@@ -30,18 +31,18 @@ async def test_a_drop_then_an_acceptance_of_one_event_are_both_recorded_once() -
     pipeline = engine.pipeline
     shown: list[AuditRecord] = []  # what a live view (the demo's timeline) is told of
     pipeline.auditor.listeners.append(shown.append)
-    holder = await pipeline.handle_match(match("xid-79-gpu-lost", gpu=None, event_id="B"))
+    holder = await decide(pipeline, match("xid-79-gpu-lost", gpu=None, event_id="B"))
     assert holder is not None and holder.accepted  # a reboot holds node-001's lock
     clock.advance(1)
     event = match("xid-48-dbe", t=clock.now(), gpu=2, event_id="E")
 
-    dropped = await pipeline.handle_match(event)  # recorded, then the engine died: not acked
+    dropped = await decide(pipeline, event)  # recorded, then the engine died: not acked
     assert dropped is not None and dropped.reason is Reason.LOCKED
     assert await engine.locks.release("node-001", "B")  # the reboot ended meanwhile
     clock.advance(1)
-    accepted = await pipeline.handle_match(event)  # the same event, redelivered
+    accepted = await decide(pipeline, event)  # the same event, redelivered
     assert accepted is not None and accepted.accepted
-    again = await pipeline.handle_match(event)  # redelivered once more: the same answer
+    again = await decide(pipeline, event)  # redelivered once more: the same answer
     assert again is not None and again.accepted
 
     intents = [i for i in _records(publisher, "gpuops.actions.") if i["event_id"] == "E"]

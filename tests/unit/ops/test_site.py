@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,9 @@ from gpuops.errors import ConfigError
 from gpuops.ops.site import init_site, settings_template
 from gpuops.settings import Settings, load_settings
 
-GPUOPS = [sys.executable, "-m", "gpuops.cli"]
+from tests.support import gpuops_argv
+
+GPUOPS = gpuops_argv()
 
 
 def test_init_writes_a_site_with_every_part(tmp_path: Path) -> None:

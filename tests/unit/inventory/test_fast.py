@@ -23,7 +23,7 @@ from gpuops.sim.fleet import SimFleet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _comparable(inv: Inventory) -> Inventory:

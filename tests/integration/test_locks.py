@@ -1,0 +1,36 @@
+"""Node locks on a real NATS KV bucket: a stale holder's release, raced by another
+replica's takeover between its read and its delete, leaves the newer lock in place
+(the delete carries the revision read; JetStream refuses it once the key moved on)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+from gpuops.bus.conn import Bus
+from gpuops.bus.store import NatsKV
+
+from tests.unit.decide.test_lock_release import race
+
+pytestmark = pytest.mark.integration
+
+
+class BetweenReadAndDelete(NatsKV):
+    """The locks bucket, letting another replica in just before each delete."""
+
+    meanwhile: Callable[[], Awaitable[None]] | None = None
+
+    async def delete(self, key: str, revision: int | None = None) -> bool:
+        if self.meanwhile is not None:
+            step, self.meanwhile = self.meanwhile, None
+            await step()
+        return await super().delete(key, revision)
+
+
+async def test_a_stale_release_leaves_the_newer_lock_on_nats(bus: Bus) -> None:
+    kv = BetweenReadAndDelete(bus.kv["locks"])
+
+    def set_meanwhile(step: Callable[[], Awaitable[None]]) -> None:
+        kv.meanwhile = step
+
+    await race(kv, set_meanwhile)

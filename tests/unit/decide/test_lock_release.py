@@ -1,0 +1,77 @@
+"""A stale holder's release never deletes the lock another replica took meanwhile.
+
+Replica A's lease on node-001 ran out and replica B took the node for its own event. A's
+executor, finishing late, reads the lock (still A's at that instant) and deletes it; B's
+compare-and-set lands between that read and that delete. The delete names the revision
+A read, so B's lock stays. Run on the in-memory KV here and on NATS KV in
+tests/integration/test_locks.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from gpuops.bus.store import KV, MemoryKV
+from gpuops.decide.lock import LockRecord, NodeLocks
+
+NODE = "node-001"
+
+
+class BetweenReadAndDelete(MemoryKV):
+    """A KV that lets another writer in just before each delete."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.meanwhile: Callable[[], Awaitable[None]] | None = None
+
+    async def delete(self, key: str, revision: int | None = None) -> bool:
+        if self.meanwhile is not None:
+            step, self.meanwhile = self.meanwhile, None
+            await step()
+        return await super().delete(key, revision)
+
+
+def lock(event_id: str, owner: str, since: float) -> LockRecord:
+    return LockRecord(
+        rule="xid-79-gpu-lost",
+        key=NODE,
+        event_id=event_id,
+        owner=owner,
+        since=since,
+        until=since + 60,
+    )
+
+
+async def race(kv: KV, set_meanwhile: Callable[[Callable[[], Awaitable[None]]], None]) -> None:
+    """A holds, A's lease runs out, B takes the node while A releases."""
+    a, b = NodeLocks(kv), NodeLocks(kv)
+    assert await a.store.cas(lock("event-A", "replica-a", 0.0), 0, NODE)
+
+    async def b_takes_over() -> None:
+        _, revision = await b.holder(NODE)
+        assert await b.store.cas(lock("event-B", "replica-b", 100.0), revision, NODE)
+
+    set_meanwhile(b_takes_over)
+    released = await a.release(NODE, "event-A")
+    held, _ = await b.holder(NODE)
+    assert not released, "A's release must say it gave nothing back"
+    assert held is not None and held.event_id == "event-B", "B's lock survives A's release"
+    assert await b.release(NODE, "event-B")
+    assert (await b.holder(NODE))[0] is None, "B's own release still frees the node"
+
+
+async def test_a_stale_release_leaves_the_newer_lock_in_memory() -> None:
+    kv = BetweenReadAndDelete()
+
+    def set_meanwhile(step: Callable[[], Awaitable[None]]) -> None:
+        kv.meanwhile = step
+
+    await race(kv, set_meanwhile)
+
+
+async def test_a_release_without_the_race_frees_the_node() -> None:
+    locks = NodeLocks(MemoryKV())
+    assert await locks.store.cas(lock("event-A", "replica-a", 0.0), 0, NODE)
+    assert not await locks.release(NODE, "event-other"), "another event's release is refused"
+    assert await locks.release(NODE, "event-A")
+    assert (await locks.holder(NODE))[0] is None
