@@ -1,5 +1,9 @@
 """One event through match, decide, act (the intent) and record, in that order.
 
+`Pipeline.handle` is the one entry: events from the bus, and the decisions the engine
+asks for itself (`Request`: a power change, an approved match), which skip matching
+only. Nothing else calls into the stages.
+
 The event handed in is acked by the intake only after `handle` returns, and `handle`
 returns only after every intent is stored in the actions queue and every decision is
 in the audit stream. The intents of a decision are stored before any stage commits
