@@ -114,11 +114,14 @@ class Live:
         return None
 
     async def at(self, t: float) -> None:
-        """The engine's loops up to `t`: its tick, the power controller's poll, the runs."""
+        """The engine's loops at `t`, once a moment (App runs them once a tick): its tick,
+        the power controller's poll, the runs."""
         if not self.seeded:  # a partition's takeover seeds its nodes' windows
             self.seeded = True
             self.engine.matcher.seed(frozenset(NODES), t)
-        self.clock.set(max(self.clock.now(), t))
+        elif t <= self.clock.now():
+            return
+        self.clock.set(t)
         await self.engine.tick()
         await self.engine.power.poll()
         await self.runs()
