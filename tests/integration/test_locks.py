@@ -9,8 +9,9 @@ from collections.abc import Awaitable, Callable
 import pytest
 from gpuops.bus.conn import Bus
 from gpuops.bus.store import NatsKV
+from gpuops.decide.lock import NodeLocks
 
-from tests.unit.decide.test_lock_release import race
+from tests.unit.decide.test_lock_release import NODE, race
 
 pytestmark = pytest.mark.integration
 
@@ -33,4 +34,8 @@ async def test_a_stale_release_leaves_the_newer_lock_on_nats(bus: Bus) -> None:
     def set_meanwhile(step: Callable[[], Awaitable[None]]) -> None:
         kv.meanwhile = step
 
-    await race(kv, set_meanwhile)
+    released, held = await race(kv, set_meanwhile)
+    assert not released, "A's release must say it gave nothing back"
+    assert held is not None and held.event_id == "event-B", "B's lock survives A's release"
+    assert await NodeLocks(kv).release(NODE, "event-B"), "B's own release still frees it"
+    assert (await NodeLocks(kv).holder(NODE))[0] is None

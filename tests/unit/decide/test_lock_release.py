@@ -42,8 +42,11 @@ def lock(event_id: str, owner: str, since: float) -> LockRecord:
     )
 
 
-async def race(kv: KV, set_meanwhile: Callable[[Callable[[], Awaitable[None]]], None]) -> None:
-    """A holds, A's lease runs out, B takes the node while A releases."""
+async def race(
+    kv: KV, set_meanwhile: Callable[[Callable[[], Awaitable[None]]], None]
+) -> tuple[bool, LockRecord | None]:
+    """A holds, A's lease runs out, B takes the node while A releases: whether A's release
+    said it gave the lock back, and who holds the node after it."""
     a, b = NodeLocks(kv), NodeLocks(kv)
     assert await a.store.cas(lock("event-A", "replica-a", 0.0), 0, NODE)
 
@@ -54,10 +57,7 @@ async def race(kv: KV, set_meanwhile: Callable[[Callable[[], Awaitable[None]]], 
     set_meanwhile(b_takes_over)
     released = await a.release(NODE, "event-A")
     held, _ = await b.holder(NODE)
-    assert not released, "A's release must say it gave nothing back"
-    assert held is not None and held.event_id == "event-B", "B's lock survives A's release"
-    assert await b.release(NODE, "event-B")
-    assert (await b.holder(NODE))[0] is None, "B's own release still frees the node"
+    return released, held
 
 
 async def test_a_stale_release_leaves_the_newer_lock_in_memory() -> None:
@@ -66,7 +66,11 @@ async def test_a_stale_release_leaves_the_newer_lock_in_memory() -> None:
     def set_meanwhile(step: Callable[[], Awaitable[None]]) -> None:
         kv.meanwhile = step
 
-    await race(kv, set_meanwhile)
+    released, held = await race(kv, set_meanwhile)
+    assert not released, "A's release must say it gave nothing back"
+    assert held is not None and held.event_id == "event-B", "B's lock survives A's release"
+    assert await NodeLocks(kv).release(NODE, "event-B"), "B's own release still frees it"
+    assert (await NodeLocks(kv).holder(NODE))[0] is None
 
 
 async def test_a_release_without_the_race_frees_the_node() -> None:
