@@ -534,7 +534,8 @@ class Match(_Frozen):
 
 # Match kinds that come from the engine's own requests, never from the bus: a decision
 # the power controller asks for is not a fault (nor is a person's command, `chatops`).
-REQUEST_KINDS = frozenset({"power"})
+POWER_KIND = "power"
+REQUEST_KINDS = frozenset({POWER_KIND})
 NOT_FAULT_KINDS = REQUEST_KINDS | {"chatops"}
 
 

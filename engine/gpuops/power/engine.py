@@ -3,8 +3,9 @@ every change decided like any rule's action.
 
 - The pipeline hands each telemetry event to the controller (`observer`; bounded: the
   last reading per GPU).
-- `run` steps every `power.interval_s`, and at once when a group's budget changes (an
-  override from the CLI or ChatOps, a window opening or closing).
+- `poll` steps every `power.interval_s`, and at once when a group's budget changes (an
+  override from the CLI or ChatOps, a window opening or closing); `run` polls live,
+  shadow mode polls as its clock moves.
 - Each node's change is a `Request` handed to the pipeline's entry (`decide`, given at
   construction): a match of the engine's rule `power-budget` (`power_rule`: the
   catalogue's power-limit playbook with per-GPU watts), which no event can match,
@@ -33,7 +34,7 @@ from gpuops.inventory.hosts import Inventory
 from gpuops.match.builtin import BUILTIN_FILE
 from gpuops.match.facts import Telemetry
 from gpuops.match.rules import Rule, RuleAction
-from gpuops.models import Decide, Decision, Match, Request
+from gpuops.models import POWER_KIND, Decide, Decision, Match, Request
 from gpuops.power.budgets import FLEET, GroupBudget, Overrides, budgets_now
 from gpuops.power.config import PowerSettings
 from gpuops.power.controller import (
@@ -82,7 +83,7 @@ def power_rule(catalog: Catalog) -> Rule:
     """The rule the controller's requests are decided under; no event can match it."""
     return Rule(
         name=POWER_RULE,
-        on="power",
+        on=POWER_KIND,
         file=BUILTIN_FILE,
         line=0,
         description="the power controller keeps a group under its budget",
@@ -299,7 +300,7 @@ class PowerEngine:
         gpus = tuple(sorted(change.limits))
         return Match(
             rule=POWER_RULE,
-            kind="power",  # the engine's own request: not a fault, and no event has it
+            kind=POWER_KIND,  # the engine's own request: not a fault, and no event has it
             node=change.node,
             gpu=gpus[0] if len(gpus) == 1 else None,
             gpus=gpus,

@@ -118,7 +118,6 @@ class Shadow:
         )
         self.completion = Completion(self.engine.recorder, self.engine.locks, self._probe)
         self.decisions: list[Decision] = []
-        self.probes: list[str] = []  # nodes whose agent would have been asked to validate
         self._seeded = False
         self._ran = 0
 
@@ -166,7 +165,9 @@ class Shadow:
         return out
 
     async def _probe(self, node: str) -> None:
-        self.probes.append(node)
+        """Live, the agent is asked to probe; its answer is an event, which the recording
+        holds (or a rule test gives) in its own place."""
+        return None
 
     async def _run_intents(self) -> None:
         """Every new intent runs at once and succeeds, as on the simulated fleet."""
