@@ -90,7 +90,11 @@ class Catalog:
         for name, spec in self.specs.items():
             if spec.role is role:
                 return name
-        raise ConfigError(f"the playbook catalogue has no playbook with role: {role.value}")
+        raise ConfigError(
+            f"the playbook catalogue has no playbook with role: {role.value}; add "
+            f"`role: {role.value}` to the entry of the playbook that does it (the shipped "
+            "catalogue, playbooks/catalog.yml, shows where)"
+        )
 
     def has_role(self, name: str, role: Role) -> bool:
         """Whether `name` is the playbook for `role`."""
