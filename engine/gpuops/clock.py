@@ -1,10 +1,16 @@
-"""Injected clocks: every stage reads time from one of these, never from `time` directly."""
+"""Injected clocks: every stage reads time from one of these, never from `time` directly.
+
+Cron schedules (drift checks, power windows) are APScheduler's CronTrigger, read here
+against whatever clock the caller has: the slots are computed, never waited on.
+"""
 
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
+
+from apscheduler.triggers.cron import CronTrigger
 
 
 class Clock(Protocol):
@@ -60,3 +66,22 @@ def to_datetime(t: float) -> datetime:
 def rfc3339(t: float) -> str:
     """Epoch seconds to RFC 3339 UTC with millisecond precision and a Z suffix."""
     return to_datetime(t).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def cron_trigger(cron: str, timezone: str, what: str) -> CronTrigger:
+    """APScheduler's trigger of a crontab line in a time zone; ValueError names `what`."""
+    try:
+        return CronTrigger.from_crontab(cron, timezone=timezone)
+    except (ValueError, KeyError) as exc:
+        raise ValueError(f"{what}: bad cron {cron!r} or time zone {timezone!r}: {exc}") from exc
+
+
+def latest_slot(trigger: CronTrigger, now: float, horizon_s: float) -> float | None:
+    """The last slot at or before `now`, looking back at most `horizon_s`."""
+    start = datetime.fromtimestamp(now - horizon_s, tz=UTC)
+    end = datetime.fromtimestamp(now, tz=UTC)
+    latest, fire = None, trigger.get_next_fire_time(None, start)
+    while fire is not None and fire <= end:
+        latest = fire
+        fire = trigger.get_next_fire_time(fire, fire + timedelta(seconds=1))
+    return latest.timestamp() if latest is not None else None

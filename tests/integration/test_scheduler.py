@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 import pytest
 from gpuops.bus.conn import Bus
 from gpuops.bus.store import NatsKV
-from gpuops.clock import ManualClock
-from gpuops.intake.scheduler import DriftScheduler, latest_slot, trigger_for
+from gpuops.clock import ManualClock, latest_slot
+from gpuops.intake.scheduler import DriftScheduler, trigger_for
 from gpuops.settings import DriftSchedule
 
 pytestmark = pytest.mark.integration

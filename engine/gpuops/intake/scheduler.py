@@ -16,13 +16,12 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import BaseModel, ConfigDict
 
 from gpuops.bus.store import KV, Store
-from gpuops.clock import Clock
+from gpuops.clock import Clock, cron_trigger, latest_slot
 from gpuops.errors import ConfigError
 from gpuops.settings import DriftSchedule
 
@@ -35,23 +34,9 @@ Recorder = Callable[[str, dict[str, object]], Awaitable[None]]
 def trigger_for(schedule: DriftSchedule) -> CronTrigger:
     """The cron trigger of a schedule; ConfigError names a bad expression or zone."""
     try:
-        return CronTrigger.from_crontab(schedule.cron, timezone=schedule.timezone)
-    except (ValueError, KeyError) as exc:
-        raise ConfigError(
-            f"drift schedule {schedule.name}: bad cron {schedule.cron!r} or time zone "
-            f"{schedule.timezone!r}: {exc}"
-        ) from exc
-
-
-def latest_slot(trigger: CronTrigger, now: float, horizon_s: float) -> float | None:
-    """The last slot at or before `now`, looking back at most `horizon_s`."""
-    start = datetime.fromtimestamp(now - horizon_s, tz=UTC)
-    end = datetime.fromtimestamp(now, tz=UTC)
-    latest, fire = None, trigger.get_next_fire_time(None, start)
-    while fire is not None and fire <= end:
-        latest = fire
-        fire = trigger.get_next_fire_time(fire, fire + timedelta(seconds=1))
-    return latest.timestamp() if latest is not None else None
+        return cron_trigger(schedule.cron, schedule.timezone, f"drift schedule {schedule.name}")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 class SlotClaim(BaseModel):

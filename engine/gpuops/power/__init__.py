@@ -11,5 +11,5 @@ controller that keeps each group under its budget by moving GPUs' power limits.
 
 The `power` command is gpuops/ops/power.py; `gpuops bench power` is gpuops/bench/power.py.
 
-May import: bus, decide, intake, inventory, match, record.
+May import: bus, decide, inventory, match, record.
 """

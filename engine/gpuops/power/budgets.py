@@ -2,7 +2,7 @@
 its windows that are open, else its base value, else none.
 
 Windows are cron starts with a duration, read with APScheduler's CronTrigger like the
-drift schedules (gpuops/intake/scheduler.py). Overrides are typed records in KV, so
+drift schedules (`latest_slot` in gpuops/clock.py). Overrides are typed records in KV, so
 every replica and the CLI see the same ones.
 """
 
@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuops.bus.store import KV, Store
-from gpuops.clock import rfc3339
-from gpuops.intake.scheduler import latest_slot
+from gpuops.clock import latest_slot, rfc3339
 from gpuops.power.config import PowerBudget, PowerSettings, PowerWindow, trigger
 from gpuops.power.units import format_watts
 

@@ -20,6 +20,7 @@ from typing import Annotated
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from gpuops.clock import cron_trigger
 from gpuops.match.durations import parse_duration
 from gpuops.power.units import watts_value
 
@@ -46,13 +47,7 @@ class PowerWindow(BaseModel):
 
 def trigger(window: PowerWindow) -> CronTrigger:
     """The window's start times; ValueError names a bad expression or zone."""
-    try:
-        return CronTrigger.from_crontab(window.cron, timezone=window.timezone)
-    except (ValueError, KeyError) as exc:
-        raise ValueError(
-            f"power window {window.name}: bad cron {window.cron!r} or time zone "
-            f"{window.timezone!r}: {exc}"
-        ) from exc
+    return cron_trigger(window.cron, window.timezone, f"power window {window.name}")
 
 
 class PowerBudget(BaseModel):
