@@ -11,24 +11,38 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from gpuops.bus.store import KV, MemoryKV
+from gpuops.bus.store import KV, Entry, MemoryKV
 from gpuops.decide.lock import LockRecord, NodeLocks
 
 NODE = "node-001"
 
 
-class BetweenReadAndDelete(MemoryKV):
-    """A KV that lets another writer in just before each delete."""
+class BetweenReadAndDelete:
+    """Any KV, letting another writer in once, just before the next delete."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.meanwhile: Callable[[], Awaitable[None]] | None = None
+    def __init__(self, inner: KV, meanwhile: Callable[[], Awaitable[None]]) -> None:
+        self.inner, self.meanwhile = inner, meanwhile
+
+    async def get(self, key: str) -> Entry | None:
+        return await self.inner.get(key)
+
+    async def put(self, key: str, value: bytes) -> int:
+        return await self.inner.put(key, value)
+
+    async def cas(self, key: str, value: bytes, revision: int) -> int | None:
+        return await self.inner.cas(key, value, revision)
 
     async def delete(self, key: str, revision: int | None = None) -> bool:
-        if self.meanwhile is not None:
-            step, self.meanwhile = self.meanwhile, None
-            await step()
-        return await super().delete(key, revision)
+        await self.meanwhile()
+        self.meanwhile = _nothing
+        return await self.inner.delete(key, revision)
+
+    async def keys(self, prefix: str = "") -> list[str]:
+        return await self.inner.keys(prefix)
+
+
+async def _nothing() -> None:
+    return None
 
 
 def lock(event_id: str, owner: str, since: float) -> LockRecord:
@@ -42,31 +56,25 @@ def lock(event_id: str, owner: str, since: float) -> LockRecord:
     )
 
 
-async def race(
-    kv: KV, set_meanwhile: Callable[[Callable[[], Awaitable[None]]], None]
-) -> tuple[bool, LockRecord | None]:
+async def race(kv: KV) -> tuple[bool, LockRecord | None]:
     """A holds, A's lease runs out, B takes the node while A releases: whether A's release
     said it gave the lock back, and who holds the node after it."""
-    a, b = NodeLocks(kv), NodeLocks(kv)
-    assert await a.store.cas(lock("event-A", "replica-a", 0.0), 0, NODE)
+    b = NodeLocks(kv)
+    assert await b.store.cas(lock("event-A", "replica-a", 0.0), 0, NODE)
 
     async def b_takes_over() -> None:
         _, revision = await b.holder(NODE)
         assert await b.store.cas(lock("event-B", "replica-b", 100.0), revision, NODE)
 
-    set_meanwhile(b_takes_over)
+    a = NodeLocks(BetweenReadAndDelete(kv, b_takes_over))
     released = await a.release(NODE, "event-A")
     held, _ = await b.holder(NODE)
     return released, held
 
 
 async def test_a_stale_release_leaves_the_newer_lock_in_memory() -> None:
-    kv = BetweenReadAndDelete()
-
-    def set_meanwhile(step: Callable[[], Awaitable[None]]) -> None:
-        kv.meanwhile = step
-
-    released, held = await race(kv, set_meanwhile)
+    kv = MemoryKV()
+    released, held = await race(kv)
     assert not released, "A's release must say it gave nothing back"
     assert held is not None and held.event_id == "event-B", "B's lock survives A's release"
     assert await NodeLocks(kv).release(NODE, "event-B"), "B's own release still frees it"
