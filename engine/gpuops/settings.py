@@ -66,6 +66,10 @@ class NatsSettings(BaseModel):
     audit_max_bytes: int = Field(default=8 << 30, ge=1 << 20)
     audit_max_age_s: float = Field(default=90 * 86400.0, gt=0)
     events_max_bytes: int = Field(default=4 << 30, ge=1 << 20)
+    # Dead letters come from whoever can publish, so a flood of bad events must not fill
+    # the store: the newest 1 GiB / 14 days stay, for a person to look at.
+    dlq_max_bytes: int = Field(default=1 << 30, ge=1 << 20)
+    dlq_max_age_s: float = Field(default=14 * 86400.0, gt=0)
     # Telemetry and health events are split by node into this many partitions (NATS's
     # subject mapping); engine replicas share them out. Every replica must agree, and it
     # is set once: at least the most replicas you will run (docs/operations.md).

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import nats
 import pytest
+from gpuops import subjects
 from gpuops.bus.auth import KV_BUCKETS, LEASES, Role, ensure_credentials, read_credentials
 from gpuops.bus.conn import (
     ACTIONS,
     AUDIT,
     BUCKETS,
+    DLQ,
     EVENTS,
     Bus,
     agent_endpoint,
@@ -32,6 +34,7 @@ from gpuops.errors import BusError
 from gpuops.settings import NatsSettings
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
+from nats.js.api import DiscardPolicy
 from nats.js.errors import Error as JsError
 
 from tests.conftest import ROOT, wait_for
@@ -278,6 +281,30 @@ async def test_stream_limits_come_from_settings_and_update_existing_streams(
         audit = (await bus.js.stream_info(AUDIT)).config
         assert audit.max_bytes == 64 << 20 and audit.max_age == 3600.0
         assert (await bus.js.stream_info(EVENTS)).config.max_bytes == 32 << 20
+    finally:
+        await bus.close()
+
+
+async def test_the_dead_letter_stream_is_capped_and_drops_its_oldest_letters(
+    nats_server: EmbeddedNats,
+) -> None:
+    bus = await connect(nats_server.url, NatsSettings())
+    try:
+        dlq = (await bus.js.stream_info(DLQ)).config
+        assert dlq.max_bytes == 1 << 30 and dlq.max_age == 14 * 86400.0
+        assert dlq.discard == DiscardPolicy.OLD
+    finally:
+        await bus.close()
+    # Whoever can publish can send bad events: a flood past the cap keeps the newest.
+    bus = await connect(nats_server.url, NatsSettings(dlq_max_bytes=1 << 20, dlq_max_age_s=3600))
+    try:
+        assert (await bus.js.stream_info(DLQ)).config.max_age == 3600.0
+        letter = b"x" * (64 << 10)
+        for n in range(40):
+            await bus.js.publish(subjects.dlq("json"), letter + str(n).encode())
+        state = (await bus.js.stream_info(DLQ)).state
+        assert state.bytes <= 1 << 20 and state.first_seq > 1
+        assert (await bus.js.get_msg(DLQ, state.last_seq)).data.endswith(b"39")
     finally:
         await bus.close()
 

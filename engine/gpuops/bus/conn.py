@@ -97,11 +97,14 @@ STREAMS: tuple[StreamConfig, ...] = (
         duplicate_window=600.0,
         storage=StorageType.FILE,
     ),
+    # Anyone who can publish can fill it: capped (nats.dlq_*), the oldest dropped first.
     StreamConfig(
         name=DLQ,
         subjects=[subjects.DLQ],
         retention=RetentionPolicy.LIMITS,
         max_age=14 * _DAY,
+        max_bytes=1 << 30,
+        discard=DiscardPolicy.OLD,
         storage=StorageType.FILE,
     ),
 )
@@ -217,6 +220,7 @@ def stream_configs(cfg: NatsSettings | None = None) -> list[StreamConfig]:
         },
         TELEMETRY: {"subject_transform": telemetry_transform(cfg.partitions).as_dict()},
         AUDIT: {"max_bytes": cfg.audit_max_bytes, "max_age": cfg.audit_max_age_s},
+        DLQ: {"max_bytes": cfg.dlq_max_bytes, "max_age": cfg.dlq_max_age_s},
     }
     return [
         StreamConfig.from_response(
