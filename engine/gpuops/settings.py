@@ -196,6 +196,14 @@ class ExecutorSettings(BaseModel):
     # the oldest go first past either limit.
     evidence_max_age_s: float = Field(default=14 * 86400.0, gt=0)
     evidence_max_bytes: int = Field(default=1 << 30, ge=1 << 20)
+    # A run gets PATH, HOME, LANG, LC_*, TMPDIR, SSH_AUTH_SOCK, ANSIBLE_PRIVATE_KEY_FILE of
+    # the executor's environment and these names too (shell patterns: "PROXY_*"); nothing
+    # else of it reaches Ansible or the evidence (docs/deploy.md#secrets).
+    env_allow: tuple[str, ...] = ()
+    # SSH host keys: strict refuses a host whose key is not in known_hosts; accept-new, for
+    # onboarding, records a new host's key and still refuses a changed one.
+    host_key_checking: Literal["strict", "accept-new"] = "strict"
+    known_hosts: Path | None = Field(default=None, description="default: STATE/ssh/known_hosts")
 
 
 class ConsoleToken(BaseModel):
@@ -326,6 +334,19 @@ class Settings(BaseModel):
         pattern=r"^[A-Za-z0-9_-]{1,64}$",
         description="this engine replica's name (default: host name and state dir)",
     )
+
+
+def secret_values(model: object) -> frozenset[str]:
+    """The value of every SecretStr in the settings (to keep them out of run evidence)."""
+    if isinstance(model, SecretStr):
+        return frozenset({model.get_secret_value()})
+    if isinstance(model, BaseModel):
+        return secret_values([getattr(model, name) for name in type(model).model_fields])
+    if isinstance(model, dict):
+        return secret_values(list(model.values()))
+    if isinstance(model, tuple | list):
+        return frozenset[str]().union(*(secret_values(item) for item in model))
+    return frozenset()
 
 
 _ENV_PREFIX = "GPUOPS_"

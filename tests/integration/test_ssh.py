@@ -1,6 +1,8 @@
 """A playbook over real SSH: sshd on a loopback port with a throwaway key.
 
-Also: a host whose sshd is gone is recorded as unreachable, not as success or a crash.
+Also: a host whose sshd is gone is recorded as unreachable, not as success or a crash;
+host keys are checked (an unknown host is refused, accept-new enrols it, a changed key
+is refused).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 from gpuops.act.playbooks import resolve
-from gpuops.act.runner import RunRequest, run_playbook
+from gpuops.act.runenv import RunEnv
+from gpuops.act.runner import RunRequest, run_hosts, run_playbook
 from gpuops.clock import SystemClock
 from gpuops.models import ActionSpec, Intent, RunStatus
 from gpuops.sim.fleet import SimFleet
@@ -87,7 +91,7 @@ def _inventory(fleet: SimFleet, port: int, keys: Path, path: Path) -> Path:
     return path
 
 
-def _request(inventory: Path) -> RunRequest:
+def _request(inventory: Path, env: RunEnv | None = None) -> RunRequest:
     intent = Intent(
         key="ssh-test",
         rule="ssh",
@@ -99,7 +103,7 @@ def _request(inventory: Path) -> RunRequest:
         decided_at=0.0,
     )
     version = resolve(ROOT / "playbooks", "power_limit.yml", None, ROOT / "playbooks")
-    return RunRequest.for_intent(intent, version, inventory, 120)
+    return RunRequest.for_intents([intent], version, inventory, 120, env=env)
 
 
 def test_playbook_over_real_ssh_then_unreachable_when_sshd_stops(
@@ -120,3 +124,63 @@ def test_playbook_over_real_ssh_then_unreachable_when_sshd_stops(
     gone = run_playbook(_request(inventory), SystemClock())
     assert gone.status is RunStatus.UNREACHABLE
     assert gone.stats["node-001"].get("dark") == 1
+
+
+def _site_inventory(fleet: SimFleet, port: int, keys: Path, path: Path) -> Path:
+    """The host as a site writes it: no ssh options of its own, so the executor's apply."""
+    _inventory(fleet, port, keys, path)
+    hosts = yaml.safe_load(path.read_text())
+    for option in ("ansible_ssh_common_args", "ansible_ssh_args"):
+        del hosts["all"]["hosts"]["node-001"][option]
+    path.write_text(yaml.safe_dump(hosts))
+    return path
+
+
+@pytest.fixture
+def control_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Where ansible keeps its shared ssh connections (short: a socket path is bounded);
+    each is closed at the end, and between runs that must verify the host afresh."""
+    where = Path(tempfile.mkdtemp(prefix="gpuops-cp-"))
+    monkeypatch.setenv("ANSIBLE_SSH_CONTROL_PATH_DIR", str(where))
+    yield where
+    _close_masters(where)
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def _close_masters(where: Path) -> None:
+    for socket_path in where.iterdir():
+        subprocess.run(
+            ["ssh", "-O", "exit", "-o", f"ControlPath={socket_path}", "node"],
+            capture_output=True,
+            timeout=10,
+        )
+
+
+def test_host_keys_are_checked_and_accept_new_enrols_only_a_new_host(
+    tmp_path: Path, sshd: tuple[subprocess.Popen[bytes], int, Path], control_dir: Path
+) -> None:
+    _proc, port, keys = sshd
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=2)
+    inventory = _site_inventory(fleet, port, keys, tmp_path / "hosts.yml")
+    known = tmp_path / "state" / "ssh" / "known_hosts"
+    allow = ("ANSIBLE_SSH_CONTROL_PATH_DIR",)
+
+    (unknown,) = run_hosts(_request(inventory, RunEnv(allow, "strict", known)), SystemClock())
+    assert unknown.status is RunStatus.UNREACHABLE, unknown.error
+    assert "Host key verification failed" in (unknown.error or "")
+    assert f"enrol it in {known}" in (unknown.error or ""), "what to do"
+    assert calls(fleet, "node-001", "nvidia-smi") == [], "nothing ran on an unknown host"
+
+    (enrolled,) = run_hosts(_request(inventory, RunEnv(allow, "accept-new", known)), SystemClock())
+    assert enrolled.status is RunStatus.SUCCESSFUL, enrolled.error
+    host_key = (keys / "host.pub").read_text().split()[1]
+    (line,) = known.read_text().splitlines()
+    assert line.split()[1:] == ["ssh-ed25519", host_key], "the host's own key, recorded"
+
+    _close_masters(control_dir)  # a shared connection would skip the check below
+    other_key = (keys / "client.pub").read_text().split()[1]
+    known.write_text(line.replace(host_key, other_key) + "\n")  # as if the host changed
+    (changed,) = run_hosts(_request(inventory, RunEnv(allow, "accept-new", known)), SystemClock())
+    assert changed.status is RunStatus.UNREACHABLE, "accept-new refuses a changed key"
+    assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in (changed.error or "")
+    assert f"enrol it in {known}" in (changed.error or "")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from gpuops.errors import ConfigError
-from gpuops.settings import load_settings
+from gpuops.settings import Settings, load_settings, secret_values
 
 
 def test_file_then_environment_then_flags(tmp_path: Path) -> None:
@@ -36,3 +36,24 @@ def test_unknown_key_is_a_clear_error(tmp_path: Path) -> None:
     config.write_text("dryrun: true\n")
     with pytest.raises(ConfigError, match="dryrun: Extra inputs are not permitted"):
         load_settings(config, {}, {})
+
+
+def test_secret_values_finds_every_secret_of_the_settings() -> None:
+    settings = Settings.model_validate(
+        {
+            "nats": {"password": "nats-pw", "token": "nats-tok"},
+            "chatops": {"slack_signing_secret": "slack", "mattermost_tokens": ["mm1", "mm2"]},
+            "console": {"tokens": [{"user": "ops", "token": "console"}]},
+            "sources": {"alertmanager": {"token": "am"}},
+        }
+    )
+    assert secret_values(settings) == {
+        "nats-pw",
+        "nats-tok",
+        "slack",
+        "mm1",
+        "mm2",
+        "console",
+        "am",
+    }
+    assert secret_values(Settings()) == frozenset()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuops.act.playbooks import resolve
+from gpuops.act.runenv import RunEnv
 from gpuops.act.runner import RunRequest, run_async
 from gpuops.catalog import Role, load_catalog
 from gpuops.clock import Clock
@@ -157,6 +158,7 @@ async def drift_check(
     forks: int = 10,
     timeout_s: float = 900.0,
     progress: Callable[[int, int], None] | None = None,
+    env: RunEnv | None = None,
 ) -> DriftReport:
     """Run the check over `group` batch by batch; every host of the group gets a result."""
     hosts = sorted(inventory.group_hosts(group))
@@ -179,6 +181,7 @@ async def drift_check(
             check_mode=True,
             forks=forks,
             on_event=_collector(report),
+            env=env or RunEnv(),
         )
         outcome = await run_async(request, clock)
         if outcome.status in (RunStatus.ERROR, RunStatus.TIMEOUT, RunStatus.CANCELED):

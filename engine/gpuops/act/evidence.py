@@ -4,17 +4,23 @@ ansible-runner writes stdout, job_events/, rc, status and command there itself; 
 executor adds `run.json` (playbook version, hosts, the intent each host served, times,
 size). Past the age limit, and then oldest first past the size limit, runs are removed.
 A run still going has no `run.json` yet and is never removed.
+
+Sealing scrubs the run's files first (`scrub`): the values of the settings' secrets and
+of secret-looking variables of the executor's environment become `********`, wherever a
+playbook, a verbose ssh or ansible-runner put them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import shutil
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -27,6 +33,10 @@ META = "run.json"
 STDOUT = "stdout"
 # Sortable by start time, unique without coordination, and safe as a directory name.
 RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}-[0-9a-f]{8}$")
+SECRET_NAME = re.compile(r"PASS|SECRET|TOKEN|KEY|CRED", re.IGNORECASE)
+# Shorter values would match ordinary text all over the evidence ("1", "true", "admin").
+MIN_SECRET_LEN = 8
+MASK = b"********"
 
 
 def new_run_id(now: float) -> str:
@@ -62,6 +72,41 @@ def _size(path: Path) -> int:
     return total
 
 
+def secret_looking(environ: Mapping[str, str]) -> frozenset[str]:
+    """Values of the variables whose names say they hold a secret (PASS, TOKEN, KEY...)."""
+    return frozenset(v for k, v in environ.items() if SECRET_NAME.search(k))
+
+
+def _forms(secret: str) -> set[bytes]:
+    """The secret as written raw, and as it reads inside a JSON string (job events)."""
+    return {secret.encode(), json.dumps(secret)[1:-1].encode()}
+
+
+def _files(directory: Path) -> list[Path]:
+    """The plain files under `directory`; links are never followed (a link could point out)."""
+    out = []
+    for root, _dirs, files in os.walk(directory):
+        out += [p for p in (Path(root) / n for n in files) if p.is_file() and not p.is_symlink()]
+    return out
+
+
+def scrub(directory: Path, secrets: Iterable[str]) -> list[Path]:
+    """Mask every secret in every file under `directory` (links not followed); the files changed."""
+    forms = sorted(
+        {f for s in secrets if len(s) >= MIN_SECRET_LEN for f in _forms(s)}, key=len, reverse=True
+    )
+    changed = []
+    for path in _files(directory):
+        data = path.read_bytes()
+        clean = data
+        for form in forms:
+            clean = clean.replace(form, MASK)
+        if clean != data:
+            path.write_bytes(clean)
+            changed.append(path)
+    return changed
+
+
 @dataclass(frozen=True, slots=True)
 class Evidence:
     """The runs directory and its limits."""
@@ -69,6 +114,7 @@ class Evidence:
     root: Path
     max_age_s: float = 14 * 86400.0
     max_bytes: int = 1 << 30
+    secrets: frozenset[str] = field(default=frozenset(), repr=False)  # masked when sealed
 
     def prepare(self) -> Path:
         """The runs directory, private to this user (job events may hold host variables)."""
@@ -82,9 +128,10 @@ class Evidence:
         return self.root / run_id
 
     def seal(self, meta: RunMeta) -> RunMeta:
-        """Write the run's `run.json` with its size: from now on rotation may remove it."""
+        """Scrub the run's files, write its `run.json` with its size: rotation may remove it."""
         where = self.dir_for(meta.run_id)
         where.mkdir(parents=True, exist_ok=True)
+        scrub(where, self.secrets | secret_looking(os.environ))
         sealed = meta.model_copy(update={"bytes": _size(where)})
         (where / META).write_text(sealed.model_dump_json(indent=1))
         return sealed

@@ -35,6 +35,7 @@ from gpuops.act.completion import Completion, LockRelease
 from gpuops.act.evidence import Evidence, RunMeta, new_run_id
 from gpuops.act.hostdata import RESERVED
 from gpuops.act.playbooks import resolve
+from gpuops.act.runenv import RunEnv
 from gpuops.act.runner import RunRequest, RunResult, run_hosts_async
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.store import KV, Store
@@ -100,6 +101,7 @@ class Executor:
         claim_stale_s: float = 90.0,
         runs: ExecutorSettings | None = None,
         evidence: Evidence | None = None,
+        run_env: RunEnv | None = None,
     ) -> None:
         self.bus = bus
         self.recorder = recorder
@@ -119,6 +121,7 @@ class Executor:
         self.parallel = parallel
         self.runs = runs or ExecutorSettings()
         self.evidence = evidence
+        self.run_env = run_env or RunEnv()
         self._rotated_at: float | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -345,6 +348,7 @@ class Executor:
             forks=self.runs.forks,
             run_id=run_id,
             evidence=self.evidence,
+            env=self.run_env,
         )
         with_others = f" (one run with {len(intents) - 1} other hosts)" if len(intents) > 1 else ""
         body = {"run_id": run_id, "revision": version.revision, "sha256": version.sha256}

@@ -2,7 +2,8 @@
 
 Each target host gets its own `gpuops` data (gpuops.act.hostdata) and its own outcome
 from its host's stats; `extravars` (drift checks, tests) go to every host alike. With
-evidence, the run's artifacts stay under STATE/runs/<run id> (gpuops.act.evidence).
+evidence, the run's artifacts stay under STATE/runs/<run id> (gpuops.act.evidence). The
+run's environment is built from an allow-list, never the executor's (gpuops.act.runenv).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import logging
 import os
 import shlex
 import shutil
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
@@ -23,6 +23,7 @@ from typing import Any
 from gpuops.act.evidence import Evidence
 from gpuops.act.hostdata import Target, host_vars_source, unsafe_yaml
 from gpuops.act.playbooks import PlaybookVersion
+from gpuops.act.runenv import RunEnv, child_env
 from gpuops.clock import Clock
 from gpuops.models import Intent, RunOutcome, RunStatus
 
@@ -60,6 +61,7 @@ class RunRequest:
     targets: tuple[Target, ...] = ()  # per-host data, one host_vars file each
     run_id: str | None = None  # with `evidence`: the artifacts stay in evidence.root/run_id
     evidence: Evidence | None = None
+    env: RunEnv = field(default_factory=RunEnv)
 
     @classmethod
     def for_intents(
@@ -72,6 +74,7 @@ class RunRequest:
         forks: int = 5,
         run_id: str | None = None,
         evidence: Evidence | None = None,
+        env: RunEnv | None = None,
     ) -> RunRequest:
         """One run over the intents' hosts (each once), limited to exactly those hosts."""
         nodes = [i.node for i in intents]
@@ -90,6 +93,7 @@ class RunRequest:
             targets=tuple(Target.of(i) for i in intents),
             run_id=run_id,
             evidence=evidence,
+            env=env or RunEnv(),
         )
 
     @classmethod
@@ -174,7 +178,8 @@ class RunResult:
             task, msg = self.failed[host]
             return f"task {task!r} failed: {msg}"
         if status is RunStatus.UNREACHABLE and host in self.unreachable:
-            return f"unreachable: {self.unreachable[host]}"
+            why = self.unreachable[host]
+            return f"unreachable: {why}{self.req.env.hint(why)}"
         return self.error or self.tail
 
     def outcome(self, target: Target) -> RunOutcome:
@@ -245,20 +250,6 @@ def _cmdline(req: RunRequest, data_dir: Path) -> str:
     return shlex.join(args)
 
 
-def _envvars(data_dir: Path) -> dict[str, str]:
-    return {
-        # ansible-playbook from this environment, even when PATH lacks the venv.
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-        "ANSIBLE_HOST_KEY_CHECKING": "False",
-        "ANSIBLE_RETRY_FILES_ENABLED": "False",
-        "ANSIBLE_NOCOLOR": "True",
-        "ANSIBLE_LOCAL_TEMP": str(data_dir / "tmp"),
-        # One process per module instead of a temp dir, a copy, a chmod and a cleanup.
-        "ANSIBLE_PIPELINING": "True",
-        "ANSIBLE_GATHERING": "explicit",
-    }
-
-
 def _tail(artifact_dir: Path) -> str | None:
     try:
         text = (artifact_dir / "stdout").read_text(errors="replace").strip()
@@ -267,17 +258,34 @@ def _tail(artifact_dir: Path) -> str | None:
     return text[-800:] if text else None
 
 
+def _runner(req: RunRequest, data_dir: Path, **kwargs: Any) -> Any:
+    """ansible-runner's Runner, set up but not started, with the run's environment only.
+
+    `ansible_runner.run` would seed the child's environment, and the `command` artifact,
+    with all of os.environ; the prepared config is given ours before anything is written
+    or started (no change to this process's environment, which other runs share).
+    """
+    from ansible_runner.interface import init_runner
+
+    parent = dict(os.environ)
+    ours = req.env.build(parent, data_dir)
+    req.env.prepare()
+    runner = init_runner(envvars=ours, **kwargs)
+    runner.config.env = child_env(runner.config.env, ours, parent)
+    return runner
+
+
 def _invoke(req: RunRequest, clock: Clock) -> RunResult:
     """Run ansible-runner to the end (blocking); the temporary private data dir is removed."""
-    import ansible_runner
-
     result = RunResult(req=req, started=clock.now())
     data_dir = Path(tempfile.mkdtemp(prefix="gpuops-run-"))
     kept: dict[str, Any] = {}
     if req.evidence is not None and req.run_id is not None:
         kept = {"artifact_dir": str(req.evidence.prepare()), "ident": req.run_id}
     try:
-        runner = ansible_runner.run(
+        runner = _runner(
+            req,
+            data_dir,
             private_data_dir=str(data_dir),
             playbook=str(req.playbook.path),
             limit=req.limit or req.node,
@@ -287,9 +295,9 @@ def _invoke(req: RunRequest, clock: Clock) -> RunResult:
             event_handler=result.on_event,
             cancel_callback=req.cancel.is_set,
             quiet=True,
-            envvars=_envvars(data_dir),
             **kept,
         )
+        runner.run()
         result.status, result.rc = runner.status, runner.rc
         result.stats = _stats(runner.stats)
         result.tail = _tail(Path(runner.config.artifact_dir))

@@ -257,6 +257,7 @@ async def run_drift_check(
 ) -> DriftReport:
     """One drift check now; its events and summary go to the bus unless `publish` is off."""
     from gpuops.act.driftcheck import drift_check, publish_report
+    from gpuops.act.runenv import RunEnv
     from gpuops.bus.conn import open_bus
     from gpuops.bus.publish import JetStreamPublisher
     from gpuops.clock import SystemClock
@@ -273,6 +274,7 @@ async def run_drift_check(
         batch_size=settings.drift.batch_size,
         forks=settings.drift.forks,
         progress=progress,
+        env=RunEnv.of(settings),
     )
     if publish:
         settings.state_dir.mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ from gpuops import subjects
 from gpuops.act.driftcheck import drift_check, publish_report, render_report
 from gpuops.act.evidence import Evidence
 from gpuops.act.executor import Executor
+from gpuops.act.runenv import RunEnv
 from gpuops.bus.conn import EVENTS, TELEMETRY, Bus
 from gpuops.bus.publish import JetStreamPublisher
 from gpuops.catalog import Catalog, load_catalog
@@ -51,7 +52,7 @@ from gpuops.record.nodestate import node_counts
 from gpuops.record.notify import Notifier, Webhook
 from gpuops.scale.leases import default_replica_id
 from gpuops.scale.replica import Partitions, ReplicaLock, filters
-from gpuops.settings import Settings
+from gpuops.settings import Settings, secret_values
 from gpuops.signing import load_key
 from gpuops.spine.build import Engine, build_engine
 from gpuops.spine.pipeline import Pipeline
@@ -148,7 +149,9 @@ class App:
                     s.state_dir / "runs",
                     s.executor.evidence_max_age_s,
                     s.executor.evidence_max_bytes,
+                    secrets=secret_values(s),
                 ),
+                run_env=RunEnv.of(s),
             )
 
     def owns(self, node: str) -> bool:
@@ -424,6 +427,7 @@ class App:
             group=group,
             batch_size=self.settings.drift.batch_size,
             forks=self.settings.drift.forks,
+            env=RunEnv.of(self.settings),
         )
         await publish_report(self.bus.js, report)
         await self.engine.auditor.note(

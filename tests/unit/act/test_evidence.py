@@ -1,12 +1,14 @@
-"""Kept run evidence: run ids, rotation by age and by total size, runs in progress left alone."""
+"""Kept run evidence: run ids, rotation by age and by total size, runs in progress left alone,
+secrets masked."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
-from gpuops.act.evidence import RUN_ID, Evidence, RunMeta, new_run_id
+from gpuops.act.evidence import RUN_ID, Evidence, RunMeta, new_run_id, scrub
 from gpuops.errors import ActionError
 
 DAY = 86400.0
@@ -90,3 +92,34 @@ def test_rotation_deletes_by_directory_name_never_by_what_a_record_says(tmp_path
     meta.write_text(meta.read_text().replace(run_id, "../precious"))
     evidence.rotate(T0 + 30 * DAY)
     assert precious.is_dir(), "a record naming another path deleted nothing outside"
+
+
+def test_scrub_masks_each_secret_raw_and_inside_json_and_leaves_short_values(
+    tmp_path: Path,
+) -> None:
+    quoted = 'pa"ss\\word-42'  # as a job event's JSON writes it: escaped
+    (tmp_path / "job_events").mkdir()
+    (tmp_path / "command").write_text('{"env": {"GPUOPS_NATS__PASSWORD": "s3cret-nats-pw"}}')
+    (tmp_path / "job_events" / "1-a.json").write_text(json.dumps({"stdout": quoted}))
+    (tmp_path / "stdout").write_text("ok: [node-001]\n")
+    changed = scrub(tmp_path, ["s3cret-nats-pw", quoted, "1"])
+    assert sorted(p.name for p in changed) == ["1-a.json", "command"]
+    assert (tmp_path / "command").read_text() == '{"env": {"GPUOPS_NATS__PASSWORD": "********"}}'
+    assert json.loads((tmp_path / "job_events" / "1-a.json").read_text()) == {"stdout": "********"}
+    assert (tmp_path / "stdout").read_text() == "ok: [node-001]\n", "a short value is left"
+
+
+def test_sealing_scrubs_the_settings_secrets_and_secret_looking_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SITE_API_TOKEN", "tok-from-the-environment")
+    evidence = Evidence(tmp_path / "runs", secrets=frozenset({"from-the-settings-file"}))
+    run_id = new_run_id(T0)
+    where = evidence.prepare() / run_id
+    where.mkdir()
+    (where / "stdout").write_text("tok-from-the-environment from-the-settings-file")
+    meta = evidence.seal(
+        RunMeta(run_id=run_id, playbook="d.yml", started=T0, ended=T0, status="successful")
+    )
+    assert (where / "stdout").read_text() == "******** ********"
+    assert meta.bytes == len("******** ********"), "the size is the scrubbed one"
