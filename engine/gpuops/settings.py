@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 
 from gpuops import shipped
 from gpuops.errors import ConfigError
@@ -30,6 +38,25 @@ def checkout_root() -> Path:
 
 def _site_or_shipped(part: str) -> Path:
     return shipped.locate(part).path
+
+
+# Shared secrets people configure (console and Alertmanager tokens, ChatOps secrets, the
+# proxy's secret) are guessed online, one request at a time: 24 characters of
+# `openssl rand -hex 24` (48) are far out of reach, a short word is not.
+MIN_SECRET_CHARS = 24
+
+
+def _long_enough(secret: SecretStr) -> SecretStr:
+    if len(secret.get_secret_value()) < MIN_SECRET_CHARS:
+        raise ValueError(
+            f"too short: a shared secret needs at least {MIN_SECRET_CHARS} characters "
+            "(make one with `openssl rand -hex 24`)"
+        )
+    return secret
+
+
+# A secret that someone could guess over HTTP: refused when shorter than MIN_SECRET_CHARS.
+StrongSecret = Annotated[SecretStr, AfterValidator(_long_enough)]
 
 
 def _site_inventory() -> Path:
@@ -129,8 +156,8 @@ class ChatopsSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    slack_signing_secret: SecretStr | None = None
-    mattermost_tokens: tuple[SecretStr, ...] = ()
+    slack_signing_secret: StrongSecret | None = None
+    mattermost_tokens: tuple[StrongSecret, ...] = ()
     max_skew_s: float = Field(default=300.0, gt=0)
     # Commands without an entry are open to anyone who passed verification, except the
     # ones that change things, which default to nobody until listed here.
@@ -200,7 +227,7 @@ class ConsoleToken(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     user: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@-]+$")
-    token: SecretStr
+    token: StrongSecret
 
 
 class ConsoleSettings(BaseModel):
@@ -246,7 +273,7 @@ class AlertmanagerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    token: SecretStr | None = Field(
+    token: StrongSecret | None = Field(
         default=None,
         description="the bearer token Alertmanager sends; unset, the route refuses every post",
     )
