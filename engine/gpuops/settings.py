@@ -236,16 +236,40 @@ class ConsoleSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = True
-    # Read-only pages are open to whoever reaches the address unless this is set.
+    # Who may read without logging in: on a loopback bind only ("loopback": whoever can
+    # reach it is on this host), "always" (a site that wants an open read-only console
+    # on its network) or "never". `login_required: true` is "never".
+    anonymous_read: Literal["loopback", "always", "never"] = "loopback"
     login_required: bool = False
     tokens: tuple[ConsoleToken, ...] = ()
-    # A reverse proxy that authenticates people names them in this header; it is believed
-    # only from the proxies' own addresses (anyone else could send it too).
+    # A reverse proxy that authenticates people names them in this header. It is believed
+    # only on requests that also carry `proxy_secret` in `proxy_secret_header`: an address
+    # proves nothing (any process on the proxy's host, or in its pod, shares it).
     user_header: str | None = Field(default=None, max_length=64)
+    proxy_secret: StrongSecret | None = None
+    proxy_secret_header: str = Field(default="X-Gpuops-Proxy-Secret", min_length=1, max_length=64)
+    # Optional, on top of the secret: the proxies' own addresses.
     trusted_proxies: tuple[str, ...] = ()
     session_s: float = Field(default=8 * 3600.0, gt=0, le=30 * 86400.0)
+    # "auto": Secure when the request came over TLS, or through the proxy (its secret
+    # matched) with X-Forwarded-Proto: https. "always": for a site whose TLS is elsewhere.
+    cookie_secure: Literal["auto", "always"] = "auto"
+    # Failed logins (a wrong token, bearer or proxy secret) per client: past this many in
+    # the window, the client gets 429 until the oldest one leaves it.
+    login_failures: int = Field(default=5, ge=1, le=1000)
+    login_window_s: float = Field(default=60.0, gt=0, le=86400.0)
     push_s: float = Field(default=2.0, ge=0.2, le=60, description="live update period")
     max_streams: int = Field(default=32, ge=1, le=1000, description="live pages at once")
+
+    @model_validator(mode="after")
+    def _proxy_header_needs_its_secret(self) -> ConsoleSettings:
+        if self.user_header and self.proxy_secret is None:
+            raise ValueError(
+                "user_header is set but proxy_secret is not: the proxy must also send a "
+                "shared secret (console.proxy_secret, in console.proxy_secret_header), or "
+                "anyone who reaches the engine could name any user (docs/console.md)"
+            )
+        return self
 
 
 class PrometheusSourceSettings(BaseModel):
