@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
 
 from gpuops import shipped
 from gpuops.errors import ConfigError
@@ -30,6 +38,25 @@ def checkout_root() -> Path:
 
 def _site_or_shipped(part: str) -> Path:
     return shipped.locate(part).path
+
+
+# Shared secrets people configure (console and Alertmanager tokens, ChatOps secrets, the
+# proxy's secret) are guessed online, one request at a time: 24 characters of
+# `openssl rand -hex 24` (48) are far out of reach, a short word is not.
+MIN_SECRET_CHARS = 24
+
+
+def _long_enough(secret: SecretStr) -> SecretStr:
+    if len(secret.get_secret_value()) < MIN_SECRET_CHARS:
+        raise ValueError(
+            f"too short: a shared secret needs at least {MIN_SECRET_CHARS} characters "
+            "(make one with `openssl rand -hex 24`)"
+        )
+    return secret
+
+
+# A secret that someone could guess over HTTP: refused when shorter than MIN_SECRET_CHARS.
+StrongSecret = Annotated[SecretStr, AfterValidator(_long_enough)]
 
 
 def _site_inventory() -> Path:
@@ -133,8 +160,8 @@ class ChatopsSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    slack_signing_secret: SecretStr | None = None
-    mattermost_tokens: tuple[SecretStr, ...] = ()
+    slack_signing_secret: StrongSecret | None = None
+    mattermost_tokens: tuple[StrongSecret, ...] = ()
     max_skew_s: float = Field(default=300.0, gt=0)
     # Commands without an entry are open to anyone who passed verification, except the
     # ones that change things, which default to nobody until listed here.
@@ -212,7 +239,7 @@ class ConsoleToken(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     user: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._@-]+$")
-    token: SecretStr
+    token: StrongSecret
 
 
 class ConsoleSettings(BaseModel):
@@ -221,16 +248,40 @@ class ConsoleSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = True
-    # Read-only pages are open to whoever reaches the address unless this is set.
+    # Who may read without logging in: on a loopback bind only ("loopback": whoever can
+    # reach it is on this host), "always" (a site that wants an open read-only console
+    # on its network) or "never". `login_required: true` is "never".
+    anonymous_read: Literal["loopback", "always", "never"] = "loopback"
     login_required: bool = False
     tokens: tuple[ConsoleToken, ...] = ()
-    # A reverse proxy that authenticates people names them in this header; it is believed
-    # only from the proxies' own addresses (anyone else could send it too).
+    # A reverse proxy that authenticates people names them in this header. It is believed
+    # only on requests that also carry `proxy_secret` in `proxy_secret_header`: an address
+    # proves nothing (any process on the proxy's host, or in its pod, shares it).
     user_header: str | None = Field(default=None, max_length=64)
+    proxy_secret: StrongSecret | None = None
+    proxy_secret_header: str = Field(default="X-Gpuops-Proxy-Secret", min_length=1, max_length=64)
+    # Optional, on top of the secret: the proxies' own addresses.
     trusted_proxies: tuple[str, ...] = ()
     session_s: float = Field(default=8 * 3600.0, gt=0, le=30 * 86400.0)
+    # "auto": Secure when the request came over TLS, or through the proxy (its secret
+    # matched) with X-Forwarded-Proto: https. "always": for a site whose TLS is elsewhere.
+    cookie_secure: Literal["auto", "always"] = "auto"
+    # Failed logins (a wrong token, bearer or proxy secret) per client: past this many in
+    # the window, the client gets 429 until the oldest one leaves it.
+    login_failures: int = Field(default=5, ge=1, le=1000)
+    login_window_s: float = Field(default=60.0, gt=0, le=86400.0)
     push_s: float = Field(default=2.0, ge=0.2, le=60, description="live update period")
     max_streams: int = Field(default=32, ge=1, le=1000, description="live pages at once")
+
+    @model_validator(mode="after")
+    def _proxy_header_needs_its_secret(self) -> ConsoleSettings:
+        if self.user_header and self.proxy_secret is None:
+            raise ValueError(
+                "user_header is set but proxy_secret is not: the proxy must also send a "
+                "shared secret (console.proxy_secret, in console.proxy_secret_header), or "
+                "anyone who reaches the engine could name any user (docs/console.md)"
+            )
+        return self
 
 
 class PrometheusSourceSettings(BaseModel):
@@ -258,7 +309,7 @@ class AlertmanagerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    token: SecretStr | None = Field(
+    token: StrongSecret | None = Field(
         default=None,
         description="the bearer token Alertmanager sends; unset, the route refuses every post",
     )

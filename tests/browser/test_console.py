@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from gpuops.act.evidence import Evidence
+from gpuops.clock import SystemClock
 from gpuops.console import Console, Latest
 from gpuops.http import HttpServer
 from gpuops.inventory.hosts import Inventory
@@ -16,6 +17,7 @@ from gpuops.record.approvals import ApprovalStatus
 from gpuops.record.audit import read_audit
 from gpuops.settings import ConsoleSettings
 from gpuops.sim.fleet import envelope
+from prometheus_client import CollectorRegistry
 
 from tests.browser.conftest import TOKEN, LiveEngine, shot
 
@@ -233,8 +235,17 @@ async def _big_console(live: LiveEngine) -> tuple[HttpServer, int]:
             gpus[BIG_HOT[1]]["temp_c"] = 95.0
         event["data"] = {"gpus": gpus}
         latest.observe(EVENT_ADAPTER.validate_python(event))
-    console = Console(live.app.commands(), ConsoleSettings(), latest, Evidence(live.root / "r"))
-    server = HttpServer(live.app.engine.metrics.registry, lambda: (True, {}), [console.mount])
+    registry = CollectorRegistry()  # the engine's already has its console's counters
+    console = Console(
+        live.app.commands(),
+        ConsoleSettings(),
+        latest,
+        Evidence(live.root / "r"),
+        bind="127.0.0.1:0",
+        clock=SystemClock(),
+        registry=registry,
+    )
+    server = HttpServer(registry, lambda: (True, {}), [console.mount])
     return server, await server.start("127.0.0.1:0")
 
 

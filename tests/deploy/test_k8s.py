@@ -162,6 +162,69 @@ def test_settings_are_valid_gpuops_settings(rendered: dict[str, list[Obj]]) -> N
         assert loaded.dry_run is True, "a first deployment decides and records, nothing runs"
 
 
+Labels = dict[str, str]
+PROMETHEUS = (
+    {"kubernetes.io/metadata.name": "monitoring"},
+    {"app.kubernetes.io/name": "prometheus"},
+)
+INGRESS = (
+    {"kubernetes.io/metadata.name": "ingress-nginx"},
+    {"app.kubernetes.io/name": "ingress-nginx"},
+)
+
+
+def _selects(selector: Obj, labels: Labels) -> bool:
+    assert set(selector) <= {"matchLabels"}, "the reader below knows matchLabels only"
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def admitted(objs: list[Obj], pod: Labels, peer: tuple[Labels, Labels], port: int) -> bool:
+    """Whether the NetworkPolicies let a pod labelled peer[1], in a namespace labelled
+    peer[0], connect to `port` of a gpuops pod labelled `pod` (the API's semantics,
+    for matchLabels selectors)."""
+    namespace = {"kubernetes.io/metadata.name": "gpuops"}
+    policies = [o["spec"] for o in objs if o["kind"] == "NetworkPolicy"]
+    applying = [p for p in policies if _selects(p["podSelector"], pod)]
+    assert applying, f"no NetworkPolicy isolates {pod}"
+    for rule in (r for p in applying for r in p.get("ingress", [])):
+        ports = {x["port"] for x in rule.get("ports", [])}
+        if ports and port not in ports:
+            continue
+        peers = rule.get("from")
+        if not peers:
+            return True  # a rule with no `from` admits everyone
+        for source in peers:
+            ns_ok = (
+                _selects(source["namespaceSelector"], peer[0])
+                if "namespaceSelector" in source
+                else peer[0] == namespace
+            )
+            if ns_ok and _selects(source.get("podSelector", {}), peer[1]):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_http_is_open_to_prometheus_and_the_ingress_controller_only(
+    overlay: str, rendered: dict[str, list[Obj]]
+) -> None:
+    objs = rendered[overlay]
+    engine = {"app.kubernetes.io/name": "gpuops-engine", "app.kubernetes.io/part-of": "gpuops"}
+    executor = {"app.kubernetes.io/name": "gpuops-executor", "app.kubernetes.io/part-of": "gpuops"}
+    assert admitted(objs, engine, PROMETHEUS, 8080) and admitted(objs, engine, INGRESS, 8080)
+    assert admitted(objs, executor, PROMETHEUS, 8080)
+    assert not admitted(objs, executor, INGRESS, 8080), "executors serve no ChatOps"
+    strangers = [
+        ({"kubernetes.io/metadata.name": "gpuops"}, {"app.kubernetes.io/name": "gpuops-agent"}),
+        ({"kubernetes.io/metadata.name": "default"}, {"app": "anything"}),
+        (INGRESS[0], {"app.kubernetes.io/name": "some-other-pod"}),
+        (PROMETHEUS[0], {"app.kubernetes.io/name": "grafana"}),
+    ]
+    for peer in strangers:
+        assert not admitted(objs, engine, peer, 8080), peer
+        assert not admitted(objs, executor, peer, 8080), peer
+
+
 def test_existing_nats_overlay_trusts_its_ca(rendered: dict[str, list[Obj]]) -> None:
     objs = rendered["existing-nats"]
     env = env_of(objs)

@@ -32,7 +32,7 @@ from tests.support import gpuops_argv
 pytestmark = pytest.mark.faults
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
-TOKEN = "mm-token-123"
+TOKEN = "mm-token-123-4567-89ab-cdef"  # Mattermost makes 26-character ones
 GRANTS = {"drain": {"users": ["alice"]}, "silence": {"users": ["alice"]}}
 
 

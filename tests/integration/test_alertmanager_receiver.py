@@ -20,7 +20,7 @@ from gpuops.record.metrics import Metrics, by_label, total
 from gpuops.settings import AlertmanagerSettings
 
 pytestmark = pytest.mark.integration
-TOKEN = "am-secret-7b1f"
+TOKEN = "am-secret-7b1f-0123456789abcdef"
 ALERTS = "gpuops.events.*.alert.>"  # stored under their partition
 
 

@@ -26,7 +26,7 @@ from tests.conftest import engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
-TOKEN = "mm-token-123"
+TOKEN = "mm-token-123-4567-89ab-cdef"  # Mattermost makes 26-character ones
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ from gpuops.sim.fleet import SimFleet
 from tests.conftest import engine_settings, running_engine, wait_for
 
 pytestmark = pytest.mark.integration
-ALICE, BOB = "alice-token-0123456789", "bob-token-0123456789"
+ALICE, BOB = "alice-token-0123456789abcdef", "bob-token-0123456789abcdef"
+PROXY_SECRET = "proxy-secret-0123456789abcdef"
 
 
 def _settings(tmp_path: Path, fleet: SimFleet, url: str, **console: object) -> object:
@@ -32,7 +33,7 @@ def _settings(tmp_path: Path, fleet: SimFleet, url: str, **console: object) -> o
         console={
             "tokens": [{"user": "alice", "token": ALICE}, {"user": "bob", "token": BOB}],
             "user_header": "X-Forwarded-User",
-            "trusted_proxies": ["127.0.0.1"],
+            "proxy_secret": PROXY_SECRET,
             **console,
         },
         chatops={
@@ -79,7 +80,7 @@ async def test_reading_is_open_acting_needs_a_granted_login_from_the_console(
                 assert r.status == 303 and "ok=0" in r.headers["Location"]
                 assert "may%20not%20run" in r.headers["Location"]
             # alice behind the trusted proxy: a form from another site is refused ...
-            proxied = {"X-Forwarded-User": "alice"}
+            proxied = {"X-Forwarded-User": "alice", "X-Gpuops-Proxy-Secret": PROXY_SECRET}
             async with http.get("/console/now", headers=proxied) as r:
                 token = _token(await r.text())
             forged = {**proxied, "Origin": "https://evil.example"}

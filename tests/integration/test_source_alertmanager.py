@@ -31,7 +31,7 @@ from tests.conftest import engine_settings, running_engine, wait_for
 from tests.support import free_port
 
 pytestmark = pytest.mark.integration
-TOKEN = "am-engine-token-41c9"
+TOKEN = "am-engine-token-41c9-0123456789"
 ALERTMANAGER = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 HOT = {"alertname": "GpuTemperatureHigh", "severity": "critical", "gpu": "2"}
 

@@ -1,25 +1,33 @@
 """What the console's pages show, read from the streams: a node's timeline from the audit
-trail and its recent telemetry, each bounded (a window of time and a count)."""
+trail and its recent telemetry, each bounded (a window of time and a count).
+
+The audit stream is written by every engine and executor version a site ever ran, and by
+whoever holds the credentials: a record is read field by field, and one that does not
+read is a line of its own ("unreadable", "partial"), never the page's failure."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
-from collections import deque
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from collections import OrderedDict, deque
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
+from pydantic import ValidationError
 
 from gpuops import subjects
+from gpuops.act.evidence import RUN_ID
 from gpuops.bus.conn import AUDIT, TELEMETRY
 from gpuops.bus.reader import one_read
 from gpuops.clock import rfc3339
-from gpuops.models import EVENT_ADAPTER, AuditRecord, TelemetryEvent
+from gpuops.models import EVENT_ADAPTER, AuditRecord, RunOutcome, TelemetryEvent
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +39,50 @@ VALIDATION_RULES = frozenset({"validation-passed", "validation-failed"})
 FACTS_SHOWN = 6
 # Facts that name a GPU rather than say what was wrong with it: not worth a timeline's room.
 FACTS_NOT_SHOWN = frozenset({"index", "uuid", "name", "labels", "node"})
+# What an anonymous viewer sees of a failed run: that it failed (its outcome), not why.
+LOGIN_TO_SEE = "log in to see the details of this run (which task failed, and why)"
+MAX_WARNED = 1024
+
+
+class Stored(NamedTuple):
+    """A message's payload and when the stream stored it (epoch s)."""
+
+    data: bytes
+    at: float
+
+
+class Warned:
+    """Records already logged, so a bad one in view is logged once, not on every page."""
+
+    def __init__(self, limit: int = MAX_WARNED) -> None:
+        self.limit = limit
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    def first(self, data: bytes) -> bool:
+        """Whether `data` is new here (and now remembered)."""
+        key = hashlib.sha256(data).hexdigest()
+        if key in self._seen:
+            return False
+        self._seen[key] = None
+        if len(self._seen) > self.limit:
+            self._seen.popitem(last=False)
+        return True
 
 
 async def read_since(
     js: JetStreamContext, stream: str, subject: str, since: float, limit: int
 ) -> AsyncIterator[bytes]:
     """Payloads on `subject` stored after `since` (epoch s), oldest first, at most `limit`."""
+    # Closed, this reader closes the inner one at once: its consumer goes with it.
+    async with contextlib.aclosing(read_stored(js, stream, subject, since, limit)) as stored:
+        async for message in stored:
+            yield message.data
+
+
+async def read_stored(
+    js: JetStreamContext, stream: str, subject: str, since: float, limit: int
+) -> AsyncGenerator[Stored, None]:
+    """`read_since`, with the time the stream stored each message."""
     config = ConsumerConfig(
         deliver_policy=DeliverPolicy.BY_START_TIME,
         opt_start_time=datetime.fromtimestamp(since, UTC),
@@ -50,7 +96,7 @@ async def read_since(
                 except (NatsTimeout, TimeoutError):
                     return
                 for msg in msgs:
-                    yield msg.data
+                    yield Stored(msg.data, msg.metadata.timestamp.timestamp())
                 left, limit = msgs[-1].metadata.num_pending or 0, limit - len(msgs)
     except NotFoundError:
         return
@@ -72,8 +118,32 @@ class Entry:
 
     @property
     def when(self) -> str:
-        """UTC time to the second."""
-        return rfc3339(self.at)[:19].replace("T", " ")
+        """UTC time to the second ("?" for a time no calendar has)."""
+        try:
+            return rfc3339(self.at)[:19].replace("T", " ")
+        except (ValueError, OverflowError, OSError):
+            return "?"
+
+    def for_anonymous(self) -> Entry:
+        """This entry as someone not logged in sees it: a run's failure without its text."""
+        if self.kind == "run" and self.detail:
+            return replace(self, detail=LOGIN_TO_SEE)
+        return self
+
+
+def unreadable(at: float, why: str) -> Entry:
+    """The line of a record that could not be read at all."""
+    return Entry(at, "note", "", "unreadable audit record", why)
+
+
+def _mapping(body: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = body.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def _text(body: Mapping[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    return value if isinstance(value, str) else None
 
 
 def entry(record: AuditRecord) -> Entry:
@@ -82,9 +152,10 @@ def entry(record: AuditRecord) -> Entry:
         return _run_entry(record)
     if record.type != "decision":
         return Entry(record.at, "note", record.rule, record.summary)
-    d = record.body.get("decision", {})
-    reason, detail = str(d.get("reason", "")), str(d.get("detail", ""))
-    said = (kv for kv in record.body.get("facts", {}).items() if kv[0] not in FACTS_NOT_SHOWN)
+    d = _mapping(record.body, "decision")
+    reason, detail = _text(d, "reason") or "", _text(d, "detail") or ""
+    shown = _mapping(record.body, "facts").items()
+    said = (kv for kv in shown if isinstance(kv[0], str) and kv[0] not in FACTS_NOT_SHOWN)
     facts = dict(list(said)[:FACTS_SHOWN])
     if record.rule in VALIDATION_RULES:
         kind = "validation"
@@ -97,28 +168,81 @@ def entry(record: AuditRecord) -> Entry:
 
 
 def _run_entry(record: AuditRecord) -> Entry:
-    b = record.body
-    failed = f"task {b['failed_task']!r}: {b.get('failed_message') or '-'}"
+    try:
+        o = RunOutcome.model_validate(record.body)
+    except ValidationError:
+        return _partial_run(record)
+    failed = f"task {o.failed_task!r}: {o.failed_message or '-'}" if o.failed_task else ""
     return Entry(
         record.at,
         "run",
         record.rule,
-        record.summary,
-        failed if b.get("failed_task") else "",
-        run_id=b.get("run_id"),
-        revision=b.get("revision"),
-        outcome=b.get("status"),
+        # Built from the fields, not the summary: the summary carries the run's error text,
+        # which (like the failed task) only a logged-in viewer sees, in `detail`.
+        f"{o.playbook} {o.status.value} rc={o.rc} in {o.duration_s:.1f}s",
+        "; ".join(part for part in (failed, o.error or "") if part),
+        run_id=_run_id(o.run_id),
+        revision=o.revision,
+        outcome=o.status.value,
     )
 
 
-async def timeline(js: JetStreamContext, node: str, since: float) -> list[Entry]:
+def _partial_run(record: AuditRecord) -> Entry:
+    """A run record whose body is not a whole outcome: what of it reads."""
+    b = record.body
+    task, message = _text(b, "failed_task"), _text(b, "failed_message")
+    return Entry(
+        record.at,
+        "run",
+        record.rule,
+        f"{_text(b, 'playbook') or 'a playbook'} run (partial record)",
+        f"task {task!r}: {message or '-'}" if task else record.summary,
+        run_id=_run_id(_text(b, "run_id")),
+        revision=_text(b, "revision"),
+        outcome=_text(b, "status"),
+    )
+
+
+def _run_id(value: str | None) -> str | None:
+    return value if value and RUN_ID.match(value) else None
+
+
+def is_run(body: Mapping[str, Any]) -> bool:
+    """Whether a run record's body is the whole outcome an executor writes."""
+    try:
+        RunOutcome.model_validate(body)
+    except ValidationError:
+        return False
+    return True
+
+
+def _read(stored: Stored, node: str, warned: Warned) -> Entry:
+    """The entry of one stored record: partial where its body is off, unreadable where
+    even its envelope is (each logged the first time it is in view)."""
+    try:
+        record = AuditRecord.model_validate_json(stored.data)
+    except ValueError as exc:
+        if warned.first(stored.data):
+            log.warning("unreadable audit record of %s: %s", node, str(exc)[:300])
+        return unreadable(stored.at, "not an audit record of this version")
+    if record.type == "run" and not is_run(record.body) and warned.first(stored.data):
+        log.warning("partial run record of %s at %s shown as far as it reads", node, record.at)
+    try:
+        return entry(record)
+    except (TypeError, KeyError, AttributeError) as exc:  # a shape no reader above foresaw
+        if warned.first(stored.data):
+            log.warning("unreadable audit record of %s: %r", node, exc)
+        return unreadable(stored.at, f"a {record.type} record that does not read")
+
+
+async def timeline(
+    js: JetStreamContext, node: str, since: float, warned: Warned | None = None
+) -> list[Entry]:
     """The node's audit records after `since` as entries, oldest first (the newest few hundred)."""
+    warned = warned or Warned()
     newest: deque[Entry] = deque(maxlen=MAX_TIMELINE)
-    async for data in read_since(js, AUDIT, subjects.audit(node), since, 100_000):
-        try:
-            newest.append(entry(AuditRecord.model_validate_json(data)))
-        except ValueError:
-            log.warning("unreadable audit record of %s skipped", node)
+    async for stored in read_stored(js, AUDIT, subjects.audit(node), since, 100_000):
+        newest.append(_read(stored, node, warned))
     return list(newest)
 
 

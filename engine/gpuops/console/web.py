@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import re
 import shlex
 import time
@@ -22,16 +23,21 @@ from urllib.parse import quote
 
 import jinja2
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from gpuops.act.evidence import Evidence
-from gpuops.console.auth import COOKIE, Auth, Viewer
+from gpuops.clock import Clock
+from gpuops.console.auth import COOKIE, Auth, Viewer, anonymous_read
 from gpuops.console.latest import SIGNALS, Latest
-from gpuops.console.views import CHART_FIELDS, telemetry, timeline
+from gpuops.console.throttle import Failure
+from gpuops.console.views import CHART_FIELDS, Warned, telemetry, timeline
 from gpuops.errors import EngineError
 from gpuops.ops.cmdwire import CommandError
 from gpuops.ops.commands import Caller, Commands
 from gpuops.record.nodestate import NodeState
 from gpuops.settings import ConsoleSettings
+
+log = logging.getLogger(__name__)
 
 HERE = Path(__file__).resolve().parent
 STATIC, TEMPLATES = HERE / "static", HERE / "templates"
@@ -78,7 +84,7 @@ class _Cached:
 
 
 class Console:
-    """The /console routes."""
+    """The /console routes, for a server listening on `bind` (`host:port`)."""
 
     def __init__(
         self,
@@ -86,11 +92,23 @@ class Console:
         settings: ConsoleSettings,
         latest: Latest,
         evidence: Evidence,
+        *,
+        bind: str,
+        clock: Clock,
+        registry: CollectorRegistry,
         budgets: BudgetSource | None = None,
     ) -> None:
         self.commands, self.settings, self.latest = commands, settings, latest
         self.evidence, self.budgets = evidence, budgets
-        self.auth = Auth(settings)
+        self.auth = Auth(settings, clock, registry)
+        self.anonymous_read = anonymous_read(settings, bind)
+        if not self.anonymous_read and not (settings.tokens or settings.user_header):
+            log.warning(
+                "console on %s needs a login to read, and none is configured "
+                "(console.tokens or console.user_header): nobody can use it",
+                bind,
+            )
+        self.unreadable = Warned()  # audit records already logged as unreadable
         self.status = _Cached(commands.status, settings.push_s)
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(TEMPLATES),
@@ -134,7 +152,9 @@ class Console:
 
     def _viewer(self, request: web.Request) -> Viewer:
         viewer = self.auth.viewer(request)
-        if self.settings.login_required and not viewer.known:
+        if not (viewer.known or self.anonymous_read):
+            if request.path.startswith(("/console/api/", "/console/events")):
+                raise web.HTTPUnauthorized(text="log in to read (/console/login)")
             raise web.HTTPFound("/console/login?next=" + quote(request.path_qs, safe=""))
         return viewer
 
@@ -237,7 +257,10 @@ class Console:
         viewer = self._viewer(request)
         node = self._known_node(request)
         days = _bounded_int(request.query.get("days", str(TIMELINE_DAYS)), 30, low=1)
-        entries = await timeline(self.commands.bus.js, node, time.time() - days * 86400.0)
+        since = time.time() - days * 86400.0
+        entries = await timeline(self.commands.bus.js, node, since, self.unreadable)
+        if not viewer.known:  # a run's failed task and message are as private as its output
+            entries = [e.for_anonymous() for e in entries]
         record = await self.commands.states.get(node)
         gpus = sorted(self.latest.gpus(node).items())
         return self._page(
@@ -355,11 +378,13 @@ class Console:
         )
 
     async def login(self, request: web.Request) -> web.Response:
-        """Exchange a token for a session cookie."""
+        """Exchange a token for a session cookie (HttpOnly, SameSite=Strict, Secure over TLS)."""
+        self.auth.refuse_if_throttled(request)
         form = await request.post()
         target = _next(str(form.get("next", "")))
         user = self.auth.user_for_token(_field(form, "token", 512))
         if user is None or not self.auth.same_origin(request):
+            self.auth.failed(request, Failure.FORM)
             return self._page(
                 "login.html", request, Viewer(), 401, next=target, error="unknown token"
             )
@@ -370,7 +395,7 @@ class Console:
             max_age=int(self.settings.session_s),
             httponly=True,
             samesite="Strict",
-            secure=request.secure,
+            secure=self.auth.secure(request),
             path="/console",
         )
         raise response

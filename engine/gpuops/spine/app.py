@@ -343,6 +343,11 @@ class App:
             tracker.underused(threshold, development), threshold, len(tracker.gpus)
         )
 
+    @property
+    def http_address(self) -> str:
+        """Where the HTTP server listens (`host:port`); the console's login rule reads it."""
+        return self.settings.http or "127.0.0.1:0"
+
     def console(self) -> Console:
         """The web console over this engine's stores, commands and newest samples."""
         return Console(
@@ -350,6 +355,9 @@ class App:
             self.settings.console,
             self.latest,
             Evidence(self.settings.state_dir / "runs"),
+            bind=self.http_address,
+            clock=self.clock,
+            registry=self.engine.metrics.registry,
             budgets=self.power_budgets,
         )
 
@@ -404,7 +412,7 @@ class App:
         if self.settings.console.enabled:
             mounts.append(self.console().mount)
         server = HttpServer(registry, self.health, mounts=mounts)
-        self.http_port = await server.start(self.settings.http or "127.0.0.1:0")
+        self.http_port = await server.start(self.http_address)
         return server
 
     def alertmanager(self) -> AlertmanagerReceiver:

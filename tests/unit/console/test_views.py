@@ -23,7 +23,14 @@ def test_decisions_are_faults_drops_or_validation() -> None:
 
 def test_a_run_links_its_output_and_names_its_revision_and_failed_task() -> None:
     body = {
+        "intent_key": "k",
+        "rule": "r",
+        "node": "n",
+        "playbook": "drain.yml",
         "status": "failed",
+        "rc": 2,
+        "started": 1.0,
+        "ended": 4.5,
         "run_id": "20260101T120000-1a2b3c4d",
         "revision": "838293f8f3cd0000",
         "failed_task": "drain",
@@ -32,6 +39,9 @@ def test_a_run_links_its_output_and_names_its_revision_and_failed_task() -> None
     run = entry(AuditRecord(type="run", at=2.0, node="n", rule="r", summary="x", body=body))
     assert (run.kind, run.run_id, run.outcome) == ("run", "20260101T120000-1a2b3c4d", "failed")
     assert run.revision == "838293f8f3cd0000"
+    assert run.title == "drain.yml failed rc=2 in 3.5s"
     assert run.detail == "task 'drain': jobs would not leave"
+    hidden = run.for_anonymous()
+    assert "drain" not in hidden.detail and hidden.outcome == "failed"
     note = entry(AuditRecord(type="note", at=3.0, node="n", summary="episode resolved"))
     assert (note.kind, note.title) == ("note", "episode resolved")
