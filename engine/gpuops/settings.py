@@ -124,6 +124,12 @@ class Permission(BaseModel):
     channels: tuple[str, ...] = ()
 
 
+# The most a Slack timestamp may differ from the clock: the replay bucket keeps each
+# request id for twice this (a request may be early or late by the skew), whatever
+# `max_skew_s` is set to.
+MAX_SKEW_S = 900.0
+
+
 class ChatopsSettings(BaseModel):
     """Slack and Mattermost: how requests are verified, who may do what, where to notify."""
 
@@ -131,7 +137,7 @@ class ChatopsSettings(BaseModel):
 
     slack_signing_secret: SecretStr | None = None
     mattermost_tokens: tuple[SecretStr, ...] = ()
-    max_skew_s: float = Field(default=300.0, gt=0)
+    max_skew_s: float = Field(default=300.0, gt=0, le=MAX_SKEW_S)
     # Commands without an entry are open to anyone who passed verification, except the
     # ones that change things, which default to nobody until listed here.
     permissions: dict[str, Permission] = Field(default_factory=dict)
