@@ -225,7 +225,7 @@ async def test_history_prints_rich_markup_sent_from_chat(
     commands = Commands.over_bus(
         bus, ManualClock(), load_inventory(fleet.root / "inventory"), settings
     )
-    reply = await commands.run('silence node:node-001 1m "[/]x[bold]y"', Caller("alice"))
+    reply = await commands.run('silence node:node-001 1m "[/]x[bold]y"', Caller.of("cli", "alice"))
     assert reply.startswith("silence ")
     cli = await asyncio.create_subprocess_exec(
         *gpuops_argv(state_dir=tmp_path / "cli"),
