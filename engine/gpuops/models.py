@@ -321,7 +321,8 @@ class ChatopsData(_Open):
 
     command: str = Field(min_length=1)
     args: list[str] = Field(default_factory=list)
-    user: str = ""
+    user: str = ""  # the principal: slack:TEAM/USER, mattermost:TEAM/USER, console:U, cli:U
+    name: str = ""  # the person's display name there, for reading only
     channel: str = ""
     platform: Literal["slack", "mattermost", "cli", "console"] = "cli"
     reason: str = ""  # the free text after a command's arguments (drain NODE REASON)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -14,6 +15,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -146,13 +148,51 @@ class WebhookSettings(BaseModel):
     channel: str | None = None
 
 
+# A principal is who asked, qualified by where: a chat's user id within its team (a name
+# can be changed by its owner, or taken by someone else; an id cannot), the console's
+# login, the CLI's NATS user. One person on two platforms is two principals.
+Platform = Literal["slack", "mattermost", "console", "cli"]
+_CHAT_ID = r"[A-Za-z0-9_.-]{1,64}"
+_PRINCIPAL = re.compile(
+    rf"(?:slack|mattermost):{_CHAT_ID}/{_CHAT_ID}|console:[A-Za-z0-9._@-]{{1,64}}"
+    r"|cli:[A-Za-z0-9_-]{1,64}"
+)
+PRINCIPAL_FORMS = (
+    "slack:TEAM_ID/USER_ID, mattermost:TEAM_ID/USER_ID, console:USER or cli:NATS_USER"
+    " (e.g. slack:T0123/U0456 or cli:alice)"
+)
+
+
+def principal(platform: Platform, *parts: str) -> str | None:
+    """`platform:team/user` (chat) or `platform:user`, or None when a part is missing or
+    holds what no id does (a `/` in a user id must not shift it into another team)."""
+    text = f"{platform}:" + "/".join(parts)
+    return text if _PRINCIPAL.fullmatch(text) else None
+
+
 class Permission(BaseModel):
-    """Who may run a ChatOps command: users and channels (empty: anyone / anywhere)."""
+    """Who may run a ChatOps command: principals and channels (empty: anyone / anywhere)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     users: tuple[str, ...] = ()
     channels: tuple[str, ...] = ()
+
+    @field_validator("users")
+    @classmethod
+    def _qualified(cls, users: tuple[str, ...]) -> tuple[str, ...]:
+        # A bare name meant "this name on any platform": whoever took that display name
+        # in any chat got the grant. Refused, so no site keeps one by accident.
+        for user in users:
+            if not _PRINCIPAL.fullmatch(user):
+                raise ValueError(f"{user!r} is not a principal: write {PRINCIPAL_FORMS}")
+        return users
+
+
+# The most a Slack timestamp may differ from the clock: the replay bucket keeps each
+# request id for twice this (a request may be early or late by the skew), whatever
+# `max_skew_s` is set to.
+MAX_SKEW_S = 900.0
 
 
 class ChatopsSettings(BaseModel):
@@ -161,8 +201,10 @@ class ChatopsSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     slack_signing_secret: StrongSecret | None = None
+    # The Slack app's id (Basic Information): set, a request naming another app is refused.
+    slack_app_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9]{1,32}$")
     mattermost_tokens: tuple[StrongSecret, ...] = ()
-    max_skew_s: float = Field(default=300.0, gt=0)
+    max_skew_s: float = Field(default=300.0, gt=0, le=MAX_SKEW_S)
     # Commands without an entry are open to anyone who passed verification, except the
     # ones that change things, which default to nobody until listed here.
     permissions: dict[str, Permission] = Field(default_factory=dict)
@@ -173,9 +215,6 @@ class ChatopsSettings(BaseModel):
     mattermost_response_hosts: tuple[str, ...] = Field(
         default=(), description="the Mattermost server's host name(s)"
     )
-    # Signatures seen within max_skew_s are remembered to refuse replays; past this many
-    # the endpoint refuses new requests rather than forget one that could be replayed.
-    replay_cache_size: int = Field(default=100_000, ge=1)
     # Refused requests are counted in /metrics; the audit gets one summary per interval.
     rejection_note_interval_s: float = Field(default=60.0, gt=0)
 

@@ -38,7 +38,7 @@ FLAGS = (
     "--disable-sync",
     "--no-first-run",
 )
-GRANTED = {"users": ["alice"]}
+GRANTED = {"users": ["console:alice"]}
 
 
 class LiveEngine:

@@ -199,7 +199,7 @@ def test_approving_in_the_page_runs_the_playbook(
     def answered() -> bool:
         # A click that lands while a live update reloads the page is lost: answer again
         # (the card is still there) until the engine has the approval.
-        if live.call(_approved_by(live, node)) == "alice":
+        if live.call(_approved_by(live, node)) == "console:alice":
             return True
         if _answer(browser, node, tmp_path):
             _wait(lambda: "/console/now" in browser.current_url, 10, "the form posted")

@@ -24,7 +24,7 @@ from tests.conftest import calls, counted, engine_settings, running_engine, wait
 from tests.support import decide
 
 pytestmark = pytest.mark.integration
-ALICE = Caller(user="alice", platform="cli")
+ALICE = Caller.of("cli", "alice")
 
 
 def _overheat(node: str, t: float) -> Match:

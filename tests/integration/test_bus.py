@@ -15,7 +15,15 @@ from pathlib import Path
 import nats
 import pytest
 from gpuops import subjects
-from gpuops.bus.auth import KV_BUCKETS, LEASES, Role, ensure_credentials, read_credentials
+from gpuops.bus.auth import (
+    ENGINE_ONLY,
+    KV_BUCKETS,
+    LEASES,
+    REPLAY,
+    Role,
+    ensure_credentials,
+    read_credentials,
+)
 from gpuops.bus.conn import (
     ACTIONS,
     AUDIT,
@@ -260,7 +268,26 @@ async def test_a_client_without_credentials_is_refused(tmp_path: Path) -> None:
 
 
 def test_kv_permissions_name_every_bucket() -> None:
-    assert {*KV_BUCKETS, LEASES} == {config.bucket for config in BUCKETS.values()}
+    assert {*KV_BUCKETS, *ENGINE_ONLY} == {config.bucket for config in BUCKETS.values()}
+
+
+async def test_only_the_engine_writes_the_chatops_replay_bucket(tmp_path: Path) -> None:
+    # An executor or operator that could delete a seen request id would let a captured
+    # ChatOps request be served again; both still open the bucket (their set-up does).
+    state = tmp_path / "state"
+    async with open_bus(NatsSettings(), state) as engine:
+        assert await engine.buckets.replay.cas("slack.x", b"1", 0) is not None
+        for role in ("executor", "cli"):
+            errors: list[str] = []
+            client = await _client(state, role, engine.url, errors)
+            try:
+                subject = f"$KV.{REPLAY}.slack.x"
+                await client.publish(subject, b"")
+                await client.flush()
+                await wait_for(lambda e=errors, s=subject: _violations(e, s), 10)
+            finally:
+                await client.close()
+        assert await engine.buckets.replay.get("slack.x") is not None, "still seen"
 
 
 async def test_stream_limits_come_from_settings_and_update_existing_streams(

@@ -27,6 +27,9 @@ from tests.conftest import engine_settings, running_engine, wait_for
 pytestmark = pytest.mark.integration
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 TOKEN = "mm-token-123-4567-89ab-cdef"  # Mattermost makes 26-character ones
+TEAM = "T0TEAM"
+USER_IDS = {"alice": "U0ALICE", "mallory": "U0MALLORY"}
+ALICE = f"slack:{TEAM}/U0ALICE"
 
 
 @pytest.fixture
@@ -42,9 +45,9 @@ async def engine(
             "slack_signing_secret": SECRET,
             "mattermost_tokens": [TOKEN],
             "permissions": {
-                "silence": {"users": ["alice"], "channels": ["gpu-ops"]},
-                "dry-run": {"users": ["alice"]},
-                "drain": {"users": ["alice"]},
+                "silence": {"users": [ALICE], "channels": ["gpu-ops"]},
+                "dry-run": {"users": [ALICE]},
+                "drain": {"users": [ALICE]},
             },
         },
     )
@@ -63,7 +66,14 @@ async def _slack(
     sign: bool = True,
 ) -> tuple[int, dict]:
     body = urlencode(
-        {"command": "/gpuops", "text": text, "user_name": user, "channel_name": channel}
+        {
+            "command": "/gpuops",
+            "text": text,
+            "team_id": TEAM,
+            "user_id": USER_IDS[user],
+            "user_name": user,
+            "channel_name": channel,
+        }
     ).encode()
     stamp = str(int(ts if ts is not None else time.time()))
     headers = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -89,9 +99,7 @@ async def test_valid_slack_command_runs(engine: App) -> None:
     status, body = await _slack(engine, "silence node:node-001 30m 'fan swap'")
     assert status == 200 and body["text"].startswith("silence ")
     silences = await SilenceStore(NatsKV(engine.bus.kv["control"])).all()
-    assert [(s.target, s.reason, s.by) for s in silences] == [
-        ("node:node-001", "fan swap", "alice")
-    ]
+    assert [(s.target, s.reason, s.by) for s in silences] == [("node:node-001", "fan swap", ALICE)]
 
 
 async def test_forged_stale_and_unsigned_slack_requests_get_401_and_are_counted(
@@ -117,7 +125,8 @@ async def test_forged_stale_and_unsigned_slack_requests_get_401_and_are_counted(
 
 async def test_user_without_permission_is_refused_with_why(engine: App) -> None:
     status, body = await _slack(engine, "silence node:node-001 1h x", user="mallory")
-    assert status == 200 and body["text"] == "refused: user 'mallory' may not run 'silence'"
+    mallory = f"slack:{TEAM}/U0MALLORY (mallory)"
+    assert status == 200 and body["text"] == f"refused: {mallory} may not run 'silence'"
     status, body = await _slack(engine, "silence node:node-001 1h x", channel="random")
     assert body["text"] == "refused: 'silence' may not be run in channel 'random'"
     status, body = await _slack(engine, "breaker reset")
@@ -134,6 +143,8 @@ async def test_mattermost_token_and_trigger_word(engine: App) -> None:
                 "token": TOKEN,
                 "text": "gpuops status",
                 "trigger_word": "gpuops",
+                "team_id": "kwoknj9nwp",
+                "user_id": "rnina9994b",
                 "user_name": "bob",
                 "channel_name": "town-square",
             },
@@ -184,7 +195,7 @@ async def test_drain_from_chat_is_decided_by_the_engine_and_runs_on_that_node(
         "drain of node-002 requested: bad fan (the engine decides; see `status`)",
     )
     await wait_for(lambda: fleet.state("node-002")["drained"], 30)
-    assert "bad fan (by alice)" in fleet.state("node-002")["drain_reason"]
+    assert f"bad fan (by {ALICE})" in fleet.state("node-002")["drain_reason"]
     assert not fleet.state("node-001")["drained"]
     records = [r async for r in read_audit(engine.bus.js, "node-002")]
     assert any(r.type == "decision" and r.rule == "chatops-drain" for r in records), (
@@ -194,7 +205,7 @@ async def test_drain_from_chat_is_decided_by_the_engine_and_runs_on_that_node(
 
 async def test_a_refused_or_malformed_drain_requests_nothing(engine: App) -> None:
     refused = await _slack(engine, "drain node-002 x", user="mallory")
-    assert refused[1]["text"] == "refused: user 'mallory' may not run 'drain'"
+    assert refused[1]["text"] == f"refused: slack:{TEAM}/U0MALLORY (mallory) may not run 'drain'"
     no_reason = await _slack(engine, "drain node-002")
     assert no_reason[1]["text"] == "drain: missing arguments (usage: drain NODE REASON)"
     unknown = await _slack(engine, "drain node-999 x")

@@ -37,7 +37,9 @@ def _settings(tmp_path: Path, fleet: SimFleet, url: str, **console: object) -> o
             **console,
         },
         chatops={
-            "permissions": {c: {"users": ["alice"]} for c in ("breaker", "silence", "unsilence")}
+            "permissions": {
+                c: {"users": ["console:alice"]} for c in ("breaker", "silence", "unsilence")
+            }
         },
     )
 
@@ -99,7 +101,7 @@ async def test_reading_is_open_acting_needs_a_granted_login_from_the_console(
             async with http.post("/console/silences", data=silence, headers=alice) as r:
                 assert r.status == 200 and "fan swap" in await r.text()
             [made] = await app.engine.silences.all()
-            assert (made.target, made.by) == ("node:node-002", "alice")
+            assert (made.target, made.by) == ("node:node-002", "console:alice")
             async with http.post(f"/console/silences/{made.id}/expire", headers=alice) as r:
                 assert r.status == 200 and f"silence {made.id} removed" in await r.text()
             assert await app.engine.silences.all() == []
@@ -111,8 +113,8 @@ async def test_reading_is_open_acting_needs_a_granted_login_from_the_console(
         assert 'gpuops_nodes{state="healthy"} 2.0' in text
         assert 'gpuops_breaker_state{state="open"} 0.0' in text
     notes = [r.summary async for r in read_audit(bus.js) if r.type == "note"]
-    assert any(n.startswith("alice@console: breaker reset") for n in notes), notes
-    assert any("refused breaker from bob@console" in n for n in notes), notes
+    assert any(n.startswith("console:alice: breaker reset") for n in notes), notes
+    assert any("refused breaker from console:bob" in n for n in notes), notes
 
 
 async def test_session_login_and_bounded_inputs(

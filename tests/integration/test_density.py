@@ -37,8 +37,8 @@ async def test_the_engine_reports_an_idle_gpu_with_its_layout_and_not_a_busy_one
             30,
         )
 
-        reply = await app.commands().run("density 10%", Caller("alice"))
-        refused = await app.commands().run("density 150", Caller("alice"))
+        reply = await app.commands().run("density 10%", Caller.of("cli", "alice"))
+        refused = await app.commands().run("density 150", Caller.of("cli", "alice"))
 
     assert reply.splitlines()[0] == "1 of 4 GPUs under 10% p95 utilisation over the day", reply
     assert "node-001 GPU 1: util p50 3% p95 3%" in reply and "(seen 1.0 h)" in reply

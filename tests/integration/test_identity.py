@@ -47,7 +47,7 @@ async def engine(tmp_path: Path, fleet: SimFleet) -> AsyncIterator[tuple[App, Pa
         fleet,
         "",
         nats={},
-        chatops={"permissions": {"approve": {"users": ["operator"]}}},
+        chatops={"permissions": {"approve": {"users": ["cli:operator"]}}},
     )
     async with (
         open_bus(settings.nats, state) as bus,
@@ -95,7 +95,7 @@ async def test_a_cli_approve_records_the_nats_user_and_a_user_not_granted_is_ref
     mallory = await join_bus(mallory_settings, state)
     try:
         assert mallory.user == "mallory"
-        with pytest.raises(Refused, match="user 'mallory' may not run 'approve'"):
+        with pytest.raises(Refused, match="cli:mallory may not run 'approve'"):
             await ask_engine(mallory, "approve", [approval])
         # Nor can she speak as someone else: the server keeps her off their subject.
         errors: list[str] = []
@@ -128,10 +128,10 @@ async def test_a_cli_approve_records_the_nats_user_and_a_user_not_granted_is_ref
     finally:
         await operator.close()
     record = await app.engine.approvals.get(approval)
-    assert record is not None and record.by == "operator"
+    assert record is not None and record.by == "cli:operator"
     notes = [r.summary async for r in read_audit(app.bus.js) if r.type == "note"]
-    assert any(n.startswith(f"operator@cli: approve {approval}") for n in notes), notes
-    assert any("refused approve from mallory@cli" in n for n in notes), notes
+    assert any(n.startswith(f"cli:operator: approve {approval}") for n in notes), notes
+    assert any("refused approve from cli:mallory" in n for n in notes), notes
 
 
 async def test_bad_cli_commands_say_why_with_a_kind_the_cli_maps_to_its_exit_code(
@@ -166,8 +166,8 @@ async def test_bad_cli_commands_say_why_with_a_kind_the_cli_maps_to_its_exit_cod
         await bus.close()
     silences = await app.engine.silences.all()
     assert sorted((s.target, s.by) for s in silences) == [
-        ("group:all", "operator"),
-        ("node:node-999", "operator"),
+        ("group:all", "cli:operator"),
+        ("node:node-999", "cli:operator"),
     ]
 
 

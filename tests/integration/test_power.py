@@ -56,14 +56,14 @@ async def test_a_budget_override_caps_the_rack_under_it_and_its_end_restores_pol
         try:
             # The controller has a reading of every GPU before the budget is set.
             await wait_for(lambda: len(app.engine.power.controller.gpus) == 8, 30)
-            commands, alice = app.commands(), Caller("alice")
+            commands, alice = app.commands(), Caller.of("cli", "alice")
             said = await commands.execute("power budget rack-a1 4kW 10m demand response", alice)
             assert said.startswith("power budget rack-a1: 4.0 kW for 10m")
             await wait_for(lambda: sum(_limits(fleet)) <= 4000.0, 120, 0.5)
             assert _rack_draw(fleet) <= 4000.0, "the rack's power is under its budget"
             assert min(_limits(fleet)) >= 200.0
             status = await commands.execute("power status", alice)
-            assert "budget rack-a1: 4.0 kW (override by alice" in status
+            assert "budget rack-a1: 4.0 kW (override by cli:alice" in status
             assert "node-001 (rack-a1)" in status
             await commands.execute("power budget rack-a1 --end", alice)
             await wait_for(lambda: set(_limits(fleet)) == {700.0}, 120, 0.5)

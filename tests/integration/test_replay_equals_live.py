@@ -117,7 +117,9 @@ async def _live(
             clock.set(t)
             _faults(fleet, t)
             if t == T0 + 200:  # a person silences node-008 from chat, with a reason
-                await commands.run("silence node:node-008 30m firmware work", Caller("alice"))
+                await commands.run(
+                    "silence node:node-008 30m firmware work", Caller.of("cli", "alice")
+                )
                 rec.lines.append(await _last_chatops(bus))
             if t == T0 + 220:
                 fleet.inject("node-008", "xid", 0, xid=48)

@@ -58,3 +58,28 @@ def test_secret_values_finds_every_secret_of_the_settings() -> None:
         "am",
     }
     assert secret_values(Settings()) == frozenset()
+
+
+def test_a_bare_user_name_in_a_grant_is_refused_with_how_to_write_it(tmp_path: Path) -> None:
+    config = tmp_path / "gpuops.yml"
+    config.write_text("chatops:\n  permissions:\n    drain: {users: [alice]}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_settings(config, {}, {})
+    message = str(refused.value)
+    assert "chatops.permissions.drain.users: " in message
+    assert "'alice' is not a principal" in message
+    assert "slack:T0123/U0456 or cli:alice" in message
+    users = ["slack:T0123/U0456", "mattermost:kwoknj9nwp/rnina9994b", "console:bob", "cli:alice"]
+    config.write_text(f"chatops:\n  permissions:\n    drain: {{users: {users}}}\n")
+    assert load_settings(config, {}, {}).chatops.permissions["drain"].users == tuple(users)
+
+
+@pytest.mark.parametrize(
+    "user",
+    ["slack:T0123", "slack:T0123/U04/56", "mattermost:/u1", "cli:", "cli:a b", "email:a@b", "*"],
+)
+def test_a_grant_must_name_one_principal_exactly(tmp_path: Path, user: str) -> None:
+    config = tmp_path / "gpuops.yml"
+    config.write_text(f"chatops:\n  permissions:\n    drain: {{users: ['{user}']}}\n")
+    with pytest.raises(ConfigError, match="is not a principal"):
+        load_settings(config, {}, {})

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpuops import subjects
-from gpuops.bus.buckets import BUCKETS, LEASES_KEY
+from gpuops.bus.buckets import BUCKETS, LEASES_KEY, REPLAY_KEY
 from gpuops.errors import BusError
 
 Role = Literal["engine", "executor", "agent", "cli"]
@@ -32,7 +32,11 @@ ACTIONS = "GPUOPS_ACTIONS"
 AUDIT = "GPUOPS_AUDIT"
 # Engine replicas' leases: only engines write them; the others read them (status).
 LEASES = BUCKETS[LEASES_KEY].bucket
-KV_BUCKETS = tuple(c.bucket for name, c in BUCKETS.items() if name != LEASES_KEY)
+# ChatOps request ids seen: only engines write them. Another role that could delete one
+# would let a captured request be served again; the others only open the bucket.
+REPLAY = BUCKETS[REPLAY_KEY].bucket
+ENGINE_ONLY = (LEASES, REPLAY)
+KV_BUCKETS = tuple(c.bucket for c in BUCKETS.values() if c.bucket not in ENGINE_ONLY)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +89,7 @@ PERMISSIONS: dict[Role, Permissions] = {
             "$JS.API.INFO",
             *_read_stream(ACTIONS),
             *_read_stream(AUDIT),
-            *_kv((*KV_BUCKETS, LEASES), KV_BUCKETS),
+            *_kv((*KV_BUCKETS, *ENGINE_ONLY), KV_BUCKETS),
             *_FLOW,
         ),
         subscribe=(*_CLIENT,),
@@ -120,7 +124,7 @@ PERMISSIONS: dict[Role, Permissions] = {
             *_read_stream("GPUOPS_EVENTS"),
             *_read_stream("GPUOPS_TELEMETRY"),  # gpuops export
             *_read_stream("GPUOPS_DLQ"),
-            *_kv((*KV_BUCKETS, LEASES), ()),
+            *_kv((*KV_BUCKETS, *ENGINE_ONLY), ()),
             *_FLOW,
         ),
         subscribe=(subjects.AGENT_REQUESTS, *_CLIENT),

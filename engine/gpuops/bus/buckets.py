@@ -12,13 +12,19 @@ from typing import TYPE_CHECKING
 from nats.js.api import KeyValueConfig
 
 from gpuops.bus.store import KV, MemoryKV, NatsKV
+from gpuops.settings import MAX_SKEW_S
 
 if TYPE_CHECKING:
     from nats.js.kv import KeyValue
 
 _DAY = 86400.0
 
-LEASES_KEY = "leases"  # the one bucket whose entries expire (`NatsSettings.lease_s`)
+LEASES_KEY = "leases"  # entries expire `NatsSettings.lease_s` after their last write
+REPLAY_KEY = "replay"  # ChatOps request ids seen; written by engines only (bus.auth)
+# A signed request is fresh for `max_skew_s` either side of its timestamp: its id is kept
+# as long as the largest window allows, by the server's clock, so every engine sharing
+# the bucket refuses it again within its window (a later one is refused as stale).
+REPLAY_TTL_S = 2 * MAX_SKEW_S
 
 # Each bucket by purpose, as JetStream creates it; `Buckets` below has a field per key.
 BUCKETS: dict[str, KeyValueConfig] = {
@@ -32,6 +38,9 @@ BUCKETS: dict[str, KeyValueConfig] = {
     "history": KeyValueConfig(bucket="gpuops_history", history=1, ttl=30 * _DAY),
     # engine replicas and the partitions each owns; an entry not renewed expires (nats.lease_s)
     "leases": KeyValueConfig(bucket="gpuops_leases", history=1),
+    # ChatOps requests already served (Slack, Mattermost): the first engine to create a
+    # request's key serves it, any other refuses it as a replay
+    REPLAY_KEY: KeyValueConfig(bucket="gpuops_replay", history=1, ttl=REPLAY_TTL_S),
 }
 
 
@@ -46,6 +55,7 @@ class Buckets:
     nodes: KV
     claims: KV
     leases: KV
+    replay: KV
 
     @classmethod
     def of(cls, kv: dict[str, KeyValue]) -> Buckets:

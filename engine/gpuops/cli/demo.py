@@ -345,7 +345,7 @@ async def _say(app: App, demo: _Demo, plan: Scenario, clock: ScaledClock) -> Non
     while demo.said < len(plan.commands) and now - demo.t0 >= plan.commands[demo.said].at:
         said = plan.commands[demo.said]
         demo.said += 1
-        reply = await app.commands().execute(said.command, Caller("demo"))
+        reply = await app.commands().execute(said.command, Caller.of("cli", "demo"))
         if said.command.startswith("power budget"):
             demo.budget(said, reply, now)
         else:

@@ -323,7 +323,7 @@ class Console:
         refused = self.auth.form_refused(request, viewer, str(form.get("form_token", "")))
         if refused is not None:
             raise web.HTTPForbidden(text=refused)
-        caller = Caller(user=viewer.user, channel="console", platform="console")
+        caller = Caller.of("console", viewer.user, channel="console")
         try:
             reply, ok = await self.commands.execute(shlex.join(words), caller), True
         except CommandError as exc:

@@ -1,13 +1,20 @@
-"""ChatOps requests: verification, parsing and dispatch to the command table.
+"""ChatOps requests: verification, identity, parsing and dispatch to the command table.
 
 Slack requests are verified by their v0 signature (HMAC-SHA256 over `v0:timestamp:body`
 with the signing secret, compared in constant time); the timestamp must be an integer
-within `max_skew_s` of the clock, and a signature already seen within that window is a
-replay. Mattermost requests are verified by their token. Anything unsigned, forged,
-replayed or malformed is refused (401, or 400 for a body that cannot be read), counted
-in /metrics by reason, and summarised in the audit at most once per interval, so a flood
-of junk cannot flood the audit trail. A reply is posted to a request's `response_url`
-only when its host is on the platform's allow-list.
+within `max_skew_s` of the clock, and the request must name the configured app when
+one is set. Mattermost requests are verified by their token. Who asked is a principal
+made of the platform, the team id and the user id (`slack:T0123/U0456`): a user name
+can be changed or taken, so it is shown beside the principal and never authorises.
+
+A request is served once across every engine sharing the bus: its id (Slack: from its
+signature; Mattermost: its `trigger_id`, an outgoing webhook's `post_id`, else its
+body) is created in the replay bucket, and whoever finds it there already refuses the
+request as a replay. Anything unsigned, forged, replayed or malformed is refused (401,
+or 400 for a body that cannot be read), counted in /metrics by reason, and summarised
+in the audit at most once per interval, so a flood of junk cannot flood the audit
+trail. A reply is posted to a request's `response_url` only when its host is on the
+platform's allow-list.
 
 The routes are mounted on the engine's HTTP server (`gpuops.http`).
 """
@@ -22,20 +29,23 @@ import json
 import logging
 import re
 from collections import Counter as Tally
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from enum import StrEnum
 from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 from aiohttp import web
 from nats.errors import Error as NatsError
+from nats.js.errors import Error as JsError
 from prometheus_client import CollectorRegistry, Counter
 
+from gpuops.bus.store import KV, kv_key
 from gpuops.clock import Clock
+from gpuops.errors import BusError
 from gpuops.ops.commands import Caller, Commands
 from gpuops.record.audit import Auditor
-from gpuops.settings import ChatopsSettings
+from gpuops.settings import ChatopsSettings, principal
 from gpuops.signing import same_secret
 
 log = logging.getLogger(__name__)
@@ -51,13 +61,20 @@ class Rejection(StrEnum):
     STALE = "stale_timestamp"
     BAD_SIGNATURE = "bad_signature"
     REPLAYED = "replayed"
-    REPLAY_CACHE_FULL = "replay_cache_full"
+    REPLAY_UNCHECKED = "replay_unchecked"
+    WRONG_APP = "wrong_app"
+    NO_PRINCIPAL = "no_principal"
     MALFORMED = "malformed"
     MISSING_TOKEN = "missing_token"
     BAD_TOKEN = "bad_token"
 
 
-STATUS = {Rejection.MALFORMED: 400, Rejection.REPLAY_CACHE_FULL: 503}  # the rest: 401
+STATUS = {
+    Rejection.MALFORMED: 400,
+    Rejection.NO_PRINCIPAL: 400,
+    # The replay bucket did not answer: refused, since serving could serve a replay.
+    Rejection.REPLAY_UNCHECKED: 503,
+}  # the rest: 401
 
 
 def slack_signature(secret: str, timestamp: str, body: bytes) -> str:
@@ -85,38 +102,34 @@ def response_url_allowed(url: str, hosts: Iterable[str]) -> bool:
     )
 
 
-class SeenSignatures:
-    """Signatures accepted within the skew window; a second use is a replay.
+class SeenRequests:
+    """Request ids served, in the replay bucket shared by every engine on the bus.
 
-    A request whose timestamp is older than the window is refused as stale, so an entry
-    can be forgotten once its timestamp leaves the window. When full, new requests are
-    refused: forgetting a live entry would let it be replayed.
+    The bucket's create is atomic on the server, so of two engines given the same
+    request one creates its key and serves it, the other finds it and refuses it. Keys
+    expire by the bucket's TTL, which outlasts any request's freshness window.
     """
 
-    def __init__(self, window_s: float, cap: int) -> None:
-        self.window_s, self.cap = window_s, cap
-        self._seen: OrderedDict[str, int] = OrderedDict()
+    def __init__(self, kv: KV, clock: Clock) -> None:
+        self.kv, self.clock = kv, clock
 
-    def admit(self, signature: str, stamp: int, now: float) -> Rejection | None:
-        """Remember the signature; a rejection if it was seen or there is no room."""
-        self._expire(now)
-        if signature in self._seen:
-            return Rejection.REPLAYED
-        if len(self._seen) >= self.cap:
-            return Rejection.REPLAY_CACHE_FULL
-        self._seen[signature] = stamp
-        return None
+    async def admit(self, request_id: str) -> Rejection | None:
+        """Remember the request; a rejection if it was served before or cannot be checked."""
+        stamp = str(self.clock.now()).encode()  # for whoever reads the bucket: when first seen
+        try:
+            created = await self.kv.cas(kv_key(request_id), stamp, 0)
+        except (BusError, JsError, NatsError, TimeoutError) as exc:
+            log.warning("replay bucket unavailable, request refused: %s", exc)
+            return Rejection.REPLAY_UNCHECKED
+        return None if created is not None else Rejection.REPLAYED
 
-    def _expire(self, now: float) -> None:
-        # Insertion order is nearly timestamp order; an out-of-order entry only lingers.
-        while self._seen:
-            stamp = next(iter(self._seen.values()))
-            if now - stamp <= self.window_s:
-                return
-            self._seen.popitem(last=False)
 
-    def __len__(self) -> int:
-        return len(self._seen)
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """A request that passed verification: who sent it, and its id on the bus."""
+
+    caller: Caller
+    request_id: str
 
 
 class Rejections:
@@ -186,9 +199,11 @@ class Chatops:
         auditor: Auditor,
         clock: Clock,
         registry: CollectorRegistry,
+        replay: KV,
     ) -> None:
+        """`replay` is the bus's replay bucket, shared with every engine that serves chat."""
         self.commands, self.settings, self.clock = commands, settings, clock
-        self.seen = SeenSignatures(settings.max_skew_s, settings.replay_cache_size)
+        self.seen = SeenRequests(replay, clock)
         self.rejections = Rejections(auditor, clock, registry, settings.rejection_note_interval_s)
         self.refused_urls = Counter(
             "gpuops_chatops_response_url_refused",
@@ -221,21 +236,19 @@ class Chatops:
     async def slack(self, request: web.Request) -> web.Response:
         """A Slack slash command."""
         body = await request.read()
-        verified = self._verify_slack(request, body)
+        refused = self._verify_slack(request, body)
+        if refused is not None:
+            return await self._reject(request, refused)
+        form = _form(body)
+        verified = await self._admit(self._slack_request(request, form))
         if isinstance(verified, Rejection):
             return await self._reject(request, verified)
-        form = _form(body)
-        caller = Caller(
-            user=form.get("user_name") or form.get("user_id", ""),
-            channel=form.get("channel_name") or form.get("channel_id", ""),
-            platform="slack",
-        )
-        reply = await self.commands.run(form.get("text", ""), caller, verified)
+        reply = await self.commands.run(form.get("text", ""), verified.caller, verified.request_id)
         await self._respond_later(form.get("response_url"), reply, "slack")
         return web.json_response({"response_type": "ephemeral", "text": reply})
 
-    def _verify_slack(self, request: web.Request, body: bytes) -> str | Rejection:
-        """The request's event id when it is signed, fresh and new; else why not."""
+    def _verify_slack(self, request: web.Request, body: bytes) -> Rejection | None:
+        """None when the request is signed and fresh; else why not."""
         secret = self.settings.slack_signing_secret
         timestamp = request.headers.get("X-Slack-Request-Timestamp", "")
         signature = request.headers.get("X-Slack-Signature", "")
@@ -246,17 +259,36 @@ class Chatops:
         stamp = parse_timestamp(timestamp)
         if stamp is None:
             return Rejection.BAD_TIMESTAMP
-        now = self.clock.now()
-        if abs(now - stamp) > self.settings.max_skew_s:
+        if abs(self.clock.now() - stamp) > self.settings.max_skew_s:
             return Rejection.STALE
         expected = slack_signature(secret.get_secret_value(), timestamp, body)
         if not same_secret(signature, expected):
             return Rejection.BAD_SIGNATURE
-        replayed = self.seen.admit(signature, stamp, now)
-        if replayed is not None:
-            return replayed
+        return None
+
+    def _slack_request(self, request: web.Request, form: dict[str, str]) -> Verified | Rejection:
+        """Who sent a signed Slack request, and its id; or why it is refused."""
+        app = self.settings.slack_app_id
+        if app is not None and form.get("api_app_id") != app:
+            # The secret may sign for another app too (a copy, a test app): not ours to serve.
+            return Rejection.WRONG_APP
+        who = principal("slack", form.get("team_id", ""), form.get("user_id", ""))
+        if who is None:
+            return Rejection.NO_PRINCIPAL
+        channel = form.get("channel_name") or form.get("channel_id", "")
+        caller = Caller(who, channel, form.get("user_name", ""))
         # A hash of the signature, not the signature: the id is readable on the bus.
-        return "chatops-slack-" + hashlib.sha256(signature.encode()).hexdigest()[:40]
+        signature = request.headers["X-Slack-Signature"]
+        return Verified(caller, "chatops-slack-" + _digest(signature.encode()))
+
+    async def _admit(self, verified: Verified | Rejection) -> Verified | Rejection:
+        """The request if no engine has served it yet; else why it is refused.
+
+        Checked last, once all else passed, so that a refused request takes no id.
+        """
+        if isinstance(verified, Rejection):
+            return verified
+        return await self.seen.admit(verified.request_id) or verified
 
     async def mattermost(self, request: web.Request) -> web.Response:
         """A Mattermost slash command or outgoing webhook (form or JSON)."""
@@ -265,22 +297,14 @@ class Chatops:
         if form is None:
             return await self._reject(request, Rejection.MALFORMED)
         refused = self._verify_mattermost(form.get("token", ""))
-        if refused is not None:
-            return await self._reject(request, refused)
+        verified = await self._admit(refused or _mattermost_request(form, body))
+        if isinstance(verified, Rejection):
+            return await self._reject(request, verified)
         text = form.get("text", "")
         trigger = form.get("trigger_word", "")
         if trigger and text.startswith(trigger):  # outgoing webhooks repeat their trigger word
             text = text[len(trigger) :].strip()
-        caller = Caller(
-            user=form.get("user_name", ""),
-            channel=form.get("channel_name", ""),
-            platform="mattermost",
-        )
-        # No signature here: the body and its timestamp (the receipt second when it has
-        # none) name the request, so a resent one is stored once on the bus.
-        stamp = form.get("timestamp") or str(int(self.clock.now()))
-        digest = hashlib.sha256(body + b"\n" + stamp.encode()).hexdigest()[:40]
-        reply = await self.commands.run(text, caller, "chatops-mattermost-" + digest)
+        reply = await self.commands.run(text, verified.caller, verified.request_id)
         await self._respond_later(form.get("response_url"), reply, "mattermost")
         return web.json_response({"text": reply, "response_type": "ephemeral"})
 
@@ -313,6 +337,31 @@ class Chatops:
                 pass
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("response_url post failed: %s", type(exc).__name__)
+
+
+def _mattermost_request(form: dict[str, str], body: bytes) -> Verified | Rejection:
+    """Who sent a Mattermost request with a good token, and its id; or why it is refused.
+
+    Mattermost signs nothing: the id is what it gives each request, a slash command's
+    `trigger_id` or an outgoing webhook's `post_id`; a sender with neither is known by
+    its body, so the same body is served once within the replay bucket's TTL.
+    """
+    who = principal("mattermost", form.get("team_id", ""), form.get("user_id", ""))
+    if who is None:
+        return Rejection.NO_PRINCIPAL
+    caller = Caller(who, form.get("channel_name", ""), form.get("user_name", ""))
+    if form.get("trigger_id"):
+        named = b"trigger_id\n" + form["trigger_id"].encode()
+    elif form.get("post_id"):
+        named = b"post_id\n" + form["post_id"].encode()
+    else:
+        named = b"body\n" + body
+    return Verified(caller, "chatops-mattermost-" + _digest(named))
+
+
+def _digest(data: bytes) -> str:
+    """A request id's text: 40 hex digits of SHA-256 (fits a KV key and a Nats-Msg-Id)."""
+    return hashlib.sha256(data).hexdigest()[:40]
 
 
 def _form(body: bytes) -> dict[str, str]:

@@ -47,18 +47,39 @@ from gpuops.record.audit import read_audit
 from gpuops.record.episodes import episode_line, read_open
 from gpuops.record.nodestate import NodeState
 from gpuops.scale.lag import render_replicas, replica_view
-from gpuops.settings import ChatopsSettings
+from gpuops.settings import ChatopsSettings, Platform
 
 FORCE = "--force"
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who asked, and where."""
+    """Who asked (a principal such as `slack:T0123/U0456`, `cli:alice`), and where.
 
-    user: str
+    `name` is what the person is called on their platform, kept beside the principal for
+    people reading the audit; it is never compared with a grant (anyone may rename
+    themselves to it).
+    """
+
+    principal: str
     channel: str = ""
-    platform: str = "cli"
+    name: str = ""
+
+    @classmethod
+    def of(cls, platform: Platform, user: str, channel: str = "") -> Caller:
+        """A console or CLI caller: the login or NATS user is the principal's name."""
+        return cls(f"{platform}:{user}", channel, user)
+
+    @property
+    def platform(self) -> str:
+        """Where the principal comes from: slack, mattermost, console or cli."""
+        return self.principal.partition(":")[0]
+
+    @property
+    def label(self) -> str:
+        """The principal, with the display name beside it when that says more."""
+        shown = self.name and not self.principal.endswith(f":{self.name}")
+        return f"{self.principal} ({self.name})" if shown else self.principal
 
 
 class Access(StrEnum):
@@ -86,7 +107,7 @@ def allowed(command: Command, caller: Caller, settings: ChatopsSettings) -> str 
 
     One table for chat and CLI. A CLI caller is a NATS user with credentials of its own,
     which a site hands out to operators only, so a command the table does not list is
-    open to it; a listed command needs the user in `users` (`channels` are chat's).
+    open to it; a listed command needs the principal in `users` (`channels` are chat's).
     A chat user is whoever can type in a channel: there, what changes things is closed
     until listed.
     """
@@ -96,8 +117,8 @@ def allowed(command: Command, caller: Caller, settings: ChatopsSettings) -> str 
         if cli or command.access is Access.READ_ONLY:
             return None
         return f"'{command.name}' is not granted to anyone in settings"
-    if grant.users and caller.user not in grant.users:
-        return f"user {caller.user!r} may not run '{command.name}'"
+    if grant.users and caller.principal not in grant.users:
+        return f"{caller.label} may not run '{command.name}'"
     if grant.channels and not cli and caller.channel not in grant.channels:
         return f"'{command.name}' may not be run in channel {caller.channel!r}"
     return None
@@ -167,8 +188,7 @@ class Commands:
         args = words[1:]
         refused = allowed(command, caller, self.settings)
         if refused is not None:
-            who = f"{caller.user}@{caller.platform}"
-            await self._note(args, f"refused {command.name} from {who}: {refused}")
+            await self._note(args, f"refused {command.name} from {caller.label}: {refused}")
             raise Refused(f"refused: {refused}")
         try:
             reply = await command.handler(self, args, caller)
@@ -179,7 +199,7 @@ class Commands:
         # Published only once allowed and well formed: the engine acts on some of these.
         await self._publish(command.name, [a for a in args if a != FORCE], caller, request_id)
         first = reply.splitlines()[0] if reply else ""
-        await self._note(args, f"{caller.user}@{caller.platform}: {text} -> {first}")
+        await self._note(args, f"{caller.label}: {text} -> {first}")
         return reply
 
     async def answer(self, subject: str, payload: bytes) -> bytes:
@@ -193,7 +213,7 @@ class Commands:
             args = CommandRequest.model_validate_json(payload).args
         except (EngineError, ValidationError) as exc:
             return CommandReply(ok=False, kind="usage", text=f"bad command request: {exc}").dump()
-        caller = Caller(user=user, platform="cli")
+        caller = Caller.of("cli", user)
         try:
             text = await self.execute(shlex.join([name, *args]), caller)
         except CommandError as exc:
@@ -212,7 +232,8 @@ class Commands:
             "command": command,
             "args": args,
             "reason": " ".join(args[1:]),
-            "user": caller.user,
+            "user": caller.principal,
+            "name": caller.name,
             "channel": caller.channel,
             "platform": caller.platform,
         }
@@ -332,13 +353,13 @@ class Commands:
     async def do_approve(self, args: list[str], caller: Caller) -> str:
         if not args:
             raise CommandUsageError("which approval?")
-        record = await self.approvals.decide(args[0], True, caller.user, self.clock.now())
+        record = await self.approvals.decide(args[0], True, caller.principal, self.clock.now())
         return f"approved {args[0]}: {record.summary}"
 
     async def do_deny(self, args: list[str], caller: Caller) -> str:
         if not args:
             raise CommandUsageError("which approval?")
-        record = await self.approvals.decide(args[0], False, caller.user, self.clock.now())
+        record = await self.approvals.decide(args[0], False, caller.principal, self.clock.now())
         return f"denied {args[0]}: {record.summary}"
 
     async def do_silence(self, args: list[str], caller: Caller) -> str:
@@ -352,7 +373,7 @@ class Commands:
             raise CommandUsageError(str(exc)) from exc
         if not force:
             self._check_target(target)
-        s = await self.silences.add(target, starts, ends, reason, caller.user)
+        s = await self.silences.add(target, starts, ends, reason, caller.principal)
         return f"silence {s.id}: {s.target} for {format_duration(ends - starts)} ({s.reason})"
 
     def _check_target(self, target: str) -> None:
@@ -381,14 +402,14 @@ class Commands:
         if not args or args[0] not in targets:
             raise CommandUsageError("reset or half-open?")
         await self.breaker.set_state(
-            targets[args[0]], f"{args[0]} by {caller.user}", self.clock.now(), caller.user
+            targets[args[0]], f"{args[0]} by {caller.principal}", self.clock.now(), caller.principal
         )
         return f"breaker {targets[args[0]].value.replace('_', '-')}"
 
     async def do_dry_run(self, args: list[str], caller: Caller) -> str:
         if not args or args[0] not in ("on", "off"):
             raise CommandUsageError("on or off?")
-        await self.stores.dry_run.flip(args[0] == "on", caller.user)
+        await self.stores.dry_run.flip(args[0] == "on", caller.principal)
         return f"dry-run {args[0]}"
 
     async def do_drift_check(self, args: list[str], caller: Caller) -> str:
@@ -400,7 +421,7 @@ class Commands:
 
     async def do_power(self, args: list[str], caller: Caller) -> str:
         return await do_power(
-            args, caller.user, self.control, self.power, self.inventory, self.clock.now()
+            args, caller.principal, self.control, self.power, self.inventory, self.clock.now()
         )
 
     async def do_density(self, args: list[str], caller: Caller) -> str:

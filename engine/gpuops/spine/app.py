@@ -404,7 +404,12 @@ class App:
     async def _start_http(self) -> HttpServer:
         registry = self.engine.metrics.registry
         chatops = Chatops(
-            self.commands(), self.settings.chatops, self.engine.auditor, self.clock, registry
+            self.commands(),
+            self.settings.chatops,
+            self.engine.auditor,
+            self.clock,
+            registry,
+            self.engine.buckets.replay,
         )
         mounts = [chatops.mount]
         if self.partitions is not None:  # what the receiver publishes is this engine's to decide
