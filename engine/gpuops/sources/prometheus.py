@@ -251,7 +251,7 @@ class PromSource:
         bound = await self._read_all(report)
         for r in bound.refused.values():
             report.dropped[r.reason] += r.count
-        report.forwarded.update(node for node, _ in bound.series)
+        report.forwarded.update({node: len(got) for node, got in bound.series.items()})
         nodes = group(bound.series, self.s.gpu_label, report.dropped)
         for node in sorted(nodes):
             report.events += self.xids.events(node, nodes[node], now)

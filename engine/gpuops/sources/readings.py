@@ -75,21 +75,24 @@ def instance_host(instance: str | None) -> str | None:
 
 
 def group(
-    bound: list[tuple[str, Series]], gpu_label: str, dropped: Counter[str]
+    bound: dict[str, list[Series]], gpu_label: str, dropped: Counter[str]
 ) -> dict[str, NodeReading]:
-    """(node, series) per node and GPU; what cannot be placed is counted in `dropped`."""
+    """Each node's series per GPU; what cannot be placed is counted in `dropped`."""
     nodes: dict[str, NodeReading] = {}
-    for node, s in bound:
-        why = _unusable(s, gpu_label)
-        if why is not None:
-            dropped[why] += 1
-            continue
-        reading = nodes.setdefault(node, NodeReading())
-        gpu = reading.gpus.setdefault(int(s.labels[gpu_label]), GpuReading(labels=s.labels))
-        link = dcgm.first_label(s.labels, dcgm.LINK_LABELS) or ""
-        gpu.values.setdefault(s.name, {}).setdefault(link, s.value)
-        if s.ts is not None:
-            reading.ts = s.ts if reading.ts is None else max(reading.ts, s.ts)
+    for node, series in bound.items():
+        reading = NodeReading()
+        for s in series:
+            why = _unusable(s, gpu_label)
+            if why is not None:
+                dropped[why] += 1
+                continue
+            gpu = reading.gpus.setdefault(int(s.labels[gpu_label]), GpuReading(labels=s.labels))
+            link = dcgm.first_label(s.labels, dcgm.LINK_LABELS) or ""
+            gpu.values.setdefault(s.name, {}).setdefault(link, s.value)
+            if s.ts is not None:
+                reading.ts = s.ts if reading.ts is None else max(reading.ts, s.ts)
+        if reading.gpus:
+            nodes[node] = reading
     return nodes
 
 

@@ -27,9 +27,9 @@ NODE = "gpu-node-07"
 T = 1_800_000_000.0
 
 
-def _on(series: list[Series], node: str = NODE) -> list[tuple[str, Series]]:
+def _on(series: list[Series], node: str = NODE) -> dict[str, list[Series]]:
     """Series as the binding hands them on: under their target's node."""
-    return [(node, s) for s in series]
+    return {node: series}
 
 
 def _gpus(text: str, node: str = NODE) -> tuple[dict[int, dict[str, Any]], Counter[str]]:
