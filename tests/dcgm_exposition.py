@@ -4,7 +4,8 @@ The label set is the one dcgm-exporter emits per GPU (gpu, UUID, pci_bus_id, dev
 modelName, Hostname, DCGM_FI_DRIVER_VERSION, and with the Kubernetes pod mapping
 container, namespace, pod; "" where no pod holds the GPU). The metrics are the fields a
 counters CSV enabling everything gpuops maps would publish, with the H200's idle
-readings; `overrides` changes a DCGM field per GPU (e.g. GPU 3 at 92 C).
+readings; `overrides` changes a DCGM field per GPU (e.g. GPU 3 at 92 C) and `claims` the
+`Hostname` a GPU's series carry (a compromised exporter speaking for another node).
 tests/fixtures/dcgm/h200-8gpu.prom is `exposition()`, kept for reading and for the
 real-Prometheus test; a unit test keeps the two equal.
 """
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from aiohttp import web
+from gpuops.inventory.hosts import Inventory
 
 SNAPSHOT = json.loads(
     (Path(__file__).parent / "fixtures" / "nvml" / "h200_snapshot.json").read_text()
@@ -160,22 +162,32 @@ def exposition(
     node: str = "gpu-node-07",
     gpus: int = 8,
     overrides: dict[int, dict[str, float]] | None = None,
+    claims: dict[int, str] | None = None,
 ) -> str:
     """The /metrics page: every field for every GPU, `overrides[gpu][field]` replacing."""
-    overrides = overrides or {}
+    overrides, claims = overrides or {}, claims or {}
     lines: list[str] = []
     for name, kind, text, idle in _idle():
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
         for gpu in range(gpus):
             value = overrides.get(gpu, {}).get(name, idle)
-            lines.append(f"{name}{{{labels(node, gpu)}}} {_value(value)}")
+            lines.append(f"{name}{{{labels(claims.get(gpu, node), gpu)}}} {_value(value)}")
     return "\n".join(lines) + "\n"
 
 
+def inventory(**hosts: str | None) -> Inventory:
+    """An inventory of these hosts, each with its `ansible_host` (the address scraped)."""
+    hostvars = {h: ({"ansible_host": a} if a else {}) for h, a in hosts.items()}
+    return Inventory(Path("inventory.yml"), frozenset(hosts), {}, hostvars)
+
+
 @contextlib.asynccontextmanager
-async def serve(pages: dict[str, str], extra: Sequence[web.RouteDef] = ()) -> AsyncIterator[int]:
+async def serve(
+    pages: dict[str, str], extra: Sequence[web.RouteDef] = (), host: str = "127.0.0.1"
+) -> AsyncIterator[int]:
     """Serve `pages` (path -> text, read at each request, so tests change them) on a
-    loopback port, as dcgm-exporter serves /metrics; yields the port."""
+    loopback port (of `host`: 127.0.0.2 is a second node's), as dcgm-exporter serves
+    /metrics; yields the port."""
 
     async def page(request: web.Request) -> web.Response:
         if request.path not in pages:
@@ -186,7 +198,7 @@ async def serve(pages: dict[str, str], extra: Sequence[web.RouteDef] = ()) -> As
     app.add_routes([*extra, web.get("/{path:.*}", page)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    await web.TCPSite(runner, host, 0).start()
     try:
         yield int(runner.addresses[0][1])
     finally:

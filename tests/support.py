@@ -1,14 +1,19 @@
-"""Helpers the test suites share: a free loopback port, the CLI as a user runs it, and
-one match decided through the pipeline's entry."""
+"""Helpers the test suites share: a free loopback port, the CLI as a user runs it, a
+real Prometheus, and one match decided through the pipeline's entry."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import pytest
 from gpuops.models import Decision, Match, Request
 from gpuops.spine.pipeline import Pipeline
 
@@ -46,3 +51,50 @@ async def decide(pipeline: Pipeline, match: Match, approved_by: str | None = Non
     """One match decided through the pipeline's entry, as an engine request."""
     [decision] = await pipeline.handle(Request(match=match, approved_by=approved_by))
     return decision
+
+
+@contextlib.contextmanager
+def prometheus(tmp_path: Path, scrape_configs: str) -> Iterator[str]:
+    """/usr/bin/prometheus scraping every second with these `scrape_configs` (YAML list
+    items, indented two spaces); its base URL. Skips where it is not installed."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("prometheus is not installed (scripts/ci-setup.sh installs Debian's)")
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, scrape_timeout: 1s}\nscrape_configs:\n" + scrape_configs
+    )
+    with (tmp_path / "prometheus.log").open("w") as log:
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+async def ask(prometheus: str, query: str) -> list[dict[str, Any]]:
+    """The instant vector a Prometheus answers `query` with ([] while it cannot)."""
+    try:
+        url = f"{prometheus}/api/v1/query"
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(url, params={"query": query}) as r,
+        ):
+            return list((await r.json())["data"]["result"]) if r.status == 200 else []
+    except (aiohttp.ClientError, OSError, KeyError):
+        return []

@@ -335,8 +335,14 @@ class PrometheusSourceSettings(BaseModel):
     # A Prometheus query answer is about 170 KB per 8-GPU node with every mapped field.
     max_bytes: int = Field(default=64 << 20, ge=1024, description="largest answer read")
     max_series: int = Field(default=100_000, ge=1, description="series kept per answer")
-    # dcgm-exporter's own label; with none, `instance` without its port names the node.
-    node_label: str = "Hostname"
+    # The node a series speaks for is its scrape target's (a `--target` URL's host, or
+    # Prometheus's `instance`), found in the inventory; never a label the exporter writes.
+    # The exporter's own host name label is only checked against it ("" checks nothing:
+    # dcgm-exporter in a pod without the host network names the pod).
+    node_label: str = Field(default="Hostname", description="the exporter's claim, checked")
+    # Read through Prometheus: a label its relabelling sets on every target (with
+    # honor_labels false the exporter cannot set it) names the node instead of `instance`.
+    target_label: str | None = Field(default=None, min_length=1, description="e.g. node")
     gpu_label: str = "gpu"
     # Label matchers added to the Prometheus query, to shard a fleet over several sources.
     selector: str = Field(default="", max_length=1000, description='e.g. job="dcgm",rack=~"a.*"')

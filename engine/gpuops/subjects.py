@@ -86,6 +86,9 @@ DLQ = f"{PREFIX}.dlq.>"
 PROBE_REQUESTS = f"{PREFIX}.agent.*.probe"
 AGENT_REQUESTS = f"{PREFIX}.agent.*.>"
 ALL_COMMANDS = f"{PREFIX}.cmd.>"
+# The dead letters `gpuops ingest prometheus` writes, as the agent's user, about a target
+# it refused (gpuops.sources.binding): a forged node, a target that is no inventory host.
+SOURCE_REFUSALS = ("forged", "unknown_target")
 
 
 def events_of(kind: str) -> str:

@@ -25,6 +25,13 @@ ROOT = Path(__file__).resolve().parents[2]
 GPUOPS = gpuops_argv()
 
 
+def _inventory(tmp_path: Path) -> str:
+    """gpu-node-07, whose exporter the tests serve on 127.0.0.1."""
+    path = tmp_path / "inventory.yml"
+    path.write_text("all:\n  hosts:\n    gpu-node-07: {ansible_host: 127.0.0.1}\n")
+    return str(path)
+
+
 async def _gpuops(*args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
         *GPUOPS, *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
@@ -49,9 +56,8 @@ async def test_ingest_once_prints_the_events_of_one_scrape(tmp_path: Path) -> No
     page = exposition(overrides={5: {"DCGM_FI_DEV_GPU_TEMP": 71}})
     async with serve({"/metrics": page}) as port:
         url = f"http://127.0.0.1:{port}/metrics"
-        rc, out, err = await _gpuops(
-            "--state-dir", str(tmp_path), "ingest", "prometheus", "--target", url, "--once"
-        )
+        args = ["--state-dir", str(tmp_path / "state"), "ingest", "prometheus", "--once"]
+        rc, out, err = await _gpuops(*args, "--target", url, "--inventory", _inventory(tmp_path))
         assert rc == 0, err
         (event,) = [json.loads(line) for line in out.splitlines()]
         assert (event["kind"], event["node"], event["source"]) == (
@@ -75,7 +81,7 @@ def test_ingest_without_a_target_says_what_to_give(tmp_path: Path) -> None:
     done = runner.invoke(main, [*base, "--target", "http://x/metrics", "--interval", "0"])
     assert done.exit_code == 1 and "sources.prometheus.interval_s" in done.output
     closed = f"http://127.0.0.1:{free_port()}/metrics"
-    done = runner.invoke(main, [*base, "--target", closed])
+    done = runner.invoke(main, [*base, "--target", closed, "--inventory", _inventory(tmp_path)])
     assert done.exit_code == 1 and f"no target answered: {closed} (down)" in done.output
 
 
@@ -93,6 +99,7 @@ async def test_ingest_publishes_every_interval_serves_metrics_and_stops_on_sigte
     async with serve({"/metrics": exposition(gpus=2)}) as port:
         args = ["--state-dir", str(tmp_path), "ingest", "prometheus", "--interval", "0.5"]
         args += ["--target", f"http://127.0.0.1:{port}/metrics", "--nats", nats_server.url]
+        args += ["--inventory", _inventory(tmp_path)]
         proc = await asyncio.create_subprocess_exec(
             *GPUOPS, *args, "--http", http, cwd=ROOT, stderr=asyncio.subprocess.PIPE
         )

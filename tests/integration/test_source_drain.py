@@ -22,11 +22,12 @@ from gpuops.bus.publish import MemoryPublisher
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
 from gpuops.settings import PrometheusSourceSettings
+from gpuops.sources.binding import Binding
 from gpuops.sources.prometheus import PromSource
 from gpuops.spine.replay import replay_file
 
 from tests.conftest import ROOT
-from tests.dcgm_exposition import exposition, serve
+from tests.dcgm_exposition import exposition, inventory, serve
 from tests.fake_pynvml import FakeNvml
 
 pytestmark = pytest.mark.integration
@@ -55,7 +56,8 @@ async def _dcgm_events(tmp_path: Path) -> list[dict[str, Any]]:
     clock, publisher = ManualClock(T0), MemoryPublisher()
     async with serve({"/metrics": page}) as port:
         cfg = PrometheusSourceSettings(targets=(f"http://127.0.0.1:{port}/metrics",))
-        source = PromSource(cfg, publisher, clock, Spool(tmp_path / "spool.jsonl"))
+        binding = Binding(inventory(**{NODE: "127.0.0.1"}))
+        source = PromSource(cfg, binding, publisher, clock, Spool(tmp_path / "spool.jsonl"))
         for t in _times():
             clock.set(t)
             report = await source.scrape_once()

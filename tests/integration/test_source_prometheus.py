@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 from gpuops import subjects
@@ -24,15 +21,18 @@ from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import ManualClock
 from gpuops.models import EVENT_ADAPTER
 from gpuops.settings import PrometheusSourceSettings
+from gpuops.sources.binding import Binding
 from gpuops.sources.prometheus import PromSource, SourceMetrics
 
 from tests.conftest import wait_for
-from tests.dcgm_exposition import exposition, serve
-from tests.support import free_port
+from tests.dcgm_exposition import exposition, inventory, serve
+from tests.support import ask
+from tests.support import prometheus as run_prometheus
 
 pytestmark = pytest.mark.integration
 NODE = "gpu-node-07"
-PROMETHEUS = shutil.which("prometheus")
+# Each node's exporter on an address of its own, as on a fleet (Linux answers all of 127/8).
+FLEET = inventory(**{NODE: "127.0.0.1", "gpu-node-08": "127.0.0.2"})
 
 
 @dataclass
@@ -78,17 +78,24 @@ def _source(
 ) -> PromSource:
     cfg = PrometheusSourceSettings.model_validate({"timeout_s": 1.0, **over})
     spool = Spool(tmp_path / "spool.jsonl")
-    return PromSource(cfg, publisher, clock or ManualClock(1_800_000_000.0), spool)
+    binding = Binding(FLEET, cfg.node_label, cfg.target_label)
+    return PromSource(cfg, binding, publisher, clock or ManualClock(1_800_000_000.0), spool)
 
 
 def _published(publisher: MemoryPublisher) -> list[dict[str, Any]]:
     return [json.loads(payload) for _, payload in publisher.messages]
 
 
+@pytest.fixture
+async def node2() -> AsyncIterator[str]:
+    """gpu-node-08's exporter (two GPUs) on its own address; its /metrics URL."""
+    async with serve({"/metrics": exposition(node="gpu-node-08", gpus=2)}, host="127.0.0.2") as p:
+        yield f"http://127.0.0.2:{p}/metrics"
+
+
 async def test_a_down_slow_huge_or_garbage_target_is_counted_and_the_others_go_on(
-    tmp_path: Path, exporter: Exporter
+    tmp_path: Path, exporter: Exporter, node2: str
 ) -> None:
-    exporter.pages["/node2"] = exposition(node="gpu-node-08", gpus=2)
     broken = {
         "http://127.0.0.1:1/metrics": "down",
         exporter.url("/slow"): "timeout",
@@ -100,7 +107,7 @@ async def test_a_down_slow_huge_or_garbage_target_is_counted_and_the_others_go_o
     source = _source(
         tmp_path,
         publisher,
-        targets=[exporter.url(), *broken, exporter.url("/node2")],
+        targets=[exporter.url(), *broken, node2],
         max_bytes=1 << 20,
     )
     report = await source.scrape_once()
@@ -185,48 +192,13 @@ async def _watcher(url: str, cb: Any) -> Any:
 @pytest.fixture
 def prometheus(tmp_path: Path, exporter: Exporter) -> Iterator[str]:
     """/usr/bin/prometheus scraping the exporter every second; its base URL."""
-    if PROMETHEUS is None:
-        pytest.skip("prometheus is not installed (scripts/ci-setup.sh installs Debian's)")
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
-        "scrape_configs:\n"
-        f"  - job_name: dcgm\n    static_configs: [{{targets: ['127.0.0.1:{exporter.port}']}}]\n"
-    )
-    log = (tmp_path / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [
-            PROMETHEUS,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
+    job = f"  - job_name: dcgm\n    static_configs: [{{targets: ['127.0.0.1:{exporter.port}']}}]\n"
+    with run_prometheus(tmp_path, job) as url:
+        yield url
 
 
 async def _series_in(prometheus: str, query: str) -> int:
-    try:
-        url = f"{prometheus}/api/v1/query"
-        async with (
-            aiohttp.ClientSession() as session,
-            session.get(url, params={"query": query}) as r,
-        ):
-            return len((await r.json())["data"]["result"]) if r.status == 200 else 0
-    except (aiohttp.ClientError, OSError, KeyError):
-        return 0
+    return len(await ask(prometheus, query))
 
 
 async def test_a_real_prometheus_query_becomes_telemetry_on_real_nats(

@@ -99,8 +99,14 @@ PERMISSIONS: dict[Role, Permissions] = {
     # Commands, drift reports and alerts are not an agent's to send: a forged `drain`,
     # drift or alert event would be decided like a person's, the baseline check's or
     # Alertmanager's (the engine's receiver publishes those).
+    # The Prometheus source runs as an agent and dead-letters the series it refuses; a
+    # forged dead letter misleads nobody into acting (nothing acts on the DLQ).
     "agent": Permissions(
-        publish=(subjects.TELEMETRY, subjects.EVENTS),
+        publish=(
+            subjects.TELEMETRY,
+            subjects.EVENTS,
+            *(subjects.dlq(reason) for reason in subjects.SOURCE_REFUSALS),
+        ),
         subscribe=(subjects.AGENT_REQUESTS, *_CLIENT),
         deny_publish=(
             subjects.events_of("chatops"),

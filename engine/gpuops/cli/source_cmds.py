@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
@@ -21,7 +22,11 @@ def ingest() -> None:
 @click.option("--selector", help='label matchers for the Prometheus query, e.g. job="dcgm"')
 @click.option("--interval", type=float, help="seconds between scrapes (default 10)")
 @click.option("--timeout", type=float, help="seconds each target may take (default 5)")
-@click.option("--node-label", help="the label naming the node (default Hostname, else instance)")
+@click.option(
+    "--inventory", type=click.Path(path_type=Path), help="the nodes targets are (by host/address)"
+)
+@click.option("--node-label", help="the exporter's own host name label, checked (default Hostname)")
+@click.option("--target-label", help="a label Prometheus sets per target naming its node")
 @click.option("--nats", help="NATS URL (default: the settings' or the state dir's embedded one)")
 @click.option("--http", help="host:port for /metrics and /healthz of this source")
 @click.option("--once", is_flag=True, help="scrape once and print the events, without NATS")
@@ -37,11 +42,15 @@ def prometheus(ctx: click.Context, /, **opts: Any) -> None:
         "interval_s": opts["interval"],
         "timeout_s": opts["timeout"],
         "node_label": opts["node_label"],
+        "target_label": opts["target_label"],
     }
     # Laid over the settings file's `sources.prometheus`, key by key.
     flags = {k: v for k, v in over.items() if v is not None}
     settings = settings_from(
-        ctx, nats=opts["nats"], sources={"prometheus": flags} if flags else None
+        ctx,
+        nats=opts["nats"],
+        inventory=opts["inventory"],
+        sources={"prometheus": flags} if flags else None,
     )
     if opts["once"]:
         for event in run_async(ingest_once(settings)):

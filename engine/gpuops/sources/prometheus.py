@@ -6,6 +6,10 @@ logged and counted (`gpuops_source_scrapes_total{outcome}`) and the others go on
 dcgm-exporter's text exposition is parsed by prometheus-client's parser; a Prometheus
 server is asked once per scrape for every mapped metric with `/api/v1/query`.
 
+Each series speaks for its scrape target's node, never for the node its labels name
+(gpuops.sources.binding): a series forging another node, or from a target that is no
+inventory host, is counted, logged and dead-lettered, never published.
+
 Time: an event's `ts` is the injected clock's at the scrape, or the newest timestamp the
 exposition carried for the node's series when it carries them (dcgm-exporter does not by
 default). Prometheus's query answer is stamped with its evaluation time, not the
@@ -43,6 +47,7 @@ from gpuops.errors import ConfigError, SourceError
 from gpuops.models import subject_for
 from gpuops.settings import PrometheusSourceSettings
 from gpuops.sources import dcgm
+from gpuops.sources.binding import Binding, Bound, Refusals, Refused, letter
 from gpuops.sources.readings import Series, XidWatch, group, telemetry_event
 
 log = logging.getLogger(__name__)
@@ -70,13 +75,14 @@ class SourceMetrics:
         )
         self.dropped = Counter(
             "gpuops_source_series_dropped",
-            "Series not published, by reason (not_finite, bad_node, bad_gpu, over_cap, ...)",
+            "Series not published, by reason (forged, unknown_target, not_finite, bad_gpu, ...)",
             ["reason"],
             registry=r,
         )
         self.events = Counter(
             "gpuops_source_events",
-            "Events built from scrapes, by kind and outcome (published, spooled, dropped)",
+            "Events and dead letters built from scrapes, by kind and outcome (published, "
+            "spooled, dropped)",
             ["kind", "outcome"],
             registry=r,
         )
@@ -172,6 +178,17 @@ def _check_url(url: str) -> None:
         raise ConfigError(f"not an http(s) URL with a host: {url!r}")
 
 
+def check_targets(settings: PrometheusSourceSettings) -> None:
+    """At least one target, each an http(s) URL, or a ConfigError saying what to give."""
+    if not settings.targets and not settings.prometheus:
+        raise ConfigError(
+            "no target: give --target URL (dcgm-exporter) or --prometheus URL, or set "
+            "sources.prometheus.targets"
+        )
+    for url in (*settings.targets, *([settings.prometheus] if settings.prometheus else [])):
+        _check_url(url)
+
+
 # At most this many targets are read at once (a fleet of exporters is read in waves).
 MAX_CONNECTIONS = 64
 
@@ -186,16 +203,22 @@ class _Body:
     why: str | None = None
 
 
+# series, the cap's drops, and why there are none (None: the answer was read)
+_Parsed = tuple[list[Series], Tally[str], str | None]
+
+
 # --- the source -----------------------------------------------------------------------
 
 
 @dataclass
 class ScrapeReport:
-    """What one scrape did: targets that failed (and why), and the events it built."""
+    """What one scrape did: targets that failed (and why), the events it built, and the
+    series it placed under each node (`forwarded`) or dropped (by reason)."""
 
     failed: dict[str, str] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     dropped: Tally[str] = field(default_factory=Tally)
+    forwarded: Tally[str] = field(default_factory=Tally)
 
 
 class PromSource:
@@ -204,20 +227,17 @@ class PromSource:
     def __init__(
         self,
         settings: PrometheusSourceSettings,
+        binding: Binding,
         publisher: Publisher,
         clock: Clock,
         spool: Spool,
         metrics: SourceMetrics | None = None,
         connected: Callable[[], bool] = lambda: True,
     ) -> None:
-        if not settings.targets and not settings.prometheus:
-            raise ConfigError(
-                "no target: give --target URL (dcgm-exporter) or --prometheus URL, or set "
-                "sources.prometheus.targets"
-            )
-        for url in self._names(settings):
-            _check_url(url)
+        check_targets(settings)
         self.s = settings
+        self.binding = binding
+        self.refusals = Refusals()
         self.publisher = publisher
         self.clock = clock
         self.spool = spool
@@ -228,8 +248,11 @@ class PromSource:
     async def scrape_once(self) -> ScrapeReport:
         """Read every target, publish one telemetry event per node and any XID changes."""
         now, report = self.clock.now(), ScrapeReport()
-        series = await self._read_all(report)
-        nodes = group(series, self.s.node_label, self.s.gpu_label, report.dropped)
+        bound = await self._read_all(report)
+        for r in bound.refused.values():
+            report.dropped[r.reason] += r.count
+        report.forwarded.update({node: len(got) for node, got in bound.series.items()})
+        nodes = group(bound.series, self.s.gpu_label, report.dropped)
         for node in sorted(nodes):
             report.events += self.xids.events(node, nodes[node], now)
             telemetry = telemetry_event(node, nodes[node], now, report.dropped)
@@ -238,9 +261,10 @@ class PromSource:
         for reason, n in report.dropped.items():
             self.metrics.dropped.labels(reason).inc(n)
         await self.publish(report.events)
+        await self.dead_letters(self.refusals.news(bound.refused, report.failed), now)
         return report
 
-    async def _read_all(self, report: ScrapeReport) -> list[Series]:
+    async def _read_all(self, report: ScrapeReport) -> Bound:
         timeout = aiohttp.ClientTimeout(total=self.s.timeout_s)
         gate = asyncio.Semaphore(MAX_CONNECTIONS)
         async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -250,16 +274,21 @@ class PromSource:
             bodies = await asyncio.gather(*reads)
         # Parsing is CPU (prometheus-client's parser is pure Python): all bodies are in
         # before it starts, so no target's timeout runs while another one is parsed, and
-        # it runs off the event loop.
-        answers = await asyncio.to_thread(self._parse_all, bodies)
-        series: list[Series] = []
-        for target, (got, over, why) in zip(self._names(self.s), answers, strict=True):
+        # it runs off the event loop (binding each series to its target's node too).
+        answers, bound = await asyncio.to_thread(self._digest, bodies)
+        for target, (_, over, why) in zip(self._names(self.s), answers, strict=True):
             report.dropped.update(over)
             self.metrics.scrapes.labels(target, why or "ok").inc()
             if why is not None:
                 report.failed[target] = why
-            series += got
-        return series
+        return bound
+
+    def _digest(self, bodies: list[_Body]) -> tuple[list[_Parsed], Bound]:
+        """Every answer parsed, and its series under their targets' nodes."""
+        answers, bound = self._parse_all(bodies), Bound()
+        for b, (got, _, _) in zip(bodies, answers, strict=True):
+            self.binding.bind(b.url, b.query, got, bound)
+        return answers, bound
 
     @staticmethod
     def _names(s: PrometheusSourceSettings) -> list[str]:
@@ -289,9 +318,9 @@ class PromSource:
             log.warning("scrape %s: down (%s)", url, exc)
             return _Body(url, query, why="down")
 
-    def _parse_all(self, bodies: list[_Body]) -> list[tuple[list[Series], Tally[str], str | None]]:
+    def _parse_all(self, bodies: list[_Body]) -> list[_Parsed]:
         """(series, dropped over the cap, failure reason or None) per target, in order."""
-        out: list[tuple[list[Series], Tally[str], str | None]] = []
+        out: list[_Parsed] = []
         for b in bodies:
             over: Tally[str] = Tally()
             if b.why is not None:
@@ -330,6 +359,12 @@ class PromSource:
             else:
                 self.spool.push(item)
                 self.metrics.events.labels(kind, "spooled").inc()
+
+    async def dead_letters(self, refused: list[Refused], at: float) -> None:
+        """A dead letter per refusal that just began; lost while NATS is away (the counts stay)."""
+        for r in refused:
+            sent = await self._send(letter(r, at))
+            self.metrics.events.labels("dead_letter", "published" if sent else "dropped").inc()
 
     async def flush_spool(self) -> bool:
         """Publish held events in order; False when one failed (NATS is still away)."""

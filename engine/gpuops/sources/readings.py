@@ -1,22 +1,22 @@
 """Scraped series to events: grouped per node and GPU, mapped through the DCGM table.
 
-A series that names no usable node or GPU, or whose value is NaN or infinite (a
-Prometheus stale marker, or a field DCGM could not read), is dropped and counted by
-reason; it never becomes a published value.
+Each series comes with the node its scrape target is (gpuops.sources.binding): a
+series that names no usable GPU, or whose value is NaN or infinite (a Prometheus stale
+marker, or a field DCGM could not read), is dropped and counted by reason; it never
+becomes a published value.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
-from gpuops.models import MAX_GPUS, NODE_PATTERN, GpuSample, new_event
+from gpuops.models import MAX_GPUS, GpuSample, new_event
 from gpuops.sources import dcgm
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,6 @@ SOURCE = "prometheus"
 MAX_GPU_INDEX = MAX_GPUS - 1  # no node has more; a larger `gpu` label is junk
 MAX_LABELS = 64  # GpuSample.labels holds at most this many, values of at most 1024 chars
 MAX_LABEL_VALUE = 1024
-_NODE = re.compile(NODE_PATTERN)
 _PER_LINK = frozenset(n for m in dcgm.MAPPING if m.per_link for n in m.metrics)
 
 
@@ -76,25 +75,24 @@ def instance_host(instance: str | None) -> str | None:
 
 
 def group(
-    series: list[Series], node_label: str, gpu_label: str, dropped: Counter[str]
+    bound: dict[str, list[Series]], gpu_label: str, dropped: Counter[str]
 ) -> dict[str, NodeReading]:
-    """Series per node and GPU; what cannot be placed is counted in `dropped` by reason."""
+    """Each node's series per GPU; what cannot be placed is counted in `dropped`."""
     nodes: dict[str, NodeReading] = {}
-    for s in series:
-        why = _unusable(s, gpu_label)
-        node = s.labels.get(node_label) or instance_host(s.labels.get("instance"))
-        if why is None and (node is None or not _NODE.match(node)):
-            why = "bad_node"
-        if why is not None:
-            dropped[why] += 1
-            continue
-        assert node is not None  # checked above
-        reading = nodes.setdefault(node, NodeReading())
-        gpu = reading.gpus.setdefault(int(s.labels[gpu_label]), GpuReading(labels=s.labels))
-        link = dcgm.first_label(s.labels, dcgm.LINK_LABELS) or ""
-        gpu.values.setdefault(s.name, {}).setdefault(link, s.value)
-        if s.ts is not None:
-            reading.ts = s.ts if reading.ts is None else max(reading.ts, s.ts)
+    for node, series in bound.items():
+        reading = NodeReading()
+        for s in series:
+            why = _unusable(s, gpu_label)
+            if why is not None:
+                dropped[why] += 1
+                continue
+            gpu = reading.gpus.setdefault(int(s.labels[gpu_label]), GpuReading(labels=s.labels))
+            link = dcgm.first_label(s.labels, dcgm.LINK_LABELS) or ""
+            gpu.values.setdefault(s.name, {}).setdefault(link, s.value)
+            if s.ts is not None:
+                reading.ts = s.ts if reading.ts is None else max(reading.ts, s.ts)
+        if reading.gpus:
+            nodes[node] = reading
     return nodes
 
 

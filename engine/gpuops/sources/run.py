@@ -17,11 +17,20 @@ from gpuops.bus.publish import JetStreamPublisher, MemoryPublisher
 from gpuops.clock import SystemClock
 from gpuops.errors import SourceError
 from gpuops.http.server import HttpServer
+from gpuops.inventory.hosts import load_inventory
 from gpuops.settings import Settings
-from gpuops.sources.prometheus import PromSource, SourceMetrics
+from gpuops.sources.binding import Binding
+from gpuops.sources.prometheus import PromSource, SourceMetrics, check_targets
 
 log = logging.getLogger(__name__)
 SPOOL = "prometheus-source-spool.jsonl"
+
+
+def binding(settings: Settings) -> Binding:
+    """Targets to the inventory's nodes (read once: restart the source after changing it)."""
+    cfg = settings.sources.prometheus
+    check_targets(cfg)  # what to give first: without a target, no inventory helps
+    return Binding(load_inventory(settings.inventory), cfg.node_label, cfg.target_label)
 
 
 async def ingest_once(settings: Settings) -> list[dict[str, Any]]:
@@ -29,7 +38,8 @@ async def ingest_once(settings: Settings) -> list[dict[str, Any]]:
     SourceError when every target failed."""
     with tempfile.TemporaryDirectory() as held:  # a memory publisher never spools
         spool = Spool(Path(held) / "spool.jsonl")
-        source = PromSource(settings.sources.prometheus, MemoryPublisher(), SystemClock(), spool)
+        cfg, publisher = settings.sources.prometheus, MemoryPublisher()
+        source = PromSource(cfg, binding(settings), publisher, SystemClock(), spool)
         report = await source.scrape_once()
     if report.failed and not report.events:
         what = ", ".join(f"{t} ({why})" for t, why in report.failed.items())
@@ -51,6 +61,7 @@ async def run_ingest(settings: Settings, http: str | None) -> None:
     metrics = SourceMetrics()
     source = PromSource(
         cfg,
+        binding(settings),
         JetStreamPublisher(nc.jetstream(timeout=5)),
         SystemClock(),
         Spool(settings.state_dir / SPOOL, cfg.spool_max),

@@ -27,9 +27,14 @@ NODE = "gpu-node-07"
 T = 1_800_000_000.0
 
 
+def _on(series: list[Series], node: str = NODE) -> dict[str, list[Series]]:
+    """Series as the binding hands them on: under their target's node."""
+    return {node: series}
+
+
 def _gpus(text: str, node: str = NODE) -> tuple[dict[int, dict[str, Any]], Counter[str]]:
     dropped: Counter[str] = Counter()
-    nodes = group(parse_exposition(text, 100_000, dropped), "Hostname", "gpu", dropped)
+    nodes = group(_on(parse_exposition(text, 100_000, dropped)), "gpu", dropped)
     event = telemetry_event(node, nodes[node], T, dropped)
     assert event is not None
     return {g["index"]: g for g in event["data"]["gpus"]}, dropped
@@ -135,42 +140,32 @@ def test_per_link_counters_are_summed_and_duplicates_are_not() -> None:
     series = [_series(crc, n, link=str(i)) for i, n in enumerate((1, 2, 4))]
     # The same GPU's series twice (two pods share it): the value is not doubled.
     series += [_series("DCGM_FI_DEV_GPU_TEMP", 50, pod="a"), _series("DCGM_FI_DEV_GPU_TEMP", 50)]
-    nodes = group(series, "Hostname", "gpu", Counter())
+    nodes = group(_on(series), "gpu", Counter())
     assert dcgm.convert(nodes[NODE].gpus[0].flat()) == {"nvlink_crc_errors": 7, "temp_c": 50}
 
 
-def test_node_falls_back_to_instance_without_port_and_bad_series_are_counted() -> None:
+def test_instance_loses_its_port_and_series_of_no_usable_gpu_are_counted() -> None:
     assert instance_host("10.0.0.5:9400") == "10.0.0.5"
     assert instance_host("gpu-node-01.example:9400") == "gpu-node-01.example"
     assert instance_host("[fe80::1]:9400") == "fe80::1" and instance_host("plain") == "plain"
     dropped: Counter[str] = Counter()
-    nodes = group(
-        [
-            Series("DCGM_FI_DEV_GPU_TEMP", {"gpu": "1", "instance": "gpu-node-02:9400"}, 40),
-            Series("DCGM_FI_DEV_GPU_TEMP", {"gpu": "1", "Hostname": "bad host!"}, 40),
-            Series("DCGM_FI_DEV_GPU_TEMP", {"gpu": "one", "Hostname": NODE}, 40),
-            Series("DCGM_FI_DEV_GPU_TEMP", {"gpu": "0", "Hostname": NODE, "GPU_I_ID": "1"}, 40),
-        ],
-        "Hostname",
-        "gpu",
-        dropped,
-    )
+    series = [
+        Series("DCGM_FI_DEV_GPU_TEMP", {"gpu": "1"}, 40),
+        Series("DCGM_FI_DEV_GPU_TEMP", {"gpu": "one", "Hostname": NODE}, 40),
+        Series("DCGM_FI_DEV_GPU_TEMP", {"gpu": "0", "Hostname": NODE, "GPU_I_ID": "1"}, 40),
+    ]
+    nodes = group(_on(series, "gpu-node-02"), "gpu", dropped)
     assert list(nodes) == ["gpu-node-02"] and list(nodes["gpu-node-02"].gpus) == [1]
-    assert dropped == Counter({"bad_node": 1, "bad_gpu": 1, "mig_instance": 1})
-
-
-def test_node_label_is_configurable() -> None:
-    series = [Series("DCGM_FI_DEV_GPU_TEMP", {"gpu": "0", "Hostname": "pod-x", "node": "n9"}, 40)]
-    assert list(group(series, "node", "gpu", Counter())) == ["n9"]
+    assert dropped == Counter({"bad_gpu": 1, "mig_instance": 1})
 
 
 def test_a_change_of_the_last_xid_is_an_event_but_not_on_the_first_scrape() -> None:
     watch, seen = XidWatch(), []
     for value in (31, 31, 79, 79, 0, 48):
-        nodes = group([_series(dcgm.XID_METRIC, value)], "Hostname", "gpu", Counter())
+        nodes = group(_on([_series(dcgm.XID_METRIC, value)]), "gpu", Counter())
         seen.append([e["data"]["xid"] for e in watch.events(NODE, nodes[NODE], T)])
     assert seen == [[], [], [79], [], [], [48]]
-    nodes = group([_series(dcgm.XID_METRIC, 13)], "Hostname", "gpu", Counter())
+    nodes = group(_on([_series(dcgm.XID_METRIC, 13)]), "gpu", Counter())
     (event,) = watch.events(NODE, nodes[NODE], T)
     assert (event["kind"], event["source"], event["node"]) == ("xid", "prometheus", NODE)
     assert event["data"]["gpu"] == 0 and event["data"]["labels"]["Hostname"] == NODE
@@ -180,7 +175,7 @@ def test_a_change_of_the_last_xid_is_an_event_but_not_on_the_first_scrape() -> N
 def test_the_exposition_timestamp_is_the_event_time() -> None:
     text = exposition(gpus=1).replace("} 34\n", "} 34 1800000123456\n")
     dropped: Counter[str] = Counter()
-    nodes = group(parse_exposition(text, 1000, dropped), "Hostname", "gpu", dropped)
+    nodes = group(_on(parse_exposition(text, 1000, dropped)), "gpu", dropped)
     event = telemetry_event(NODE, nodes[NODE], T, dropped)
     assert event is not None and event["ts"].startswith("2027-01-15T08:02:03.456")
 
@@ -224,7 +219,7 @@ def test_a_prometheus_query_answer_is_read() -> None:
 
 def test_labels_beyond_what_a_sample_holds_are_cut() -> None:
     many = {f"l{i:03d}": "x" * 5000 for i in range(100)}
-    nodes = group([_series("DCGM_FI_DEV_GPU_TEMP", 40, **many)], "Hostname", "gpu", Counter())
+    nodes = group(_on([_series("DCGM_FI_DEV_GPU_TEMP", 40, **many)]), "gpu", Counter())
     event = telemetry_event(NODE, nodes[NODE], T, Counter())
     assert event is not None
     labels = event["data"]["gpus"][0]["labels"]
