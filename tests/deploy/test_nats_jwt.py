@@ -5,7 +5,9 @@ its own node (the subject templates of its JWT, filled in with its name)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib.util
+import json
 import stat
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -122,15 +124,46 @@ def test_running_again_keeps_every_key(site: Path, tmp_path: Path) -> None:
     assert again.public == seed.public
 
 
+def test_a_node_user_is_named_by_its_subject_token(tmp_path: Path) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    gpu.a1:\n")
+    out = tmp_path / "out"
+    assert jwt_setup.main(["--inventory", str(inventory), "--out", str(out)]) == 0
+    token = (out / "creds/nodes/gpu_a1.creds").read_text().splitlines()[1]
+    body = token.split(".")[1]
+    claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    assert claims["name"] == subjects.token("gpu.a1") == "gpu_a1"
+
+
+def test_a_missing_inventory_is_one_line_and_status_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = jwt_setup.main(["--inventory", str(tmp_path / "none.yml"), "--out", str(tmp_path / "o")])
+    assert code == 1
+    assert "none.yml does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 async def drain(sub: Subscription, count: int) -> list[str]:
     return [(await sub.next_msg(timeout=WAIT_S)).subject for _ in range(count)]
+
+
+# nats-py's flush() writes its PING ahead of commands still in its buffer (2.16), so a
+# flush proves nothing about an earlier SUB: a message through the subscription does.
+READY = subjects.audit("")
+
+
+async def listening(conn: Conn, sub: Subscription) -> None:
+    """Return once the server holds `sub` (the connection may publish READY)."""
+    await conn.nc.publish(READY, b"")
+    assert await drain(sub, 1) == [READY]
 
 
 async def test_a_node_publishes_only_its_own_subjects(as_user: OpenAs) -> None:
     engine = await as_user("creds/engine.creds")
     node = await as_user("creds/nodes/node-a.creds")
     seen = await engine.nc.subscribe(subjects.EVERYTHING)
-    await engine.nc.flush()
+    await listening(engine, seen)
     refused = [
         subjects.telemetry("node-b"),
         subjects.event("xid", "node-b"),
@@ -140,16 +173,16 @@ async def test_a_node_publishes_only_its_own_subjects(as_user: OpenAs) -> None:
     allowed = [subjects.telemetry("node-a"), subjects.event("xid", "node-a")]
     for subject in [*refused, *allowed]:
         await node.nc.publish(subject, b"{}")
-    await node.nc.flush()  # the server has handled every publish before it answers this
     errors = [await node.next_error() for _ in refused]
     for subject, error in zip(refused, errors, strict=True):
         assert f'permissions violation for publish to "{subject}"' in error.lower()
+    # One connection's messages keep their order: node-a's refused ones came before
+    # these, so anything the server had let through would be here first.
     assert await drain(seen, len(allowed)) == allowed
     # Control: node-b's own publish on its subject arrives, so the subscriber saw
     # nothing of node-a's above because the server dropped it.
     node_b = await as_user("creds/nodes/node-b.creds")
     await node_b.nc.publish(subjects.telemetry("node-b"), b"{}")
-    await node_b.nc.flush()
     assert await drain(seen, 1) == [subjects.telemetry("node-b")]
     assert seen.pending_msgs == 0
     assert node.errors.empty()
@@ -164,14 +197,15 @@ async def test_a_node_reads_only_its_own_requests(as_user: OpenAs) -> None:
 
     await node.nc.subscribe(subjects.probe_request("node-a"), cb=answer)
     other = await node.nc.subscribe(subjects.agent_requests_to("node-b"))
-    await node.nc.flush()
+    # The refusal of the second SUB comes after the first is in place (one connection).
     error = (await node.next_error()).lower()
     assert 'permissions violation for subscription to "gpuops.agent.node-b.>"' in error
     reply = await engine.nc.request(subjects.probe_request("node-a"), b"{}", timeout=WAIT_S)
     assert reply.data == b"ok"
     await engine.nc.publish(subjects.probe_request("node-b"), b"{}")
-    await engine.nc.flush()
-    await node.nc.flush()  # anything the server had routed to node-a has arrived by now
+    # A second request behind it: node-a would have got node-b's before answering this.
+    reply = await engine.nc.request(subjects.probe_request("node-a"), b"{}", timeout=WAIT_S)
+    assert reply.data == b"ok"
     assert other.pending_msgs == 0
     assert node.errors.empty()
 
