@@ -13,11 +13,14 @@ DIR (0700; every file 0600):
     creds/nodes/NODE.creds         one per inventory host, NODE its subject token
     keys/*.nk                      the seeds that sign: keep them here, never on a node
 
-A node's JWT is named by its subject token, and its permissions are one list of
-subject templates (`gpuops.telemetry.{{name()}}`) that nats-server fills in with that
-name: a node may speak only for itself. Running it again keeps every key, so creds
-already handed out keep working and a new host gets a new user; a removed host's creds
-stay valid until revoked (docs/deploy.md).
+A node's JWT is named by its subject token and signed by the account's scoped signing
+key `node`, whose one template (`gpuops.telemetry.{{name()}}`, ...) nats-server fills in
+with that name: a node may speak only for itself. (The server fills in templates only
+in a scoped key's template, never in a user's own permissions.)
+
+Running it again keeps every key, so creds already handed out keep working and a new
+host gets a new user; a removed host's creds stay valid until the node key is replaced
+(docs/deploy.md).
 """
 
 from __future__ import annotations
