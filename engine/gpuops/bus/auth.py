@@ -96,6 +96,7 @@ PERMISSIONS: dict[Role, Permissions] = {
     ),
     # A static config cannot name each node's subjects: the agent role may publish any
     # node's telemetry and health events (the engine checks subject against payload).
+    # A site's own NATS can give each node a user of its own: `node_permissions`.
     # Commands, drift reports and alerts are not an agent's to send: a forged `drain`,
     # drift or alert event would be decided like a person's, the baseline check's or
     # Alertmanager's (the engine's receiver publishes those).
@@ -165,6 +166,21 @@ def operator_permissions(user: str) -> Permissions:
         publish=(*base.publish, own),
         subscribe=base.subscribe,
         deny_publish=tuple(d for d in base.deny_publish if d != subjects.ALL_COMMANDS),
+    )
+
+
+def node_permissions(node: str) -> Permissions:
+    """One node's agent: the agent role narrowed to that node's own subjects.
+
+    `node` may be `subjects.USER_NAME`: in a user JWT, nats-server fills it in with the
+    user's name, so one list serves every node and a node's user cannot speak for another.
+    """
+    agent = PERMISSIONS["agent"]
+    return Permissions(
+        publish=(subjects.telemetry_of(node), subjects.events_from(node)),
+        subscribe=(subjects.agent_requests_to(node), *_CLIENT),
+        deny_publish=agent.deny_publish,
+        allow_responses=agent.allow_responses,
     )
 
 
