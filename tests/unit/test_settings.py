@@ -40,23 +40,20 @@ def test_unknown_key_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_secret_values_finds_every_secret_of_the_settings() -> None:
+    values = {name: f"{name}-0123456789abcdef01234567" for name in ("slack", "mm1", "mm2")}
+    values |= {name: f"{name}-0123456789abcdef01234567" for name in ("console", "am")}
     settings = Settings.model_validate(
         {
             "nats": {"password": "nats-pw", "token": "nats-tok"},
-            "chatops": {"slack_signing_secret": "slack", "mattermost_tokens": ["mm1", "mm2"]},
-            "console": {"tokens": [{"user": "ops", "token": "console"}]},
-            "sources": {"alertmanager": {"token": "am"}},
+            "chatops": {
+                "slack_signing_secret": values["slack"],
+                "mattermost_tokens": [values["mm1"], values["mm2"]],
+            },
+            "console": {"tokens": [{"user": "ops", "token": values["console"]}]},
+            "sources": {"alertmanager": {"token": values["am"]}},
         }
     )
-    assert secret_values(settings) == {
-        "nats-pw",
-        "nats-tok",
-        "slack",
-        "mm1",
-        "mm2",
-        "console",
-        "am",
-    }
+    assert secret_values(settings) == {"nats-pw", "nats-tok", *values.values()}
     assert secret_values(Settings()) == frozenset()
 
 
