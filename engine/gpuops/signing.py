@@ -39,8 +39,8 @@ def verify(intent: Intent, key: bytes) -> bool:
     return hmac.compare_digest(want.encode(), intent.signature.encode("ascii", "replace"))
 
 
-def load_key(path: Path) -> bytes:
-    """The signing key in `path`, made (0600, in a 0700 dir) when missing."""
+def load_key(path: Path, what: str = "intent signing key") -> bytes:
+    """The key in `path`, made (0600, in a 0700 dir) when missing."""
     try:
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -51,7 +51,7 @@ def load_key(path: Path) -> bytes:
     except FileExistsError:  # another process made it first: read theirs
         key = path.read_text().strip()
     except OSError as exc:
-        raise ConfigError(f"intent signing key {path}: {exc}") from exc
+        raise ConfigError(f"{what} {path}: {exc}") from exc
     if len(key) < 32:
-        raise ConfigError(f"intent signing key {path} is too short (want 64 hex characters)")
+        raise ConfigError(f"{what} {path} is too short (want 64 hex characters)")
     return key.encode()

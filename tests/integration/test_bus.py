@@ -18,7 +18,6 @@ from gpuops import subjects
 from gpuops.bus.auth import (
     ENGINE_ONLY,
     KV_BUCKETS,
-    LEASES,
     REPLAY,
     Role,
     ensure_credentials,
