@@ -23,8 +23,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 from gpuops.bus.cluster import LocalCluster
-from gpuops.bus.identity import KeyRing
 from gpuops.bus.conn import Bus
+from gpuops.bus.identity import KeyRing
 from gpuops.bus.partitions import epoch_of, partition_of
 from gpuops.bus.store import NatsKV
 from gpuops.models import new_event, subject_for

@@ -188,9 +188,7 @@ async def test_state_dir_and_credentials_are_private(tmp_path: Path) -> None:
         assert "password" not in url_file(state).read_text()
 
 
-async def _client(
-    state: Path, role: Role | Credentials, url: str, errors: list[str]
-) -> Client:
+async def _client(state: Path, role: Role | Credentials, url: str, errors: list[str]) -> Client:
     cred = role if isinstance(role, Credentials) else read_credentials(state, role)
 
     async def collect(exc: Exception) -> None:
@@ -253,9 +251,7 @@ async def test_a_node_may_publish_its_own_events_but_not_another_nodes_intents_k
                 "gpuops.events.drift.node-001",
             ):
                 await wait_for(lambda s=subject: _violations(errors, s), 10)
-            await wait_for(
-                lambda: _subscribe_violations(errors, "gpuops.agent.node-002.probe"), 10
-            )
+            await wait_for(lambda: _subscribe_violations(errors, "gpuops.agent.node-002.probe"), 10)
             assert not await _subscribe_violations(errors, "gpuops.agent.node-001.probe")
             for subject in ("gpuops.actions.node-002", "gpuops.events.xid.node-002"):
                 with pytest.raises((NatsError, TimeoutError)):

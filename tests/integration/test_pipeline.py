@@ -21,8 +21,6 @@ from gpuops.record.audit import read_audit
 from gpuops.settings import ChatopsSettings
 from gpuops.sim.fleet import SimFleet, envelope
 
-from tests.support import as_node, node_keys
-
 from tests.conftest import (
     calls,
     counted,
@@ -31,6 +29,7 @@ from tests.conftest import (
     running_engine,
     wait_for,
 )
+from tests.support import as_node, node_keys
 
 pytestmark = pytest.mark.integration
 
@@ -129,7 +128,9 @@ async def test_event_about_unknown_host_is_recorded_never_acted_upon(
 ) -> None:
     settings = engine_settings(tmp_path, fleet, nats_server.url)
     async with running_engine(settings, bus) as app:
-        await _publish(bus, app.keys, envelope("xid", "node-999", time.time(), {"gpu": 0, "xid": 79}))
+        await _publish(
+            bus, app.keys, envelope("xid", "node-999", time.time(), {"gpu": 0, "xid": 79})
+        )
         await wait_for(lambda: counted(app.engine.metrics.unknown_nodes) == 1, 20)
         await wait_for(lambda: _noted_unknown(bus, "node-999"), 20)
     assert [r async for r in read_audit(bus.js, "node-999")] == [], "nothing decided about it"

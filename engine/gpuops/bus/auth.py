@@ -84,7 +84,11 @@ def _watch_stream(stream: str) -> list[str]:
     ephemeral push consumer only (an ordered read: `gpuops export`), which the server
     names, so no reader can make a consumer named as a partition owner's, nor pull
     from or ack on the engine's."""
-    return [*_look(stream), f"$JS.API.CONSUMER.CREATE.{stream}"]
+    return [
+        *_look(stream),
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.INFO.{stream}.*",  # read-only: how far a read has come
+    ]
 
 
 def _own_durable(stream: str, name: str) -> list[str]:
@@ -141,7 +145,10 @@ PERMISSIONS: dict[Role, Permissions] = {
             subjects.EVENTS,
             *(subjects.dlq(reason) for reason in subjects.SOURCE_REFUSALS),
         ),
-        subscribe=(*_CLIENT,),
+        # Agents on Kubernetes share this user until a site gives each node its own
+        # (JWT): they hear probe requests here. A request holds no secret, and the
+        # probe's answer is an event only the node's own key can sign.
+        subscribe=(subjects.AGENT_REQUESTS, *_CLIENT),
         deny_publish=tuple(subjects.events_of(kind) for kind in sorted(ENGINE_ONLY_KINDS)),
     ),
     # An operator (the CLI) reads everything it shows; everything it changes (silences,

@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import Error as JsError
 
 # A read's consumer goes this long after its last pull (a page a second: ~10 alive).
@@ -27,9 +27,14 @@ ABANDONED_AFTER_S = 10.0
 async def one_read(
     js: JetStreamContext, subject: str, stream: str, config: ConsumerConfig
 ) -> AsyncIterator[JetStreamContext.PullSubscription]:
-    """A pull subscription for one read of `stream`; its consumer goes soon after."""
+    """A pull subscription for one read of `stream`; its consumer goes soon after.
+
+    A read acks nothing (AckPolicy.NONE): the server keeps an inactive consumer that
+    still has unacked messages whatever its threshold, so a read that left one would
+    leave its consumer for good."""
     if config.inactive_threshold is None:
         config.inactive_threshold = ABANDONED_AFTER_S
+    config.ack_policy = AckPolicy.NONE
     sub = await js.pull_subscribe(subject, stream=stream, config=config)
     try:
         yield sub
