@@ -1,5 +1,6 @@
 """Helpers the test suites share: a free loopback port, the CLI as a user runs it, a
-real Prometheus, and one match decided through the pipeline's entry."""
+real Prometheus, one match decided through the pipeline's entry, and the headers that
+make a message a node's own (gpuops.bus.identity)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from typing import Any
 
 import aiohttp
 import pytest
+from gpuops import subjects
+from gpuops.bus.identity import KeyRing
 from gpuops.models import Decision, Match, Request
+from gpuops.signing import load_key
 from gpuops.spine.pipeline import Pipeline
 
 
@@ -98,3 +102,17 @@ async def ask(prometheus: str, query: str) -> list[dict[str, Any]]:
             return list((await r.json())["data"]["result"]) if r.status == 200 else []
     except (aiohttp.ClientError, OSError, KeyError):
         return []
+
+
+def node_keys(state_dir: Path) -> KeyRing:
+    """Every publisher's key of the engine on `state_dir` (its identity key, made if new):
+    what a test publishing as a node's agent signs with, as that agent would."""
+    return KeyRing(load_key(state_dir / "keys" / "identity.key", "identity key"))
+
+
+def as_node(
+    keys: KeyRing, subject: str, payload: bytes, msg_id: str | None = None
+) -> dict[str, str]:
+    """The headers of `payload` published by the node its subject names (and its id)."""
+    _kind, node = subjects.parse_event(subject)
+    return keys.signer(node).headers(payload, {"Nats-Msg-Id": msg_id} if msg_id else None)

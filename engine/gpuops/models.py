@@ -357,6 +357,9 @@ class _Envelope(BaseModel):
     node: str = Field(pattern=NODE_PATTERN)
     ts: AwareDatetime
     source: str = Field(min_length=1, max_length=200)
+    # Who published it, as the intake proved (gpuops.bus.identity): the node itself,
+    # `source:<name>` or `engine`. Set by the intake, never taken from the payload.
+    publisher: str = Field(default="", max_length=128)
 
     @field_validator("ts")
     @classmethod

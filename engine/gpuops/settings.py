@@ -108,6 +108,23 @@ class NatsSettings(BaseModel):
     lease_s: float = Field(default=10.0, ge=2, le=300)
 
 
+class IdentitySettings(BaseModel):
+    """Who may publish what: every message's publisher is proved (docs/deploy.md, Identity)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # Refuse (dead-letter as `forged`) messages that carry no publisher MAC. Turn it off
+    # only while a site moves its agents to keys: a wrong MAC, or a publisher that may
+    # not speak for the node, is refused either way.
+    required: bool = True
+    # The engine's identity key, from which every publisher's key is derived
+    # (default STATE/keys/identity.key, made on first start).
+    key_file: Path | None = None
+    # An agent's or a source's own key (default STATE/creds/publishers/<identity>.key,
+    # which the engine writes for each inventory node on its own state dir).
+    publisher_key: Path | None = None
+
+
 class SafetySettings(BaseModel):
     """The decide stages' numbers."""
 
@@ -389,6 +406,7 @@ class Settings(BaseModel):
     playbooks_dir: Path = Field(default_factory=lambda: _site_or_shipped("playbooks"))
     inventory: Path = Field(default_factory=_site_inventory)
     nats: NatsSettings = NatsSettings()
+    identity: IdentitySettings = IdentitySettings()
     role: Literal["all", "engine", "executor"] = "all"
     dry_run: bool = False
     safety: SafetySettings = SafetySettings()

@@ -8,6 +8,7 @@ executor do nothing but refuse.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -39,19 +40,30 @@ def verify(intent: Intent, key: bytes) -> bool:
     return hmac.compare_digest(want.encode(), intent.signature.encode("ascii", "replace"))
 
 
-def load_key(path: Path) -> bytes:
-    """The signing key in `path`, made (0600, in a 0700 dir) when missing."""
+def _make_key(path: Path) -> None:
+    """Write a new key whole, then link it in place: a process starting beside this one
+    (replicas on one state dir) finds no file or the whole key, never a partial one, and
+    the first to link wins."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+        with contextlib.suppress(FileExistsError):  # another made it first: theirs stands
+            os.link(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_key(path: Path, what: str = "intent signing key") -> bytes:
+    """The key in `path`, made (0600, in a 0700 dir) when missing."""
     try:
         if not path.exists():
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(secrets.token_hex(32))
-        key = path.read_text().strip()
-    except FileExistsError:  # another process made it first: read theirs
+            _make_key(path)
         key = path.read_text().strip()
     except OSError as exc:
-        raise ConfigError(f"intent signing key {path}: {exc}") from exc
+        raise ConfigError(f"{what} {path}: {exc}") from exc
     if len(key) < 32:
-        raise ConfigError(f"intent signing key {path} is too short (want 64 hex characters)")
+        raise ConfigError(f"{what} {path} is too short (want 64 hex characters)")
     return key.encode()

@@ -124,6 +124,18 @@ def test_agent_runs_on_every_gpu_node(rendered: dict[str, list[Obj]]) -> None:
     assert agent["args"][:3] == ["agent", "--node", "$(NODE_NAME)"]
     # Seeing the GPUs must not take them from the workloads.
     assert not any("nvidia.com/gpu" in str(v) for v in agent["resources"].values())
+    # On a site's NATS the agent is the `source` role's user (no shared `agent` user is
+    # left) and proves which node it is with its own publisher key from the host.
+    refs = [src["secretRef"]["name"] for src in agent["envFrom"] if "secretRef" in src]
+    assert refs == ["gpuops-nats-source"]
+    secret = named(rendered["in-cluster-nats"], "Secret")["gpuops-nats-source"]
+    assert secret["stringData"]["GPUOPS_NATS__USER"] == "source"
+    assert "gpuops-nats-agent" not in named(rendered["in-cluster-nats"], "Secret")
+    key = env["GPUOPS_IDENTITY__PUBLISHER_KEY"]["value"]
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    assert mounts[key]["readOnly"] is True
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts[key]["name"]]["hostPath"] == {"path": key, "type": "File"}
 
 
 def settings_of(objs: list[Obj]) -> Obj:

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gpuops.bus.conn import connect
+from gpuops.bus.conn import EVENTS, connect
 from gpuops.bus.server import EmbeddedNats
 from gpuops.bus.store import NatsKV
 from gpuops.models import new_event
@@ -124,7 +124,10 @@ def test_publish_reports_each_rejected_line_and_exits_1(
     lines = [json.dumps(good), json.dumps(bad), "not json at all"]
     events = tmp_path / "events.jsonl"
     events.write_text("\n".join(lines) + "\n")
-    done = _gpuops(tmp_path / "state", "publish", str(events), "--nats", nats_server.url)
+    # A bare nats-server, no engine: `--direct` publishes straight to the subjects.
+    done = _gpuops(
+        tmp_path / "state", "publish", "--direct", str(events), "--nats", nats_server.url
+    )
     assert done.returncode == 1
     rejected = [x for x in done.stderr.splitlines() if x.startswith("line ")]
     assert rejected[0].startswith("line 2: schema: xid.data.gpu: "), rejected
@@ -132,6 +135,21 @@ def test_publish_reports_each_rejected_line_and_exits_1(
     assert len(rejected) == 2
     assert "2 line(s) are not valid events" in _one_error(done)
     assert done.stdout.strip() == "published 3 events", "bad lines go on for the dead-letter queue"
+
+    async def stored() -> int:
+        bus = await connect(nats_server.url, NatsSettings())
+        try:
+            return int((await bus.js.stream_info(EVENTS)).state.messages)
+        finally:
+            await bus.close()
+
+    assert asyncio.run(stored()) == 3, "every line, the bad ones too, is on the bus"
+    # Without `--direct` the lines go through an engine; with none to answer, it says so.
+    began = time.monotonic()
+    done = _gpuops(tmp_path / "state", "publish", str(events), "--nats", nats_server.url)
+    assert done.returncode != 0 and time.monotonic() - began < 60
+    assert "no engine answers commands" in _one_error(done)
+    assert asyncio.run(stored()) == 3, "nothing more was published"
 
 
 @pytest.mark.slow

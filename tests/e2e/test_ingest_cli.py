@@ -13,8 +13,11 @@ import nats
 import pytest
 from click.testing import CliRunner
 from gpuops.bus.conn import Bus
+from gpuops.bus.embedded import enrol
+from gpuops.bus.identity import KeyRing, Verifier, source
 from gpuops.bus.server import EmbeddedNats
 from gpuops.cli import main
+from gpuops.signing import load_key
 
 from tests.conftest import wait_for
 from tests.dcgm_exposition import exposition, serve
@@ -89,9 +92,16 @@ async def test_ingest_publishes_every_interval_serves_metrics_and_stops_on_sigte
     tmp_path: Path, nats_server: EmbeddedNats, bus: Bus
 ) -> None:
     seen: list[dict[str, Any]] = []
+    signed: list[str] = []
+    # The source signs as `source:prometheus` with the key an engine on this state dir
+    # writes when it starts (bus.embedded.enrol): there is no engine here, so enrol.
+    identity_key = load_key(tmp_path / "keys" / "identity.key", "identity key")
+    enrol(tmp_path, ["gpu-node-07"], identity_key)
+    verifier = Verifier(KeyRing(identity_key))
 
     async def keep(msg: Any) -> None:
         seen.append(json.loads(msg.data))
+        signed.append(verifier.publisher(msg.headers, msg.data, "telemetry", "gpu-node-07"))
 
     nc = await nats.connect(nats_server.url)
     await nc.subscribe("gpuops.telemetry.>", cb=keep)
@@ -123,3 +133,4 @@ async def test_ingest_publishes_every_interval_serves_metrics_and_stops_on_sigte
     assert {(e["node"], e["source"], len(e["data"]["gpus"])) for e in seen} == {
         ("gpu-node-07", "prometheus", 2)
     }
+    assert set(signed) == {source("prometheus")}, "each sample is the source's, by its MAC"

@@ -24,6 +24,7 @@ import aiohttp
 import pytest
 from gpuops.bus.cluster import LocalCluster
 from gpuops.bus.conn import Bus
+from gpuops.bus.identity import KeyRing
 from gpuops.bus.partitions import epoch_of, partition_of
 from gpuops.bus.store import NatsKV
 from gpuops.models import new_event, subject_for
@@ -38,7 +39,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import wait_for
 from tests.faults.conftest import LEASE_S
 from tests.faults.test_crash import PARTITIONS, Engine, assert_all_decided_once
-from tests.support import free_port
+from tests.support import as_node, free_port, node_keys
 
 pytestmark = pytest.mark.faults
 
@@ -89,14 +90,21 @@ async def shared_out(bus: Bus, ids: set[str]) -> bool:
     )
 
 
-async def publish_xid(bus: Bus, node: str, gpu: int) -> None:
-    """Publish one XID 48 event; while the stream elects a leader, the same message again
-    (its Nats-Msg-Id makes the stream store it once)."""
+def replica_keys(tmp: Path) -> KeyRing:
+    """The keys of the replicas' shared state dir, its identity key made before any
+    replica starts (so that they all read one key, none of them racing to make it)."""
+    return node_keys(tmp / "state")
+
+
+async def publish_xid(bus: Bus, keys: KeyRing, node: str, gpu: int) -> None:
+    """Publish one XID 48 event, signed as the node's agent; while the stream elects a
+    leader, the same message again (its Nats-Msg-Id makes the stream store it once)."""
     event = new_event("xid", node, time.time(), {"gpu": gpu, "xid": 48}, "test")
-    data, headers = json.dumps(event).encode(), {"Nats-Msg-Id": event["id"]}
+    subject, data = subject_for("xid", node), json.dumps(event).encode()
+    headers = as_node(keys, subject, data, event["id"])
     for _ in range(120):
         try:
-            await bus.js.publish(subject_for("xid", node), data, headers=headers, timeout=2)
+            await bus.js.publish(subject, data, headers=headers, timeout=2)
             return
         except (NatsError, JsError, TimeoutError):
             await asyncio.sleep(0.25)
@@ -108,6 +116,7 @@ class Load:
     """XID 48 events published without pause across the fleet, each stored once."""
 
     bus: Bus
+    keys: KeyRing  # the nodes' agents' keys: each event signed as its node
     nodes: list[str]
     every_s: float = 0.15
     published: int = 0
@@ -120,7 +129,8 @@ class Load:
     async def _run(self) -> None:
         while not self._stop.is_set():
             i = self.published
-            await publish_xid(self.bus, self.nodes[i % len(self.nodes)], i // len(self.nodes) % 8)
+            node = self.nodes[i % len(self.nodes)]
+            await publish_xid(self.bus, self.keys, node, i // len(self.nodes) % 8)
             self.published += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.every_s)
@@ -180,10 +190,11 @@ async def one_decision_per_event(bus: Bus) -> list[dict[str, Any]]:
 def started(tmp_path: Path, bus: Bus, url: str, ids: str) -> tuple[dict[str, Engine], Load]:
     """A replica per id started on 12 simulated nodes x 8 GPUs, and the load for them."""
     fleet = SimFleet.create(tmp_path / "sim", nodes=12, gpus=8)
+    keys = replica_keys(tmp_path)
     engines = {rid: replica(tmp_path, url, fleet, rid) for rid in ids}
     for engine in engines.values():
         engine.start()
-    return engines, Load(bus, fleet.nodes)
+    return engines, Load(bus, keys, fleet.nodes)
 
 
 async def at_work(bus: Bus, engines: dict[str, Engine], load: Load) -> None:
@@ -317,7 +328,7 @@ async def test_a_replica_cut_off_for_longer_than_its_lease_decides_nothing_it_lo
     http = free_port()
     engines = {rid: replica(tmp_path, cluster.url, fleet, rid) for rid in ("a", "b")}
     engines["c"] = replica(tmp_path, proxy.url, fleet, "c", http=f"127.0.0.1:{http}")
-    load = Load(bus, fleet.nodes)
+    load = Load(bus, replica_keys(tmp_path), fleet.nodes)
     for engine in engines.values():
         engine.start()
     began = time.monotonic()
@@ -390,14 +401,16 @@ rules:
 """
 
 
-async def _publish_sample(bus: Bus, fleet: SimFleet, node: str, t: float) -> tuple[int, str]:
-    """One sample of the node with GPU 0 hot; its stream sequence and event id."""
+async def _publish_sample(
+    bus: Bus, keys: KeyRing, fleet: SimFleet, node: str, t: float
+) -> tuple[int, str]:
+    """One sample of the node with GPU 0 hot, signed as its agent; its stream sequence and
+    event id."""
     event = fleet.telemetry(node, t)
     assert event is not None
     event["data"]["gpus"][0]["temp_c"] = 88.0
-    ack = await bus.js.publish(
-        subject_for("telemetry", node), json.dumps(event).encode(), timeout=5
-    )
+    subject, data = subject_for("telemetry", node), json.dumps(event).encode()
+    ack = await bus.js.publish(subject, data, headers=as_node(keys, subject, data), timeout=5)
     return ack.seq, str(event["id"])
 
 
@@ -408,6 +421,7 @@ async def test_a_takeover_mid_window_fires_the_rule_once_at_its_event_time(
     rules = tmp_path / "rules"
     rules.mkdir()
     (rules / "hot.yml").write_text(HOT_RULE)
+    keys = replica_keys(tmp_path)
     engines = {rid: replica(tmp_path, cluster.url, fleet, rid, rules=rules) for rid in "ab"}
     node = fleet.nodes[0]
     p = partition_of(node, PARTITIONS)
@@ -419,7 +433,7 @@ async def test_a_takeover_mid_window_fires_the_rule_once_at_its_event_time(
         owner = (await owners(bus))[p]
         ids = []
         for k in range(8):
-            seq, event_id = await _publish_sample(bus, fleet, node, t0 + k)
+            seq, event_id = await _publish_sample(bus, keys, fleet, node, t0 + k)
             ids.append(event_id)
 
         async def acked_up_to(last: int) -> bool:
@@ -431,7 +445,7 @@ async def test_a_takeover_mid_window_fires_the_rule_once_at_its_event_time(
         await wait_for(lambda: acked_up_to(seq), 30, 0.1)
         engines[owner].kill()  # 7 s into the 20 s window
         for k in range(8, 31):
-            seq, event_id = await _publish_sample(bus, fleet, node, t0 + k)
+            seq, event_id = await _publish_sample(bus, keys, fleet, node, t0 + k)
             ids.append(event_id)
 
         await wait_for(lambda: acked_up_to(seq), 60, 0.2)

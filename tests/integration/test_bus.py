@@ -19,8 +19,10 @@ from gpuops.bus.auth import (
     ENGINE_ONLY,
     KV_BUCKETS,
     REPLAY,
+    Credentials,
     Role,
     ensure_credentials,
+    node_credentials,
     read_credentials,
 )
 from gpuops.bus.conn import (
@@ -29,23 +31,25 @@ from gpuops.bus.conn import (
     BUCKETS,
     DLQ,
     EVENTS,
+    TELEMETRY,
     Bus,
     agent_endpoint,
     connect,
     connect_forever,
     open_bus,
 )
-from gpuops.bus.embedded import port_file, url_file
+from gpuops.bus.embedded import enrol, port_file, publishers_dir, url_file
 from gpuops.bus.server import EmbeddedNats, _alive
 from gpuops.errors import BusError
 from gpuops.settings import NatsSettings
+from gpuops.signing import load_key
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 from nats.js.api import DiscardPolicy
 from nats.js.errors import Error as JsError
 
 from tests.conftest import ROOT, wait_for
-from tests.support import free_port
+from tests.support import as_node, free_port, node_keys
 
 pytestmark = pytest.mark.integration
 
@@ -158,20 +162,34 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+def _enrol(state: Path, *nodes: str) -> None:
+    """What a starting engine does for its inventory (spine.app.enrol_inventory): each
+    node's NATS user and every publisher's key, before its embedded server starts."""
+    enrol(state, nodes, load_key(state / "keys" / "identity.key", "identity key"))
+
+
 async def test_state_dir_and_credentials_are_private(tmp_path: Path) -> None:
     state = tmp_path / "state"
+    _enrol(state, "node-001")
     async with open_bus(NatsSettings(), state):
         assert _mode(state) == 0o700
         assert _mode(state / "creds") == 0o700
-        for role in ("engine", "executor", "agent", "cli"):
+        for role in ("engine", "executor", "source", "cli"):
             assert _mode(state / "creds" / f"{role}.json") == 0o600
+        assert not (state / "creds" / "agent.json").exists(), "no shared agent user"
+        assert _mode(state / "creds" / "nodes") == 0o700
+        assert _mode(state / "creds" / "nodes" / "node-001.json") == 0o600
+        assert _mode(publishers_dir(state)) == 0o700
+        for key in ("node-001.key", "source-prometheus.key"):
+            assert _mode(publishers_dir(state) / key) == 0o600
+        assert _mode(state / "keys" / "identity.key") == 0o600
         assert _mode(state / "nats" / "nats-server.conf") == 0o600
         assert _mode(url_file(state)) & 0o022 == 0, "nats.url is 0644 at most"
         assert "password" not in url_file(state).read_text()
 
 
-async def _client(state: Path, role: Role, url: str, errors: list[str]) -> Client:
-    cred = read_credentials(state, role)
+async def _client(state: Path, role: Role | Credentials, url: str, errors: list[str]) -> Client:
+    cred = role if isinstance(role, Credentials) else read_credentials(state, role)
 
     async def collect(exc: Exception) -> None:
         errors.append(str(exc))
@@ -186,33 +204,62 @@ async def _violations(errors: list[str], subject: str) -> bool:
     return any(f'permissions violation for publish to "{subject.lower()}' in e for e in errors)
 
 
-async def test_agent_may_publish_its_events_but_not_intents_kv_or_jetstream_api(
+async def _subscribe_violations(errors: list[str], subject: str) -> bool:
+    return any(f'permissions violation for subscription to "{subject.lower()}' in e for e in errors)
+
+
+async def test_a_node_may_publish_its_own_events_but_not_another_nodes_intents_kv_or_js_api(
     tmp_path: Path,
 ) -> None:
     state = tmp_path / "state"
+    _enrol(state, "node-001", "node-002")
+    keys = node_keys(state)
     async with open_bus(NatsSettings(), state) as engine:
         errors: list[str] = []
-        agent = await _client(state, "agent", engine.url, errors)
+        cred = node_credentials(state, "node-001")
+        assert cred.user == "node:node-001"
+        agent = await _client(state, cred, engine.url, errors)
         try:
             js = agent.jetstream(timeout=2)
-            ack = await js.publish("gpuops.events.heartbeat.node-001", b"{}")
-            assert ack.stream == EVENTS, "an agent's health event is stored and acked"
-            await agent.publish("gpuops.actions.node-001", b"{}")
-            await agent.publish("$KV.gpuops_control.breaker", b"{}")
-            await agent.publish("$JS.API.STREAM.INFO.GPUOPS_ACTIONS", b"")
-            await agent.publish("gpuops.events.alert.node-001", b"{}")  # the receiver's own
+            for subject, stream in (
+                ("gpuops.telemetry.node-001", TELEMETRY),
+                ("gpuops.events.xid.node-001", EVENTS),
+            ):
+                ack = await js.publish(subject, b"{}", headers=as_node(keys, subject, b"{}"))
+                assert ack.stream == stream, f"the node's own {subject} is stored and acked"
+            # Its own probe requests it may hear; another node's it may not.
+            await agent.subscribe("gpuops.agent.node-001.probe")
+            await agent.subscribe("gpuops.agent.node-002.probe")
+            for subject in (
+                "gpuops.telemetry.node-002",  # another node's
+                "gpuops.events.xid.node-002",
+                "gpuops.actions.node-001",
+                "$KV.gpuops_control.breaker",
+                "$JS.API.STREAM.INFO.GPUOPS_ACTIONS",
+                "gpuops.events.alert.node-001",  # the receiver's own
+                "gpuops.events.drift.node-001",  # the drift check's own
+            ):
+                await agent.publish(subject, b"{}")
             await agent.flush()
             for subject in (
+                "gpuops.telemetry.node-002",
+                "gpuops.events.xid.node-002",
                 "gpuops.actions.node-001",
                 "$KV.gpuops_control",
                 "$JS.API.STREAM",
                 "gpuops.events.alert.node-001",
+                "gpuops.events.drift.node-001",
             ):
                 await wait_for(lambda s=subject: _violations(errors, s), 10)
-            with pytest.raises((NatsError, TimeoutError)):
-                await js.publish("gpuops.actions.node-002", b"{}", timeout=1)
+            await wait_for(lambda: _subscribe_violations(errors, "gpuops.agent.node-002.probe"), 10)
+            assert not await _subscribe_violations(errors, "gpuops.agent.node-001.probe")
+            for subject in ("gpuops.actions.node-002", "gpuops.events.xid.node-002"):
+                with pytest.raises((NatsError, TimeoutError)):
+                    await js.publish(subject, b"{}", timeout=1)
             info = await engine.js.stream_info(ACTIONS)
             assert info.state.messages == 0, "no intent from an agent was stored"
+            assert await _stream_messages(engine, EVENTS, 1), "only node-001's own xid"
+            assert await _stream_messages(engine, TELEMETRY, 1), "only node-001's own sample"
         finally:
             await agent.close()
 
@@ -365,14 +412,23 @@ async def test_an_agent_without_a_url_finds_the_embedded_server_with_its_own_use
     state = tmp_path / "state"
     with pytest.raises(BusError, match="no NATS URL"):
         agent_endpoint(NatsSettings(), state)
+    _enrol(state, "node-001")
     async with open_bus(NatsSettings(), state) as engine:
-        url, credentials = agent_endpoint(NatsSettings(), state)
+        url, credentials = agent_endpoint(NatsSettings(), state, "node-001")
         assert url == engine.url
-        assert credentials is not None and credentials.user == "agent"
+        assert credentials is not None and credentials.user == "node:node-001"
+        # No node: the source's user (the Prometheus source speaks for many nodes).
+        source_url, source = agent_endpoint(NatsSettings(), state)
+        assert source_url == engine.url and source is not None and source.user == "source"
+        # A node the engine has not enrolled has no user: said, not guessed.
+        with pytest.raises(BusError, match="node 'node-009' has no NATS user"):
+            agent_endpoint(NatsSettings(), state, "node-009")
         nc = Client()
         await connect_forever(nc, url, NatsSettings(), credentials, "gpuops-agent-test")
         try:
-            ack = await nc.jetstream(timeout=5).publish("gpuops.events.heartbeat.node-001", b"{}")
+            subject = "gpuops.events.heartbeat.node-001"
+            headers = as_node(node_keys(state), subject, b"{}")
+            ack = await nc.jetstream(timeout=5).publish(subject, b"{}", headers=headers)
             assert ack.stream == EVENTS
         finally:
             await nc.close()

@@ -184,7 +184,9 @@ async def test_the_now_page_shows_each_budget_that_holds_and_what_its_gpus_draw(
         await wait_for(lambda: app.http_port, 30)
         gpus = [{"index": i, "power_w": 450.0, "power_limit_w": 700.0} for i in range(4)]
         event = new_event("telemetry", "node-001", time.time(), {"gpus": gpus}, "test")
-        await bus.js.publish(subject_for("telemetry", "node-001"), json.dumps(event).encode())
+        payload = json.dumps(event).encode()
+        headers = app.keys.node("node-001").headers(payload)  # as node-001's agent signs it
+        await bus.js.publish(subject_for("telemetry", "node-001"), payload, headers=headers)
         await wait_for(lambda: app.latest.gpus("node-001"), 30)
         base = f"http://127.0.0.1:{app.http_port}"
         async with aiohttp.ClientSession(base) as http, http.get("/console/now") as page:

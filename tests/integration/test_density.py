@@ -30,7 +30,9 @@ async def test_the_engine_reports_an_idle_gpu_with_its_layout_and_not_a_busy_one
                 for i in range(4)
             ]
             event = new_event("telemetry", "node-001", start + 60 * k, {"gpus": gpus}, "test")
-            await bus.js.publish(subject_for("telemetry", "node-001"), json.dumps(event).encode())
+            payload = json.dumps(event).encode()
+            headers = app.keys.node("node-001").headers(payload)  # signed as node-001's agent
+            await bus.js.publish(subject_for("telemetry", "node-001"), payload, headers=headers)
         tracker = app.engine.pipeline.density
         await wait_for(
             lambda: len(tracker.gpus) == 4 and tracker.gpus[("node-001", 1)].last >= start + 3599,

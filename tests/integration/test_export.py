@@ -118,7 +118,8 @@ def test_the_export_command_writes_lines_publish_reads(
 ) -> None:
     url = nats_server.url
     done = subprocess.run(
-        gpuops_argv("publish", "--nats", url, str(RECORDING)),
+        # A bare nats-server, no engine to publish them: straight to their subjects.
+        gpuops_argv("publish", "--direct", "--nats", url, str(RECORDING)),
         capture_output=True,
         text=True,
         timeout=60,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from gpuops.bus.conn import ACTIONS, DLQ, Bus
+from gpuops.bus.identity import KeyRing
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import SystemClock
 from gpuops.ops.commands import Commands, render_status
@@ -28,6 +29,7 @@ from tests.conftest import (
     running_engine,
     wait_for,
 )
+from tests.support import as_node, node_keys
 
 pytestmark = pytest.mark.integration
 
@@ -37,10 +39,12 @@ def _observations(histogram: Any) -> float:
     return float(sum(b.get() for b in histogram._buckets))
 
 
-async def _publish(bus: Bus, event: dict) -> None:
+async def _publish(bus: Bus, keys: KeyRing, event: dict) -> None:
+    """Publish `event` as its node's agent would: signed as that node."""
     kind, node = event["kind"], event["node"]
     subject = f"gpuops.telemetry.{node}" if kind == "telemetry" else f"gpuops.events.{kind}.{node}"
-    await bus.js.publish(subject, json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]})
+    payload = json.dumps(event).encode()
+    await bus.js.publish(subject, payload, headers=as_node(keys, subject, payload, event["id"]))
 
 
 def _hot_sample(fleet: SimFleet, node: str, t: float, gpu: int, **over: float) -> dict:
@@ -59,8 +63,8 @@ async def test_overheat_and_low_power_limit_run_their_playbooks(
         now = time.time()
         for second in range(-70, 1, 5):  # 70 s of samples, ending now
             t = now + second
-            await _publish(bus, _hot_sample(fleet, "node-001", t, 3, temp_c=88.0))
-            await _publish(bus, _hot_sample(fleet, "node-002", t, 1))
+            await _publish(bus, app.keys, _hot_sample(fleet, "node-001", t, 3, temp_c=88.0))
+            await _publish(bus, app.keys, _hot_sample(fleet, "node-002", t, 1))
         await wait_for(lambda: counted(app.engine.metrics.runs) >= 2, 60)
         decided = app.engine.metrics.event_to_decision.labels("gpu-overheat")
         assert _observations(decided) >= 1, "event-to-decision observed per decision"
@@ -70,7 +74,7 @@ async def test_overheat_and_low_power_limit_run_their_playbooks(
         assert hot["node"] == "node-001" and hot["gpus"] == [3] and hot["decided_at"]
         assert "open episodes: " in render_status(status)
         # The GPU cools: the episode resolves, timed, and says so in the audit.
-        await _publish(bus, _hot_sample(fleet, "node-001", time.time(), 3, temp_c=40.0))
+        await _publish(bus, app.keys, _hot_sample(fleet, "node-001", time.time(), 3, temp_c=40.0))
         await wait_for(
             lambda: app.engine.metrics.detect_to_recover.labels("gpu-overheat")._sum.get() > 0, 30
         )
@@ -99,12 +103,14 @@ async def test_malformed_event_goes_to_dead_letters_and_engine_keeps_going(
 ) -> None:
     settings = engine_settings(tmp_path, fleet, nats_server.url)
     async with running_engine(settings, bus) as app:
-        await bus.js.publish("gpuops.events.xid.node-001", b"{this is not json")
-        await bus.js.publish(
-            "gpuops.events.xid.node-001",
-            json.dumps(envelope("xid", "node-002", time.time(), {"gpu": 0, "xid": 79})).encode(),
-        )
-        await _publish(bus, envelope("heartbeat", "node-001", time.time(), {"seq": 1}))
+        # Both signed by the node their subject names: each is refused for its own reason.
+        subject = "gpuops.events.xid.node-001"
+        garbled = b"{this is not json"
+        await bus.js.publish(subject, garbled, headers=as_node(app.keys, subject, garbled))
+        elsewhere = json.dumps(envelope("xid", "node-002", time.time(), {"gpu": 0, "xid": 79}))
+        payload = elsewhere.encode()
+        await bus.js.publish(subject, payload, headers=as_node(app.keys, subject, payload))
+        await _publish(bus, app.keys, envelope("heartbeat", "node-001", time.time(), {"seq": 1}))
         await wait_for(lambda: counted(app.engine.metrics.events, "heartbeat") == 1, 20)
 
     dlq = await bus.js.stream_info(DLQ)
@@ -122,7 +128,9 @@ async def test_event_about_unknown_host_is_recorded_never_acted_upon(
 ) -> None:
     settings = engine_settings(tmp_path, fleet, nats_server.url)
     async with running_engine(settings, bus) as app:
-        await _publish(bus, envelope("xid", "node-999", time.time(), {"gpu": 0, "xid": 79}))
+        await _publish(
+            bus, app.keys, envelope("xid", "node-999", time.time(), {"gpu": 0, "xid": 79})
+        )
         await wait_for(lambda: counted(app.engine.metrics.unknown_nodes) == 1, 20)
         await wait_for(lambda: _noted_unknown(bus, "node-999"), 20)
     assert [r async for r in read_audit(bus.js, "node-999")] == [], "nothing decided about it"
@@ -165,7 +173,8 @@ async def test_crash_after_intent_runs_the_playbook_exactly_once(
     decider = _engine(state, nats_server.url, fleet, "engine")
     try:
         await wait_for(lambda: _engine_up(bus), 60)  # its heartbeat: up, consuming
-        await _publish(bus, envelope("xid", "node-001", time.time(), {"gpu": 2, "xid": 79}))
+        keys = node_keys(state)  # the identity key the engine made on starting
+        await _publish(bus, keys, envelope("xid", "node-001", time.time(), {"gpu": 2, "xid": 79}))
 
         async def intent_stored() -> bool:
             return (await bus.js.stream_info(ACTIONS)).state.messages == 1

@@ -58,7 +58,7 @@ async def test_storm_stops_at_the_breaker_limit_and_notifies(
     assert len(storm.faults) == 6  # 30% of 20
     try:
         async with running_engine(settings, bus, clock) as app:
-            driver = SimDriver(fleet, bus, clock, storm, probe_s=0)
+            driver = SimDriver(fleet, bus, clock, storm, probe_s=0, keys=app.keys)
             feeder = asyncio.create_task(driver.run(app.stop))
             metrics = app.engine.metrics
             await wait_for(lambda: counted(metrics.decisions, "breaker_open") >= 4, 60)
@@ -116,11 +116,9 @@ async def test_a_storm_with_the_breaker_raised_runs_in_batches_and_is_one_messag
             for second in range(-70, 1, 5):  # 70 s of hot samples, ending now
                 for node in hot:
                     event = _hot(fleet, node, now + second)
-                    await bus.js.publish(
-                        f"gpuops.telemetry.{node}",
-                        json.dumps(event).encode(),
-                        headers={"Nats-Msg-Id": event["id"]},
-                    )
+                    payload = json.dumps(event).encode()
+                    headers = app.keys.node(node).headers(payload, {"Nats-Msg-Id": event["id"]})
+                    await bus.js.publish(f"gpuops.telemetry.{node}", payload, headers=headers)
             await wait_for(lambda: counted(app.engine.metrics.runs) >= 50, 240)
             await wait_for(lambda: any("storm" in m["text"] for m in received), 30)
     finally:

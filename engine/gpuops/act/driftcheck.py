@@ -19,6 +19,7 @@ from typing import Any
 from gpuops.act.playbooks import resolve
 from gpuops.act.runenv import RunEnv
 from gpuops.act.runner import RunRequest, run_async
+from gpuops.bus.publish import Publisher
 from gpuops.catalog import Role, load_catalog
 from gpuops.clock import Clock
 from gpuops.inventory.hosts import Inventory
@@ -195,12 +196,13 @@ async def drift_check(
     return report
 
 
-async def publish_report(js: Any, report: DriftReport) -> int:
-    """Put the check's drift and unreachable events on the bus (deduplicated by id)."""
+async def publish_report(publisher: Publisher, report: DriftReport) -> int:
+    """Put the check's drift and unreachable events on the bus (deduplicated by id);
+    `publisher` is the engine's, whose signature says they are its own."""
     events = report.events()
     for event in events:
         subject = subject_for(event["kind"], event["node"])
-        await js.publish(subject, json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]})
+        await publisher.publish(subject, json.dumps(event).encode(), event["id"])
     return len(events)
 
 

@@ -37,6 +37,7 @@ from gpuops.act.hostdata import RESERVED
 from gpuops.act.playbooks import resolve
 from gpuops.act.runenv import RunEnv
 from gpuops.act.runner import RunRequest, RunResult, run_hosts_async
+from gpuops.bus.auth import EXECUTOR_DURABLE
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog
@@ -51,7 +52,7 @@ from gpuops.signing import verify
 
 log = logging.getLogger(__name__)
 
-DURABLE = "gpuops-executor"
+DURABLE = EXECUTOR_DURABLE  # the one name the executor user may consume by
 # A running claim is renewed every quarter of `claim_stale_s`; one not renewed for that
 # long belongs to an executor that died (a live one may simply be slow: a duplicate copy
 # of its intent must not judge it). The intent comes back after the same time.

@@ -29,6 +29,7 @@ from gpuops.agent.infiniband import read_ib
 from gpuops.agent.kmsg import KmsgParser, KmsgReader
 from gpuops.agent.probe import run_probe
 from gpuops.agent.spool import Spool, Spooled
+from gpuops.bus.identity import Signer
 from gpuops.clock import Clock
 from gpuops.models import new_event, subject_for
 
@@ -74,10 +75,17 @@ class Agent:
     """Runs the agent's loops against one backend and one NATS connection."""
 
     def __init__(
-        self, settings: AgentSettings, backend: GpuBackend, nc: Client, clock: Clock
+        self,
+        settings: AgentSettings,
+        backend: GpuBackend,
+        nc: Client,
+        clock: Clock,
+        signer: Signer | None = None,
     ) -> None:
         self.s = settings
         self.backend = backend
+        # Every message says it is this node's, with the node's own key (gpuops.bus.identity).
+        self.signer = signer
         self.nc = nc
         self.js = nc.jetstream(timeout=5)
         self.clock = clock
@@ -185,10 +193,11 @@ class Agent:
             await self.publish_health(signal.kind, signal.data)
         if not gpus or not self.nc.is_connected:
             return  # not spooled: the next sample replaces it
-        payload = event("telemetry", self.s.node, self.clock.now(), {"gpus": gpus})
+        body = json.dumps(event("telemetry", self.s.node, self.clock.now(), {"gpus": gpus}))
         with contextlib.suppress(NatsError):  # not spooled: the next sample replaces it
+            data = body.encode()
             await self.nc.publish(
-                subject_for("telemetry", self.s.node), json.dumps(payload).encode()
+                subject_for("telemetry", self.s.node), data, headers=self._headers(data)
             )
             self.sent["telemetry"] = self.sent.get("telemetry", 0) + 1
 
@@ -207,9 +216,9 @@ class Agent:
         steady = summary == self._ib_last and not data["ports_down"]
         if steady and now - self._ib_sent_at < self.s.ib_every_s:
             return
-        payload = event("ib", self.s.node, now, data)
+        body = json.dumps(event("ib", self.s.node, now, data)).encode()
         with contextlib.suppress(NatsError):
-            await self.nc.publish(subject_for("ib", self.s.node), json.dumps(payload).encode())
+            await self.nc.publish(subject_for("ib", self.s.node), body, headers=self._headers(body))
             self.sent["ib"] = self.sent.get("ib", 0) + 1
             self._ib_last, self._ib_sent_at = summary, now
 
@@ -249,6 +258,11 @@ class Agent:
             return
         self.sent[kind] = self.sent.get(kind, 0) + 1
 
+    def _headers(self, data: bytes, extra: dict[str, str] | None = None) -> dict[str, str] | None:
+        if self.signer is None:
+            return extra
+        return self.signer.headers(data, extra)
+
     async def flush_spool(self) -> None:
         """Publish held events in order; stop at the first that fails."""
         await self.spool.flush(self._send)
@@ -256,9 +270,10 @@ class Agent:
     async def _send(self, item: Spooled) -> bool:
         if not self.nc.is_connected:
             return False
+        data = item.payload.encode()
         try:
             await self.js.publish(
-                item.subject, item.payload.encode(), headers={"Nats-Msg-Id": item.msg_id}
+                item.subject, data, headers=self._headers(data, {"Nats-Msg-Id": item.msg_id})
             )
         except (NatsError, JsError, TimeoutError) as exc:
             log.warning("publish to %s failed (%s); spooling", item.subject, exc)

@@ -20,6 +20,8 @@ from gpuops.agent.infiniband import read_ib
 from gpuops.agent.kmsg import DEFAULT_PATH as KMSG_PATH
 from gpuops.agent.probe import run_probe
 from gpuops.bus.conn import agent_endpoint, connect_forever
+from gpuops.bus.embedded import publisher_signer
+from gpuops.bus.identity import node_identity
 from gpuops.clock import SystemClock
 from gpuops.settings import Settings
 
@@ -78,7 +80,10 @@ async def run_agent(settings: Settings, opts: dict[str, Any], backend: GpuBacken
         kmsg_path=node_paths(opts, node)[1],
     )
     stop = stop_on_signals()
-    url, credentials = agent_endpoint(settings.nats, settings.state_dir)
+    url, credentials = agent_endpoint(settings.nats, settings.state_dir, node)
+    signer = publisher_signer(
+        settings.state_dir, node_identity(node), settings.identity.publisher_key
+    )
     nc = Client()
     # Connecting runs beside the agent, not before it: with NATS down at boot the agent
     # still samples, spools health events and answers SIGTERM.
@@ -86,7 +91,7 @@ async def run_agent(settings: Settings, opts: dict[str, Any], backend: GpuBacken
         connect_forever(nc, url, settings.nats, credentials, name=f"gpuops-agent-{node}")
     )
     try:
-        await Agent(agent_settings, backend, nc, SystemClock()).run(stop)
+        await Agent(agent_settings, backend, nc, SystemClock(), signer).run(stop)
     finally:
         await cancel_connecting(connecting)
         await close_client(nc)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuops import shipped, subjects
+from gpuops.bus.identity import KeyRing
 from gpuops.clock import rfc3339, to_datetime
 
 WARMUP_S = 5.0
@@ -214,9 +215,11 @@ class GcPauses:
 
 async def _measure(spec: IntakeBench, url: str, app: Any) -> dict[str, Any]:
     from gpuops.record.metrics import total
+    from gpuops.spine.app import identity_key_path
 
     argv = [sys.executable, "-m", "gpuops.bench.intake", url, str(spec.nodes)]
     argv += [str(spec.gpus_per_node), str(spec.warmup_s), str(spec.seconds), str(spec.health)]
+    argv += ["--identity-key", str(identity_key_path(app.settings))]
     child = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
     assert child.stdout is not None
     start = float((await child.stdout.readline()).decode().split()[1])
@@ -324,13 +327,22 @@ def _xid(i: int, node: str, gpus: int) -> bytes:
 
 
 async def publish(
-    url: str, nodes: int, gpus: int, warmup_s: float, seconds: float, health: int
+    url: str,
+    nodes: int,
+    gpus: int,
+    warmup_s: float,
+    seconds: float,
+    health: int,
+    identity: bytes = b"",
 ) -> dict[str, Any]:
-    """Send every node's sample once a second for warm-up + seconds, and the XIDs."""
+    """Send every node's sample once a second for warm-up + seconds, and the XIDs, each
+    with its node's MAC (as agents sign them) when given the identity key."""
     import nats
 
     nc = await nats.connect(url, pending_size=256 * 1024 * 1024)
     names = node_names(nodes)
+    keys = KeyRing(identity) if identity else None
+    signers = [keys.node(n) if keys else None for n in names]
     tel = [subjects.telemetry(n) for n in names]
     datas = _samples(gpus)
     step = max(1, nodes // max(1, health))
@@ -346,12 +358,17 @@ async def publish(
             await asyncio.sleep(max(0.0, at - time.time()))
             ts = rfc3339(time.time()).encode()
             for i in range(s * per, min(nodes, (s + 1) * per)):
-                await nc.publish(tel[i], _telemetry(names[i], ts, sec, datas[(i + sec) % VARIANTS]))
+                body = _telemetry(names[i], ts, sec, datas[(i + sec) % VARIANTS])
+                signer = signers[i]
+                await nc.publish(tel[i], body, headers=signer.headers(body) if signer else None)
                 sent += 1
             while due and start + due[0][0] <= time.time():
                 _, i = due.pop(0)
                 node = names[(i * step) % nodes]
-                await nc.publish(subjects.event("xid", node), _xid(i, node, gpus))
+                body = _xid(i, node, gpus)
+                signer = signers[(i * step) % nodes]
+                headers = signer.headers(body) if signer else None
+                await nc.publish(subjects.event("xid", node), body, headers=headers)
         await nc.flush()
     await nc.drain()
     return {"published": sent, "late_s": late}
@@ -365,8 +382,10 @@ def publisher_main(argv: list[str] | None = None) -> int:
     for name in ("warmup", "seconds"):
         p.add_argument(name, type=float)
     p.add_argument("health", type=int)
+    p.add_argument("--identity-key", type=Path, help="the engine's identity key file")
     a = p.parse_args(argv)
-    report = asyncio.run(publish(a.url, a.nodes, a.gpus, a.warmup, a.seconds, a.health))
+    identity = a.identity_key.read_text().strip().encode() if a.identity_key else b""
+    report = asyncio.run(publish(a.url, a.nodes, a.gpus, a.warmup, a.seconds, a.health, identity))
     print(json.dumps(report), flush=True)
     return 0
 

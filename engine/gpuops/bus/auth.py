@@ -1,7 +1,8 @@
-"""Users and permissions of the embedded nats-server, one user per role.
+"""Users and permissions of the embedded nats-server: one user per role, one per node.
 
-Each role may publish and subscribe only what its loops need, so that a stolen agent
-password cannot queue an intent (`gpuops.actions.>`), rewrite state (`$KV.>`) or
+Each role may publish and subscribe only what its loops need, and each node's agent
+only its own node's subjects, so that a stolen agent password cannot speak for another
+node, queue an intent (`gpuops.actions.>`), rewrite state (`$KV.>`) or
 reshape a stream through the JetStream API. Each operator (the CLI) is a user of its
 own, and may publish commands only on `gpuops.cmd.<its user>.>`: the engine reads who
 asked from that subject. JetStream subjects name the stream in a
@@ -23,13 +24,16 @@ from typing import Literal
 
 from gpuops import subjects
 from gpuops.bus.buckets import BUCKETS, LEASES_KEY, REPLAY_KEY
+from gpuops.bus.identity import ENGINE_ONLY_KINDS
 from gpuops.errors import BusError
 
-Role = Literal["engine", "executor", "agent", "cli"]
-ROLES: tuple[Role, ...] = ("engine", "executor", "agent", "cli")
+Role = Literal["engine", "executor", "source", "cli"]
+ROLES: tuple[Role, ...] = ("engine", "executor", "source", "cli")
 
 ACTIONS = "GPUOPS_ACTIONS"
 AUDIT = "GPUOPS_AUDIT"
+# The executors' shared durable consumer of the actions work queue.
+EXECUTOR_DURABLE = "gpuops-executor"
 # Engine replicas' leases: only engines write them; the others read them (status).
 LEASES = BUCKETS[LEASES_KEY].bucket
 # ChatOps request ids seen: only engines write them. Another role that could delete one
@@ -50,18 +54,53 @@ class Permissions:
     allow_responses: bool = field(default=True)
 
 
-def _read_stream(stream: str) -> list[str]:
-    """JetStream API subjects to look up a stream and read it through its own consumers."""
+def _look(stream: str) -> list[str]:
+    """JetStream API subjects to look up a stream and read single messages of it."""
     return [
         f"$JS.API.STREAM.INFO.{stream}",
         f"$JS.API.STREAM.MSG.GET.{stream}",
         f"$JS.API.DIRECT.GET.{stream}",
         f"$JS.API.DIRECT.GET.{stream}.>",
-        f"$JS.API.CONSUMER.*.{stream}",
-        f"$JS.API.CONSUMER.*.{stream}.>",
-        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
-        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+    ]
+
+
+def _read_stream(stream: str) -> list[str]:
+    """Read a stream through consumers of the reader's own (nats-py names a pull read's
+    consumer itself), pulled and acked. Only for streams the engine's partitions do not
+    consume: on those a reader could pull or ack the engine's own consumer. No role but
+    the engine may delete, pause or move a consumer."""
+    return [
+        *_look(stream),
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.*",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
         f"$JS.ACK.{stream}.>",
+    ]
+
+
+def _watch_stream(stream: str) -> list[str]:
+    """Read a stream the engine's partitions consume (events, telemetry): an unnamed
+    ephemeral push consumer only (an ordered read: `gpuops export`), which the server
+    names, so no reader can make a consumer named as a partition owner's, nor pull
+    from or ack on the engine's."""
+    return [
+        *_look(stream),
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.INFO.{stream}.*",  # read-only: how far a read has come
+    ]
+
+
+def _own_durable(stream: str, name: str) -> list[str]:
+    """Make, read and ack one named durable consumer (the executors' work queue)."""
+    return [
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.{name}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.{name}.>",
+        f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{name}",
+        f"$JS.API.CONSUMER.INFO.{stream}.{name}",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}",
+        f"$JS.ACK.{stream}.{name}.>",
     ]
 
 
@@ -87,49 +126,43 @@ PERMISSIONS: dict[Role, Permissions] = {
             subjects.AUDIT,
             subjects.PROBE_REQUESTS,
             "$JS.API.INFO",
-            *_read_stream(ACTIONS),
+            *_own_durable(ACTIONS, EXECUTOR_DURABLE),
             *_read_stream(AUDIT),
             *_kv((*KV_BUCKETS, *ENGINE_ONLY), KV_BUCKETS),
             *_FLOW,
         ),
         subscribe=(*_CLIENT,),
     ),
-    # A static config cannot name each node's subjects: the agent role may publish any
-    # node's telemetry and health events (the engine checks subject against payload).
-    # A site's own NATS can give each node a user of its own: `node_permissions`.
-    # Commands, drift reports and alerts are not an agent's to send: a forged `drain`,
-    # drift or alert event would be decided like a person's, the baseline check's or
-    # Alertmanager's (the engine's receiver publishes those).
-    # The Prometheus source runs as an agent and dead-letters the series it refuses; a
-    # forged dead letter misleads nobody into acting (nothing acts on the DLQ).
-    "agent": Permissions(
+    # A source (the Prometheus source) reports about many nodes: it may publish any
+    # node's telemetry and health events, and the engine checks each message's publisher
+    # (gpuops.bus.identity). Commands, drift reports and alerts are not a source's to
+    # send: a forged `drain`, drift or alert event would be decided like a person's, the
+    # baseline check's or Alertmanager's (the engine's receiver publishes those). It
+    # dead-letters the series it refuses (nothing acts on the dead-letter stream).
+    "source": Permissions(
         publish=(
             subjects.TELEMETRY,
             subjects.EVENTS,
             *(subjects.dlq(reason) for reason in subjects.SOURCE_REFUSALS),
         ),
+        # Agents on Kubernetes share this user until a site gives each node its own
+        # (JWT): they hear probe requests here. A request holds no secret, and the
+        # probe's answer is an event only the node's own key can sign.
         subscribe=(subjects.AGENT_REQUESTS, *_CLIENT),
-        deny_publish=(
-            subjects.events_of("chatops"),
-            subjects.events_of("drift"),
-            subjects.events_of("alert"),
-        ),
+        deny_publish=tuple(subjects.events_of(kind) for kind in sorted(ENGINE_ONLY_KINDS)),
     ),
     # An operator (the CLI) reads everything it shows; everything it changes (silences,
-    # approvals, the breaker, drains, dry-run) it asks the engine for on its own
-    # command subject (see `operator_permissions`), so it writes no state itself and
-    # cannot forge a command event in someone else's name.
+    # approvals, the breaker, drains, dry-run, recorded events, drift checks) it asks
+    # the engine for on its own command subject (see `operator_permissions`), so it
+    # writes no state, no event and no audit record itself: identity and grants apply.
     "cli": Permissions(
         publish=(
-            subjects.EVENTS_ALL,
-            subjects.TELEMETRY_ALL,
-            subjects.AUDIT,
             "$JS.API.INFO",
             "$JS.API.STREAM.NAMES",
             "$JS.API.STREAM.LIST",
             *_read_stream(AUDIT),
-            *_read_stream("GPUOPS_EVENTS"),
-            *_read_stream("GPUOPS_TELEMETRY"),  # gpuops export
+            *_watch_stream("GPUOPS_EVENTS"),
+            *_watch_stream("GPUOPS_TELEMETRY"),  # gpuops export
             *_read_stream("GPUOPS_DLQ"),
             *_kv((*KV_BUCKETS, *ENGINE_ONLY), ()),
             *_FLOW,
@@ -142,6 +175,11 @@ PERMISSIONS: dict[Role, Permissions] = {
 # The default operator's user name on a new state dir (creds/cli.json).
 DEFAULT_OPERATOR = "operator"
 _USER_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def node_user(node: str) -> str:
+    """A node's NATS user name on the embedded server."""
+    return f"node:{subjects.token(node)}"
 
 
 def check_user_name(name: str) -> str:
@@ -170,17 +208,16 @@ def operator_permissions(user: str) -> Permissions:
 
 
 def node_permissions(node: str) -> Permissions:
-    """One node's agent: the agent role narrowed to that node's own subjects.
+    """One node's agent: its own node's telemetry and health events (not the kinds only
+    the engine makes), and its own probe requests.
 
     `node` may be `subjects.USER_NAME`: in a user JWT, nats-server fills it in with the
     user's name, so one list serves every node and a node's user cannot speak for another.
     """
-    agent = PERMISSIONS["agent"]
     return Permissions(
         publish=(subjects.telemetry_of(node), subjects.events_from(node)),
         subscribe=(subjects.agent_requests_to(node), *_CLIENT),
-        deny_publish=agent.deny_publish,
-        allow_responses=agent.allow_responses,
+        deny_publish=tuple(subjects.events_of(kind) for kind in sorted(ENGINE_ONLY_KINDS)),
     )
 
 
@@ -217,6 +254,43 @@ def ensure_credentials(state_dir: Path) -> dict[Role, Credentials]:
         path.chmod(0o600)
         out[role] = read_credentials(state_dir, role)
     return out
+
+
+def nodes_dir(state_dir: Path) -> Path:
+    """Where each node's NATS credentials live (one JSON file per node, 0600)."""
+    return creds_dir(state_dir) / "nodes"
+
+
+def ensure_node_credentials(state_dir: Path, nodes: Iterable[str]) -> dict[str, Credentials]:
+    """Each node's own NATS user, generated the first time and kept; by node token."""
+    folder = private_dir(nodes_dir(state_dir))
+    out: dict[str, Credentials] = {}
+    for node in nodes:
+        path = folder / f"{subjects.token(node)}.json"
+        if not path.exists():
+            _write_private(path, {"user": node_user(node), "password": secrets.token_urlsafe(32)})
+        out[subjects.token(node)] = _read_file(path, f"node {node}")
+    return out
+
+
+def known_nodes(state_dir: Path) -> dict[str, Credentials]:
+    """Every node user the state dir holds (the embedded server's config names them all)."""
+    folder = nodes_dir(state_dir)
+    if not folder.is_dir():
+        return {}
+    return {path.stem: _read_file(path, "node") for path in sorted(folder.glob("*.json"))}
+
+
+def node_credentials(state_dir: Path, node: str) -> Credentials:
+    """One node's NATS credentials from the state dir (the engine writes them)."""
+    path = nodes_dir(state_dir) / f"{subjects.token(node)}.json"
+    if not path.exists():
+        raise BusError(
+            f"node {node!r} has no NATS user on state dir {state_dir} ({path}): the engine "
+            "makes one for each node of its inventory; is the node in it, and was the "
+            "engine started since it was added?"
+        )
+    return _read_file(path, f"node {node}")
 
 
 def operators_dir(state_dir: Path) -> Path:
@@ -256,7 +330,11 @@ def _write_private(path: Path, data: dict[str, str]) -> None:
     os.replace(tmp, path)
 
 
-def server_config(creds: dict[Role, Credentials], extra: Iterable[Credentials] = ()) -> str:
+def server_config(
+    creds: dict[Role, Credentials],
+    extra: Iterable[Credentials] = (),
+    nodes: dict[str, Credentials] | None = None,
+) -> str:
     """The `authorization` block of nats-server.conf for these credentials.
 
     Passwords are in plain text: nats-server accepts them so, and the file is 0600 in a
@@ -268,7 +346,9 @@ def server_config(creds: dict[Role, Credentials], extra: Iterable[Credentials] =
         if role in creds
     ]
     users += [_user_block(cred, operator_permissions(cred.user)) for cred in extra]
+    users += [_user_block(cred, node_permissions(tok)) for tok, cred in (nodes or {}).items()]
     names = [c.user for c in creds.values()] + [c.user for c in extra]
+    names += [c.user for c in (nodes or {}).values()]
     if len(set(names)) != len(names):
         raise BusError(f"two credential files name the same NATS user: {sorted(names)}")
     return "authorization {\n  users = [\n" + "\n".join(users) + "\n  ]\n}\n"

@@ -36,6 +36,8 @@ from gpuops.bus.auth import (
     Credentials,
     Role,
     ensure_credentials,
+    known_nodes,
+    node_credentials,
     operators,
     read_credentials,
     server_config,
@@ -120,7 +122,7 @@ _EMBEDDED_SETUP: dict[Role, Setup] = {
     "engine": "create",
     "executor": "open",
     "cli": "open",
-    "agent": "none",
+    "source": "none",
 }
 
 
@@ -410,7 +412,9 @@ async def _read_store(cfg: NatsSettings, state_dir: Path, name: str) -> AsyncIte
     when the reader is done, so no agent or engine takes it for the engine's."""
     server = EmbeddedNats(
         store_dir(state_dir),
-        config_text=server_config(ensure_credentials(state_dir), operators(state_dir)),
+        config_text=server_config(
+            ensure_credentials(state_dir), operators(state_dir), known_nodes(state_dir)
+        ),
     )
     async with server:
         credentials = read_credentials(state_dir, "cli")
@@ -474,8 +478,11 @@ async def _own_embedded(
             url_file(state_dir).unlink(missing_ok=True)
 
 
-def agent_endpoint(cfg: NatsSettings, state_dir: Path) -> tuple[str, Credentials | None]:
-    """Where an agent connects: the configured URL, else this state dir's embedded server."""
+def agent_endpoint(
+    cfg: NatsSettings, state_dir: Path, node: str | None = None
+) -> tuple[str, Credentials | None]:
+    """Where a node's agent (or, with no node, a source) connects: the configured URL,
+    else this state dir's embedded server as the node's own user (or the source user)."""
     if cfg.url:
         return cfg.url, None
     url = remembered_url(state_dir)
@@ -483,4 +490,6 @@ def agent_endpoint(cfg: NatsSettings, state_dir: Path) -> tuple[str, Credentials
         raise BusError(
             f"no NATS URL: pass --nats URL, or run `gpuops run` with state dir {state_dir}"
         )
-    return url, read_credentials(state_dir, "agent")
+    if node is None:
+        return url, read_credentials(state_dir, "source")
+    return url, node_credentials(state_dir, node)

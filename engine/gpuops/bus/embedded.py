@@ -7,16 +7,39 @@ STATE/            0700
   creds/<role>.json  0600  generated user and password per role (cli.json: the
                   default operator, user `operator`)
   creds/operators/<name>.json  0600  operator users a site adds (docs/operations.md)
+  creds/nodes/<node>.json  0600  each inventory node's own user (the engine makes them)
+  creds/publishers/<identity>.key  0600  each publisher's key (gpuops.bus.identity)
 """
 
 from __future__ import annotations
 
 import errno
 import socket
+from collections.abc import Iterable
 from pathlib import Path
 
-from gpuops.bus.auth import ensure_credentials, operators, private_dir, server_config
+from gpuops.bus.auth import (
+    creds_dir,
+    ensure_credentials,
+    ensure_node_credentials,
+    known_nodes,
+    operators,
+    private_dir,
+    server_config,
+)
+from gpuops.bus.identity import (
+    Signer,
+    derive,
+    key_file_of,
+    node_identity,
+    read_signer,
+    source,
+    write_key,
+)
 from gpuops.bus.server import EmbeddedNats
+
+# The sources that report about many nodes, each an identity of its own.
+SOURCES = ("prometheus",)
 
 
 def url_file(state_dir: Path) -> Path:
@@ -73,7 +96,7 @@ def new_server(state_dir: Path, port: int | None = None) -> EmbeddedNats:
     return EmbeddedNats(
         store_dir(state_dir),
         port=port,
-        config_text=server_config(creds, operators(state_dir)),
+        config_text=server_config(creds, operators(state_dir), known_nodes(state_dir)),
         supervise=True,
     )
 
@@ -85,3 +108,24 @@ def announce(state_dir: Path, server: EmbeddedNats) -> None:
     marker = url_file(state_dir)
     marker.write_text(server.url)
     marker.chmod(0o644)
+
+
+def publishers_dir(state_dir: Path) -> Path:
+    """Where each publisher's key is kept (gpuops.bus.identity)."""
+    return creds_dir(state_dir) / "publishers"
+
+
+def enrol(state_dir: Path, nodes: Iterable[str], identity_key: bytes) -> None:
+    """Give every inventory node its NATS user and every publisher (each node, each
+    source) its key, on this state dir: what agents and sources started here use."""
+    nodes = list(nodes)
+    ensure_node_credentials(state_dir, nodes)
+    folder = private_dir(publishers_dir(state_dir))
+    for identity in [node_identity(n) for n in nodes] + [source(s) for s in SOURCES]:
+        write_key(key_file_of(folder, identity), derive(identity_key, identity))
+
+
+def publisher_signer(state_dir: Path, identity: str, configured: Path | None = None) -> Signer:
+    """A publisher's signer: its configured key file, else the one the engine wrote here."""
+    path = configured or key_file_of(publishers_dir(state_dir), identity)
+    return read_signer(path, identity)

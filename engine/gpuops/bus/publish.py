@@ -11,6 +11,8 @@ from typing import Protocol
 
 from nats.js import JetStreamContext
 
+from gpuops.bus.identity import Signer
+
 
 class Publisher(Protocol):
     """Stores a message and returns once it is stored."""
@@ -22,13 +24,17 @@ class Publisher(Protocol):
 
 
 class JetStreamPublisher:
-    """Publishes to JetStream and awaits the store's ack."""
+    """Publishes to JetStream and awaits the store's ack; with a signer, every message
+    carries its publisher's MAC (a source's events: gpuops.bus.identity)."""
 
-    def __init__(self, js: JetStreamContext) -> None:
+    def __init__(self, js: JetStreamContext, signer: Signer | None = None) -> None:
         self.js = js
+        self.signer = signer
 
     async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> bool:
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        if self.signer is not None:
+            headers = self.signer.headers(payload, headers)
         ack = await self.js.publish(subject, payload, headers=headers)
         return not ack.duplicate
 

@@ -119,9 +119,9 @@ class NatsKV:
         return True
 
     async def keys(self, prefix: str = "") -> list[str]:
-        # The bucket's newest message per key, headers only, read through a consumer that
-        # is deleted after (gpuops.bus.reader): KeyValue.keys and watch leave theirs on
-        # the server, and listing every second would reach its limit of consumers. The
+        # The bucket's newest message per key, headers only, read through a consumer the
+        # server removes soon after (gpuops.bus.reader): KeyValue.keys and watch leave
+        # theirs on the server, and listing every second would reach its limit of consumers. The
         # filter `prefix>` is applied by the server.
         if self._name is None:
             self._name = (await self.bucket.status()).bucket

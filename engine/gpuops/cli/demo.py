@@ -33,7 +33,7 @@ from gpuops.settings import NatsSettings, SafetySettings, Settings
 from gpuops.sim.driver import SimDriver
 from gpuops.sim.fleet import SimFleet, racks
 from gpuops.sim.scenario import Fault, Said, Scenario, load_scenario
-from gpuops.spine.app import App, load_world
+from gpuops.spine.app import App, enrol_inventory, load_world
 
 # Which rule answers each fault, and how to tell the node recovered.
 RULE_FOR = {
@@ -294,10 +294,11 @@ async def run_demo(
             f"[bold]gpuops demo[/bold]: {nodes} nodes x 8 H200, {len(rules.rules)} rules, "
             f"scenario {plan.name!r}, time x{speed:g}; state in {root}"
         )
+    enrol_inventory(settings, inventory)
     async with open_bus(NatsSettings(), root, name="gpuops-demo") as bus:
         app = App(settings=settings, bus=bus, clock=clock, rules=rules, inventory=inventory)
         app.auditor.listeners.append(demo.on_record)
-        driver = SimDriver(fleet, bus, clock, plan, on_inject=demo.injected)
+        driver = SimDriver(fleet, bus, clock, plan, on_inject=demo.injected, keys=app.keys)
         engine = asyncio.create_task(app.run())
         feeder = asyncio.create_task(driver.run(app.stop))
         url = await _console_url(app, http)
@@ -367,7 +368,7 @@ async def _drift_check(
     app: App, inventory: Any, settings: Settings, clock: ScaledClock, demo: _Demo
 ) -> dict[str, Any]:
     report = await drift_check(inventory, settings.playbooks_dir, clock)
-    await publish_report(app.bus.js, report)
+    await publish_report(app.engine.stores.auditor.publisher, report)
     demo.say(
         report.ended,
         "drift",

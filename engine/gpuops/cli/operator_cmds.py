@@ -256,13 +256,10 @@ async def run_drift_check(
     settings: Settings, group: str, progress: Callable[[int, int], None], publish: bool = True
 ) -> DriftReport:
     """One drift check now; its events and summary go to the bus unless `publish` is off."""
-    from gpuops.act.driftcheck import drift_check, publish_report
+    from gpuops.act.driftcheck import drift_check
     from gpuops.act.runenv import RunEnv
-    from gpuops.bus.conn import open_bus
-    from gpuops.bus.publish import JetStreamPublisher
     from gpuops.clock import SystemClock
     from gpuops.inventory.hosts import load_inventory
-    from gpuops.record.audit import Auditor
 
     inventory = load_inventory(settings.inventory)
     clock = SystemClock()
@@ -277,30 +274,34 @@ async def run_drift_check(
         env=RunEnv.of(settings),
     )
     if publish:
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
-        async with open_bus(
-            settings.nats, settings.state_dir, name="gpuops-drift", role="cli"
-        ) as bus:
-            await publish_report(bus.js, report)
-            await Auditor(JetStreamPublisher(bus.js)).note(
-                clock.now(), "", report.line(), {"drift_check": report.summary()}
-            )
+        # The engine checks again and publishes what it finds: an operator's own report
+        # would be decided as the baseline's word (drift events are the engine's to send).
+        await ask(settings, "drift-check", [group])
     return report
 
 
 @click.command()
 @click.argument("file", type=click.File("rb"))
 @click.option("--nats", help=NATS_HELP)
+@click.option(
+    "--direct",
+    is_flag=True,
+    help="publish straight to NATS as this connection's user (a test bus; an engine "
+    "that checks publishers dead-letters them as forged)",
+)
 @click.pass_context
-def publish(ctx: click.Context, file: Any, nats: str | None) -> None:
-    """Publish events from a JSON lines file (`-` for stdin) to their subjects.
+def publish(ctx: click.Context, file: Any, nats: str | None, direct: bool) -> None:
+    """Have the engine publish events from a JSON lines file (`-` for stdin).
 
-    A line that is not a valid event is reported (line number and why, as the
-    dead-letter queue would say) and still sent, so the engine dead-letters it; the
-    command then exits 1.
+    The engine publishes them as its own, in your name (the audit says who); the
+    permission table's `publish` entry says who may. A line that is not a valid event
+    is reported (line number and why, as the dead-letter queue would say) and still
+    sent, so the engine dead-letters it; the command then exits 1.
     """
     settings = settings_from(ctx, nats=nats)
-    sent, rejected = run_async(publish_lines(settings, file.read().splitlines()))
+    lines = [line for line in file.read().splitlines() if line.strip()]
+    rejected = rejected_lines(lines)
+    sent = run_async(publish_lines(settings, lines, direct))
     for number, why in rejected:
         click.echo(f"line {number}: {why}", err=True)
     click.echo(f"published {sent} events")
@@ -312,47 +313,54 @@ def publish(ctx: click.Context, file: Any, nats: str | None) -> None:
         )
 
 
-async def publish_lines(
-    settings: Settings, lines: list[bytes]
-) -> tuple[int, list[tuple[int, str]]]:
-    """Publish JSON-lines events to their subjects; (sent, [(line number, why rejected)])."""
-    from gpuops.bus.conn import open_bus
-    from gpuops.intake.decode import decode, event_subject
+def rejected_lines(lines: list[bytes]) -> list[tuple[int, str]]:
+    """(line number, why) of each line the intake would dead-letter."""
+    from gpuops.intake.decode import decode
 
-    sent, rejected = 0, []
-    subject: str | None
+    out = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            decode(line)
+        except EventError as exc:
+            out.append((number, str(exc)))
+    return out
+
+
+# A command request is one NATS message (1 MiB at most): lines go in batches under it.
+_BATCH_BYTES = 512 * 1024
+
+
+async def publish_lines(settings: Settings, lines: list[bytes], direct: bool = False) -> int:
+    """Send JSON-lines events through the engine (or, `direct`, straight to their
+    subjects); how many were sent."""
+    from gpuops.bus.conn import open_bus
+    from gpuops.ops.cmdwire import ask_engine
+    from gpuops.ops.commands import recorded_subject
+
     async with open_bus(
         settings.nats, settings.state_dir, name="gpuops-publish", role="cli"
     ) as bus:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                event = decode(line)
-                subject, msg_id = event_subject(event), event.id
-            except EventError as exc:
-                # Published anyway to the kind's subject when it has one: the engine's
-                # dead-letter path is where a bad event is meant to end up and be seen.
-                rejected.append((number, str(exc)))
-                subject, msg_id = _fallback_subject(line), None
-                if subject is None:
-                    continue
-            headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-            await bus.js.publish(subject, line, headers=headers)
-            sent += 1
-    return sent, rejected
+        if direct:
+            for line in lines:
+                subject, msg_id = recorded_subject(line)
+                headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+                await bus.js.publish(subject, line, headers=headers)
+            return len(lines)
+        for batch in _batches(lines):
+            await ask_engine(bus, "publish", [line.decode(errors="replace") for line in batch])
+    return len(lines)
 
 
-def _fallback_subject(line: bytes) -> str | None:
-    from gpuops.models import subject_for
-
-    try:
-        raw = json.loads(line)
-    except ValueError:
-        raw = None
-    if not isinstance(raw, dict):
-        return subject_for("unknown", "unknown")
-    return subject_for(str(raw.get("kind", "unknown")), str(raw.get("node", "unknown")))
+def _batches(lines: list[bytes]) -> list[list[bytes]]:
+    out: list[list[bytes]] = [[]]
+    size = 0
+    for line in lines:
+        if out[-1] and size + len(line) > _BATCH_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(line)
+        size += len(line) + 8
+    return [b for b in out if b]
 
 
 @click.group()

@@ -61,13 +61,18 @@ async def drive_fleet(
     import asyncio
 
     from gpuops.bus.conn import open_bus
+    from gpuops.bus.identity import KeyRing
     from gpuops.clock import ScaledClock
     from gpuops.sim.driver import SimDriver
     from gpuops.sim.scenario import load_scenario
+    from gpuops.spine.app import identity_key
 
     plan = load_scenario(scenario, fleet.nodes) if scenario else None
+    keys = KeyRing(identity_key(settings))  # the simulator speaks as each of its nodes
     async with open_bus(settings.nats, settings.state_dir, name="gpuops-simulate") as bus:
-        driver = SimDriver(fleet, bus, ScaledClock(1.0), plan, probe_s=0 if plan is None else 30.0)
+        driver = SimDriver(
+            fleet, bus, ScaledClock(1.0), plan, probe_s=0 if plan is None else 30.0, keys=keys
+        )
         stop = asyncio.Event()
         task = asyncio.create_task(driver.run(stop))
         await asyncio.sleep(seconds)

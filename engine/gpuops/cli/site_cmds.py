@@ -109,4 +109,35 @@ async def _export(settings: Settings, selection: Selection, output: IO[bytes]) -
         return await run_export(bus.js, selection, output)
 
 
-COMMANDS = [init, export]
+@click.group()
+def identity() -> None:
+    """Publisher keys: what proves a message is a node's or a source's (docs/deploy.md)."""
+
+
+@identity.command("issue")
+@click.argument("name")
+@click.option("--source", "is_source", is_flag=True, help="NAME is a source (prometheus)")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="write the key here (0600) instead of printing it",
+)
+@click.pass_context
+def issue(ctx: click.Context, name: str, is_source: bool, output: Path | None) -> None:
+    """The publisher key of node NAME (or, --source, of a source), derived from this
+    engine's identity key: give it to that node's agent only (identity.publisher_key)."""
+    from gpuops.bus.identity import derive, node_identity, source, write_key
+    from gpuops.spine.app import identity_key
+
+    settings = settings_from(ctx)
+    who = source(name) if is_source else node_identity(name)
+    key = derive(identity_key(settings), who)
+    if output is None:
+        click.echo(key.hex())
+        return
+    write_key(output, key)
+    click.echo(f"wrote the key of {who} to {output}", err=True)
+
+
+COMMANDS = [init, export, identity]

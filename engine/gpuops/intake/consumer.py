@@ -17,6 +17,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from gpuops import subjects
+from gpuops.bus.identity import PUBLISHER, Verifier
 from gpuops.clock import Clock
 from gpuops.errors import BusError, ConsumerGone, EventError, LeaseLost
 from gpuops.intake.decode import dead_letter, decode_intake
@@ -88,6 +89,7 @@ class Intake:
         priority: Priority | None = None,
         urgent: bool = False,
         create: bool = True,
+        identity: Verifier | None = None,
     ) -> None:
         self.js = js
         self.nc: Client = js._nc  # the context's connection: acks and pulls go on it
@@ -106,6 +108,9 @@ class Intake:
         # A partition's consumer is made by its takeover only: one found missing was
         # taken over by another replica, and making it again would read twice.
         self.create = create
+        # Every message's publisher is checked before its payload is read (None: the
+        # shadow's and the tests' intakes, whose messages were checked when they came).
+        self.identity = identity
         self.dead: Counter[str] = Counter()
 
     def consumer_config(self) -> ConsumerConfig:
@@ -198,8 +203,16 @@ class Intake:
             await ack(self.nc, msg)
 
     def _decode(self, msg: Msg) -> Event | Telemetry:
+        publisher = ""
+        if self.identity is not None:
+            kind, node = subjects.parse_event(msg.subject)
+            publisher = self.identity.publisher(msg.headers, msg.data, kind, node)
         return decode_intake(
-            msg.data, msg.subject, now=self.clock.now(), max_future_s=self.max_future_s
+            msg.data,
+            msg.subject,
+            now=self.clock.now(),
+            max_future_s=self.max_future_s,
+            publisher=publisher,
         )
 
     async def _dead_letter(self, msg: Msg, exc: EventError) -> None:
@@ -207,7 +220,10 @@ class Intake:
         if self.on_dead is not None:
             self.on_dead(exc.reason)
         log.warning("dead letter (%s) from %s: %s", exc.reason, msg.subject, exc.message)
-        body = dead_letter(exc.reason, exc.message, msg.data, msg.subject, self.clock.now())
+        claimed = (msg.headers or {}).get(PUBLISHER, "")
+        body = dead_letter(
+            exc.reason, exc.message, msg.data, msg.subject, self.clock.now(), claimed
+        )
         seq = msg.metadata.sequence.stream
         await self.js.publish(
             subjects.dlq(exc.reason), body, headers={"Nats-Msg-Id": f"dlq-{self.stream}-{seq}"}

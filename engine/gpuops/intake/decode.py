@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -52,12 +53,15 @@ def decode_intake(
     subject: str | None = None,
     now: float | None = None,
     max_future_s: float = MAX_FUTURE_S,
+    publisher: str = "",
 ) -> Event | Telemetry:
     """`decode`, with telemetry straight to facts: what the intake hands the pipeline.
 
     A sample the fast reader is sure of (the plain JSON agents send) becomes facts
     without the model; anything else (a number as a string, a surprising timestamp, a
     broken sample) goes through `decode`, so what is refused, and why, is the model's.
+    `publisher` is who the intake proved sent it (gpuops.bus.identity), kept on the
+    event for the record; whatever the payload says there is replaced.
     """
     maybe_telemetry = subject is None or subject.startswith(subjects.TELEMETRY_PREFIX)
     if maybe_telemetry and len(payload) <= MAX_EVENT_BYTES:
@@ -67,9 +71,13 @@ def decode_intake(
                 _check_subject(fast, subject)
             if now is not None and fast.epoch - now > max_future_s:
                 decode(payload, subject, now, max_future_s)  # raises `future`, worded once
-            return fast
+            return replace(fast, publisher=publisher) if publisher else fast
     event = decode(payload, subject, now, max_future_s)
-    return Telemetry.of(event) if isinstance(event, TelemetryEvent) else event
+    if publisher != event.publisher:
+        event = event.model_copy(update={"publisher": publisher})
+    if isinstance(event, TelemetryEvent):
+        return replace(Telemetry.of(event), publisher=publisher)
+    return event
 
 
 def _reason(exc: ValidationError) -> str:
@@ -100,9 +108,13 @@ def _check_subject(event: Event | Telemetry, subject: str) -> None:
         )
 
 
-def dead_letter(reason: str, error: str, payload: bytes, subject: str, at: float) -> bytes:
-    """The dead-letter record: reason, error and the raw payload, losing nothing."""
+def dead_letter(
+    reason: str, error: str, payload: bytes, subject: str, at: float, publisher: str = ""
+) -> bytes:
+    """The dead-letter record: reason, error, who claimed to send it, the raw payload."""
     body: dict[str, Any] = {"reason": reason, "error": error, "subject": subject, "at": at}
+    if publisher:
+        body["publisher"] = publisher[:128]
     try:
         body["payload"] = payload.decode("utf-8")
     except UnicodeDecodeError:

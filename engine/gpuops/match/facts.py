@@ -31,6 +31,7 @@ class Telemetry:
     source: str
     facts: list[Fact]
     kind: Literal["telemetry"] = "telemetry"
+    publisher: str = ""  # who the intake proved sent it (gpuops.bus.identity)
 
     @classmethod
     def of(cls, event: TelemetryEvent) -> Telemetry:

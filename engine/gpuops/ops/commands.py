@@ -240,10 +240,9 @@ class Commands:
         event = new_event("chatops", node, self.clock.now(), data, f"chatops:{caller.platform}")
         if request_id:
             event["id"] = request_id
-        await self.bus.js.publish(
-            subject_for("chatops", node),
-            json.dumps(event).encode(),
-            headers={"Nats-Msg-Id": event["id"]},
+        # Through the stores' publisher: the engine's, which signs it as the engine's own.
+        await self.stores.auditor.publisher.publish(
+            subject_for("chatops", node), json.dumps(event).encode(), event["id"]
         )
 
     def _node(self, args: list[str], n: int = 1) -> str:
@@ -419,6 +418,25 @@ class Commands:
             )
         return await self.drift_check(args[0] if args else "all")
 
+    async def do_publish(self, args: list[str], caller: Caller) -> str:
+        """Publish recorded events (one JSON line each) as the engine, in the caller's
+        name: the engine signs them, so they are decided, and the audit says who sent
+        them. A line that is not a valid event goes to its kind's subject all the same,
+        where the intake dead-letters it and says why."""
+        if not args:
+            raise CommandUsageError("give one or more events, one JSON object each")
+        for line in args:
+            data = line.encode()
+            subject, msg_id = recorded_subject(data)
+            await self.stores.auditor.publisher.publish(subject, data, msg_id)
+        await self.auditor.note(
+            self.clock.now(),
+            "",
+            f"{caller.principal} published {len(args)} recorded events",
+            {"published_by": caller.principal, "events": len(args)},
+        )
+        return f"published {len(args)} events"
+
     async def do_power(self, args: list[str], caller: Caller) -> str:
         return await do_power(
             args, caller.principal, self.control, self.power, self.inventory, self.clock.now()
@@ -433,6 +451,19 @@ class Commands:
 
 
 DENSITY_THRESHOLD = 10.0  # percent p95 utilisation over a day, as rules/density.yml
+
+
+def recorded_subject(line: bytes) -> tuple[str, str | None]:
+    """Where a recorded event goes (its kind's and node's subject) and its message id.
+    The intake validates it there, and dead-letters a line that is not an event."""
+    try:
+        raw = json.loads(line)
+    except ValueError:
+        raw = None
+    if not isinstance(raw, dict):
+        return subject_for("unknown", "unknown"), None
+    msg_id = raw.get("id") if isinstance(raw.get("id"), str) else None
+    return subject_for(str(raw.get("kind", "unknown")), str(raw.get("node", "unknown"))), msg_id
 
 
 def _percent(text: str) -> float:
@@ -462,6 +493,7 @@ COMMANDS: dict[str, Command] = {
         Command("dry-run", Commands.do_dry_run, "dry-run on|off", _G),
         Command("power", Commands.do_power, POWER_USAGE, _G),
         Command("density", Commands.do_density, "density [THRESHOLD%]", _R),
+        Command("publish", Commands.do_publish, "publish EVENT-JSON...", _G),
         Command("help", Commands.do_help, "help", _R),
     )
 }

@@ -126,7 +126,6 @@ async def read_audit(
                 continue
             stalls = 0
             for msg in msgs:
-                await msg.ack()
                 try:
                     yield AuditRecord.model_validate_json(msg.data)
                 except ValueError:

@@ -36,7 +36,7 @@ from gpuops.errors import ConfigError, ConsumerGone, LeaseLost
 from gpuops.intake.consumer import Intake
 from gpuops.match.matcher import Matcher
 from gpuops.record.metrics import Metrics
-from gpuops.scale.leases import Ownership
+from gpuops.scale.leases import Ownership, read_leases
 from gpuops.scale.takeover import take_over
 
 log = logging.getLogger(__name__)
@@ -99,6 +99,10 @@ class Partitions:
             p = partition_of(node, self.count)
         return p in self.ready and self.ownership.holds(p)
 
+    def unowned(self) -> list[int]:
+        """The partitions no replica holds (as last seen): nobody decides their nodes."""
+        return [p for p in range(self.count) if p not in self.ownership.owners]
+
     def shared_with_others(self, nodes: frozenset[str]) -> bool:
         """Whether another replica owns the partition of some of these nodes (as last seen)."""
         owners = self.ownership.owners
@@ -144,6 +148,7 @@ class Partitions:
             span_s=self._span(telemetry),
             now=self.clock.now(),
             feed=self.matcher.warm,
+            lease_epoch=lambda: self._lease_epoch(p),
         )
         self.names[(telemetry, p)] = done.durable
         log.info(
@@ -153,6 +158,11 @@ class Partitions:
             done.floor + 1,
             done.warmed,
         )
+
+    async def _lease_epoch(self, p: int) -> int | None:
+        """The epoch the leases bucket holds for partition `p` now (None: nobody's)."""
+        held = (await read_leases(self.kv, self.count)).get(p)
+        return held[0].epoch if held is not None else None
 
     def _span(self, telemetry: bool) -> float:
         """How far back a takeover replays: the longest window of the stream's rules."""

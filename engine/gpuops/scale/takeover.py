@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -66,15 +66,31 @@ async def take_over(
     span_s: float,
     now: float,
     feed: Feed,
+    lease_epoch: Callable[[], Awaitable[int | None]],
 ) -> Takeover:
     """Warm the windows from what was decided, then make this epoch's durable from
-    floor + 1 and delete the earlier owners'."""
+    floor + 1 and delete the earlier owners'.
+
+    A consumer named by a later epoch is a later owner's only if the leases bucket says
+    that owner holds the partition (`lease_epoch`, read now): a name alone is anyone's
+    to make, and believing it would stop this partition for good. One the lease does
+    not back is deleted, and its floor is not taken.
+    """
     subject = config.filter_subject or ""
     earlier = await partition_consumers(js, stream, telemetry, partition)
     newer = [n for n in earlier if (epoch_of(n, telemetry, partition) or 0) > epoch]
-    if newer:  # a later owner took it already: this takeover is stale
-        raise LeaseLost(f"partition {partition} was taken over again ({newer[0]})")
-    floor = max((_floor(info) for info in earlier.values()), default=0)
+    if newer:
+        leased = await lease_epoch()
+        if leased is None or leased > epoch:  # a later owner took it: this one is stale
+            raise LeaseLost(f"partition {partition} was taken over again ({newer[0]})")
+        log.warning(
+            "partition %d: consumer(s) %s name an epoch after %d, which the lease holds: "
+            "not an owner's; deleting them",
+            partition,
+            ", ".join(newer),
+            epoch,
+        )
+    floor = max((_floor(i) for n, i in earlier.items() if n not in newer), default=0)
     warmed = 0
     if floor and span_s > 0:
         warmed = await _warm(js, stream, subject, now - span_s, floor, feed)

@@ -19,6 +19,7 @@ from nats.errors import Error as NatsError
 
 from gpuops import subjects
 from gpuops.bus.conn import Bus
+from gpuops.bus.identity import KeyRing
 from gpuops.clock import ScaledClock
 from gpuops.models import subject_for
 from gpuops.sim.fleet import SimFleet, envelope
@@ -57,8 +58,11 @@ class SimDriver:
         heartbeat_s: float = 10.0,
         probe_s: float = 30.0,
         on_inject: Callable[[Fault, float], None] | None = None,
+        keys: KeyRing | None = None,
     ) -> None:
         self.fleet, self.bus, self.clock = fleet, bus, clock
+        # Each node's messages carry that node's MAC, as its agent's would.
+        self.keys = keys
         self.pending = list(scenario.faults) if scenario else []
         self.telemetry_s, self.heartbeat_s, self.probe_s = telemetry_s, heartbeat_s, probe_s
         self.on_inject = on_inject
@@ -122,8 +126,11 @@ class SimDriver:
     async def _telemetry(self, node: str, sample: dict[str, Any]) -> None:
         # While NATS is away the client's reconnect buffer fills and publish raises; an
         # agent loses such samples too (the next one replaces them), so drop and count.
+        data = json.dumps(sample).encode()
         try:
-            await self.bus.nc.publish(subject_for("telemetry", node), json.dumps(sample).encode())
+            await self.bus.nc.publish(
+                subject_for("telemetry", node), data, headers=self._signed(node, data)
+            )
         except (NatsError, OSError):
             self.stats.telemetry_dropped += 1
             return
@@ -131,8 +138,11 @@ class SimDriver:
 
     async def _ib(self, event: dict[str, Any]) -> None:
         # Like telemetry: the agent publishes it without waiting, the next one replaces it.
+        data = json.dumps(event).encode()
         try:
-            await self.bus.nc.publish(subject_for("ib", event["node"]), json.dumps(event).encode())
+            await self.bus.nc.publish(
+                subject_for("ib", event["node"]), data, headers=self._signed(event["node"], data)
+            )
         except (NatsError, OSError):
             return
         self.stats.ib += 1
@@ -141,7 +151,8 @@ class SimDriver:
         # Health events are kept and retried until stored, as the agent's spool does; the
         # message id makes a retry of a publish whose ack was lost a duplicate, stored once.
         subject = subject_for(event["kind"], event["node"])
-        data, headers = json.dumps(event).encode(), {"Nats-Msg-Id": event["id"]}
+        data = json.dumps(event).encode()
+        headers = self._signed(event["node"], data, {"Nats-Msg-Id": event["id"]})
         while True:
             try:
                 await self.bus.js.publish(subject, data, headers=headers)
@@ -154,6 +165,13 @@ class SimDriver:
                 continue
             self.stats.health += 1
             return
+
+    def _signed(
+        self, node: str, data: bytes, extra: dict[str, str] | None = None
+    ) -> dict[str, str] | None:
+        if self.keys is None:
+            return extra
+        return self.keys.node(node).headers(data, extra)
 
     def _inject(self, now: float) -> None:
         while self.pending and now - self.t0 >= self.pending[0].at:

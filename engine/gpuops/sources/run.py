@@ -13,6 +13,8 @@ from nats.aio.client import Client
 from gpuops.agent.run import cancel_connecting, close_client, stop_on_signals
 from gpuops.agent.spool import Spool
 from gpuops.bus.conn import agent_endpoint, connect_forever
+from gpuops.bus.embedded import publisher_signer
+from gpuops.bus.identity import source as source_identity
 from gpuops.bus.publish import JetStreamPublisher, MemoryPublisher
 from gpuops.clock import SystemClock
 from gpuops.errors import SourceError
@@ -52,8 +54,11 @@ async def run_ingest(settings: Settings, http: str | None) -> None:
     cfg = settings.sources.prometheus
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     stop = stop_on_signals()
-    # The agent's user may publish any node's telemetry and health events: what this does.
+    # The source user may publish any node's telemetry and health events: what this does;
+    # each message says it is this source's, with its own key.
     url, credentials = agent_endpoint(settings.nats, settings.state_dir)
+    identity = source_identity("prometheus")
+    signer = publisher_signer(settings.state_dir, identity, settings.identity.publisher_key)
     nc = Client()
     connecting = asyncio.create_task(
         connect_forever(nc, url, settings.nats, credentials, name="gpuops-ingest-prometheus")
@@ -62,7 +67,7 @@ async def run_ingest(settings: Settings, http: str | None) -> None:
     source = PromSource(
         cfg,
         binding(settings),
-        JetStreamPublisher(nc.jetstream(timeout=5)),
+        JetStreamPublisher(nc.jetstream(timeout=5), signer),
         SystemClock(),
         Spool(settings.state_dir / SPOOL, cfg.spool_max),
         metrics,

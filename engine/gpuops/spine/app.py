@@ -26,6 +26,8 @@ from gpuops.act.evidence import Evidence
 from gpuops.act.executor import Executor
 from gpuops.act.runenv import RunEnv
 from gpuops.bus.conn import EVENTS, TELEMETRY, Bus
+from gpuops.bus.embedded import enrol
+from gpuops.bus.identity import ENGINE, KeyRing, Verifier
 from gpuops.bus.publish import JetStreamPublisher
 from gpuops.catalog import Catalog, load_catalog
 from gpuops.clock import Clock
@@ -72,6 +74,22 @@ def signing_key_path(settings: Settings) -> Path:
     return settings.signing_key or settings.state_dir / "keys" / "intent.key"
 
 
+def identity_key_path(settings: Settings) -> Path:
+    """Where the identity key every publisher's key comes from is (gpuops.bus.identity)."""
+    return settings.identity.key_file or settings.state_dir / "keys" / "identity.key"
+
+
+def identity_key(settings: Settings) -> bytes:
+    """The identity key, made on first use (0600)."""
+    return load_key(identity_key_path(settings), "identity key")
+
+
+def enrol_inventory(settings: Settings, inventory: Inventory) -> None:
+    """Every inventory node's NATS user and publisher key on the state dir, before the
+    embedded server starts (its users are read then): agents started here find them."""
+    enrol(settings.state_dir, sorted(inventory.hosts), identity_key(settings))
+
+
 @dataclass
 class App:
     """The engine's loops around one built pipeline."""
@@ -94,9 +112,13 @@ class App:
     started: float = field(init=False, default=0.0)
     latest: Latest = field(init=False)
     priority: Priority = field(init=False, default_factory=Priority)
+    keys: KeyRing = field(init=False)
+    verifier: Verifier = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
+        self.keys = KeyRing(identity_key(s))
+        self.verifier = Verifier(self.keys, required=s.identity.required)
         self.started = self.clock.now()
         self.notifier = Notifier([Webhook(w.kind, w.url, w.channel) for w in s.chatops.webhooks])
         self.catalog = load_catalog(s.playbooks_dir)
@@ -108,7 +130,8 @@ class App:
             inventory=self.inventory,
             catalog=self.catalog,
             buckets=self.bus.buckets,
-            publisher=JetStreamPublisher(self.bus.js),
+            # What the engine publishes itself (alerts, drift reports, commands) is its own.
+            publisher=JetStreamPublisher(self.bus.js, self.keys.signer(ENGINE)),
             clock=self.clock,
             signing_key=key,
             notifier=self.notifier,
@@ -185,6 +208,7 @@ class App:
             on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),
             priority=self.priority,  # health events first: telemetry pauses for them
             urgent=not telemetry,
+            identity=self.verifier,
         )
 
     @property
@@ -313,6 +337,9 @@ class App:
             why["nats"] = "not connected; reconnecting"
         recent = time.monotonic() - RECENT_FAILURE_S
         why.update({f"loop {k}": w for k, (w, at) in self.failing.items() if at > recent})
+        unowned = self.partitions.unowned() if self.partitions is not None else []
+        if unowned:  # their nodes' events wait in the stream, decided by nobody
+            why["partitions"] = f"no replica holds partition(s) {unowned}"
         server = self.bus.server
         detail = {"nats_restarts": server.restarts} if server is not None else {}
         return not why, {**why, **detail} if why else detail
@@ -424,7 +451,7 @@ class App:
         """The Alertmanager webhook receiver, publishing on this engine's bus."""
         return AlertmanagerReceiver(
             self.settings.sources.alertmanager,
-            JetStreamPublisher(self.bus.js),
+            self.engine.stores.auditor.publisher,  # the engine's: signed as its own
             self.engine.buckets.history,
             self.clock,
             self.engine.metrics.registry,
@@ -442,7 +469,7 @@ class App:
             forks=self.settings.drift.forks,
             env=RunEnv.of(self.settings),
         )
-        await publish_report(self.bus.js, report)
+        await publish_report(self.engine.stores.auditor.publisher, report)
         await self.engine.auditor.note(
             self.clock.now(), "", report.line(), {"drift_check": report.summary()}
         )

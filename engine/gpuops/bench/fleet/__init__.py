@@ -38,6 +38,7 @@ from gpuops.bench.fleet.procs import PublisherJob, Publishers, Replica, engine_a
 from gpuops.bench.fleet.round import Round
 from gpuops.bus.cluster import LocalCluster
 from gpuops.bus.conn import connect
+from gpuops.bus.identity import KeyRing
 from gpuops.settings import NatsSettings, Settings
 from gpuops.signing import load_key
 from gpuops.sim.fleet import SimFleet
@@ -96,12 +97,14 @@ def run_round(spec: FleetSpec, fleet: SimFleet, count: int, work: Path, say: Say
         f"{cores} cores, load {os.getloadavg()[0]:.1f}"
     )
     cluster = LocalCluster(work / "nats", size=3).start()
-    publishers = Publishers(_jobs(spec, fleet, cluster.url, cores))
+    identity = load_key(_identity_key_file(work), "identity key")  # every publisher's root
+    publishers = Publishers(_jobs(spec, fleet, cluster.url, cores, identity))
     replicas = [_replica(spec, fleet, cluster.url, work, i) for i in range(count)]
     try:
         for replica in replicas:
             replica.start()
-        return asyncio.run(_measure(Round(spec, fleet, cluster, replicas, publishers, say, cores)))
+        round_ = Round(spec, fleet, cluster, replicas, publishers, say, cores, KeyRing(identity))
+        return asyncio.run(_measure(round_))
     finally:
         for replica in replicas:
             replica.stop()
@@ -120,11 +123,20 @@ async def _measure(round_: Round) -> RoundFigures:
         await bus.close()
 
 
-def _jobs(spec: FleetSpec, fleet: SimFleet, url: str, cores: int) -> list[PublisherJob]:
+def _identity_key_file(work: Path) -> Path:
+    """The identity key of every round: replicas check, publishers sign with its keys."""
+    return work.parent / "identity.key"
+
+
+def _jobs(
+    spec: FleetSpec, fleet: SimFleet, url: str, cores: int, identity: bytes
+) -> list[PublisherJob]:
     n = spec.publisher_count(cores)
     run_s = spec.warmup + spec.seconds
     return [
-        PublisherJob(fleet.root, tuple(fleet.nodes[i::n]), spec.gpus, url, run_s, spec.refresh_s)
+        PublisherJob(
+            fleet.root, tuple(fleet.nodes[i::n]), spec.gpus, url, run_s, spec.refresh_s, identity
+        )
         for i in range(n)
     ]
 
@@ -138,6 +150,7 @@ def _replica(spec: FleetSpec, fleet: SimFleet, url: str, work: Path, i: int) -> 
         "PYTHONPATH": str(IMPORT_ROOT),
         "GPUOPS_HTTP": f"127.0.0.1:{port}",
         "GPUOPS_SIGNING_KEY": str(key),
+        "GPUOPS_IDENTITY__KEY_FILE": str(_identity_key_file(work)),
         "GPUOPS_NATS__REPLICAS": str(spec.nats_replicas),
         # Injected faults land on distinct nodes: the fleet breaker would turn most of
         # them into drops, which is not what is measured here.

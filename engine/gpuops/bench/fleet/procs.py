@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuops import subjects
 from gpuops.bench.fleet.figures import BenchError
 from gpuops.bus.client import servers
+from gpuops.bus.identity import KeyRing
 from gpuops.clock import rfc3339
 from gpuops.sim.fleet import SimFleet
 
@@ -55,6 +56,7 @@ class PublisherJob:
     url: str
     run_s: int  # whole seconds from the start time
     refresh_s: float  # rebuild each node's sample from the fleet this often (0: never)
+    identity: bytes = b""  # the identity key: each node's sample carries its node's MAC
 
 
 @dataclass(slots=True)
@@ -99,6 +101,7 @@ async def _publish(
     chunks = [nodes[i : i + size] for i in range(0, len(nodes), size)]
     per_chunk = math.ceil(len(nodes) / (job.refresh_s * CHUNKS_PER_S)) if job.refresh_s else 0
     ids, turn = uuid.uuid4().hex[:12], 0
+    keys = KeyRing(job.identity) if job.identity else None
     try:
         for second in range(job.run_s):
             for j, chunk in enumerate(chunks):
@@ -121,7 +124,9 @@ async def _publish(
                         f'{{"id":"{ids}-{second}-{node}","kind":"telemetry","node":"{node}",'
                         f'"ts":"{ts}","source":"sim","data":'
                     )
-                    await nc.publish(subjects.telemetry(node), head.encode() + data + b"}")
+                    body = head.encode() + data + b"}"
+                    headers = keys.node(node).headers(body) if keys else None
+                    await nc.publish(subjects.telemetry(node), body, headers=headers)
                     sent += 1
                 result.published[second] += sent
         await nc.flush(timeout=60)

@@ -30,6 +30,7 @@ from gpuops.bench.fleet.procs import (
 )
 from gpuops.bus.cluster import LocalCluster
 from gpuops.bus.conn import ACTIONS, EVENTS, TELEMETRY, Bus
+from gpuops.bus.identity import KeyRing
 from gpuops.models import Intent, new_event, subject_for
 from gpuops.scale.takeover import all_consumers
 from gpuops.sim.fleet import SimFleet
@@ -59,6 +60,7 @@ class Round:
     publishers: Publishers
     say: Callable[[str], None]
     cores: int
+    keys: KeyRing | None = None  # each injected probe carries its node's MAC
     # probe event id -> (time sent, time the stream acked it)
     sent: dict[str, tuple[float, float]] = field(default_factory=dict)
     max_lag: list[float] = field(default_factory=list)
@@ -195,6 +197,8 @@ class Round:
         data = {"gpu": gpu, "ok": False, "outcome": "fail", "error": "bench", "duration_s": 0.3}
         event = new_event("probe", node, t, data, "sim")
         payload, headers = json.dumps(event).encode(), {"Nats-Msg-Id": event["id"]}
+        if self.keys is not None:
+            headers = self.keys.node(node).headers(payload, headers)
         for _ in range(20):  # a stream leader may be slow to answer under load; the id dedups
             try:
                 await bus.js.publish(subject_for("probe", node), payload, headers=headers)

@@ -1,0 +1,179 @@
+"""Who published a message, proved per message: each publisher's key, the engine's check.
+
+Every publisher of telemetry and health events has an identity: a node's agent is the
+node (its subject token, `node-001`), a source is `source:<name>` (the Prometheus
+source: `source:prometheus`), the engine is `engine`. It signs each message with a key
+of its own, HMAC-SHA256 over the payload, sent in two headers:
+
+    Gpuops-Publisher: node-001
+    Gpuops-Mac: 64 hex characters
+
+A publisher's key is derived from the engine's identity key and the identity's name
+(HMAC(identity key, name)), so the engine checks any publisher without a table of keys,
+and a node holding its own key can sign for nobody else. The engine refuses, as
+`forged`, a message without a valid MAC or whose publisher may not speak for the node
+and kind its subject names: a node speaks for itself only, a source for any node, and
+the kinds only the engine makes (ChatOps commands, drift reports, alerts) only the
+engine may publish. This holds whatever the NATS server's permissions are (a site's
+NATS with one shared agent user included); the per-node NATS users are the first wall,
+this is the second, and the one that records who spoke.
+
+HMAC rather than a signature per message: the engine checks every sample of the fleet
+(tens of thousands a second), and an HMAC costs about a microsecond where an ed25519
+verification costs fifty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuops import subjects
+from gpuops.errors import ConfigError, EventError
+
+PUBLISHER = "Gpuops-Publisher"
+MAC = "Gpuops-Mac"
+ENGINE = "engine"
+SOURCE = "source:"
+# Kinds only the engine publishes: its ChatOps receiver, its drift check, its
+# Alertmanager receiver. From anyone else they would be decided as a person's, the
+# baseline's or Alertmanager's word.
+ENGINE_ONLY_KINDS = frozenset({"chatops", "drift", "alert"})
+_MAX_NAME = 128
+
+
+def source(name: str) -> str:
+    """The identity of a source (`source:prometheus`)."""
+    return SOURCE + subjects.token(name)
+
+
+def node_identity(node: str) -> str:
+    """The identity of a node's agent: the node's subject token."""
+    return subjects.token(node)
+
+
+def derive(identity_key: bytes, identity: str) -> bytes:
+    """A publisher's own key: what the engine gives it, and checks it by."""
+    return hmac.new(
+        identity_key, b"gpuops-publisher\0" + identity.encode(), hashlib.sha256
+    ).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class Signer:
+    """A publisher's identity and key: the headers that prove a payload is its."""
+
+    identity: str
+    key: bytes = field(repr=False)
+
+    def headers(self, payload: bytes, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The publisher and MAC headers for `payload` (plus `extra`, e.g. Nats-Msg-Id)."""
+        mac = hmac.new(self.key, payload, hashlib.sha256).hexdigest()
+        return {**(extra or {}), PUBLISHER: self.identity, MAC: mac}
+
+
+def may_speak(identity: str, kind: str, node_token: str) -> str | None:
+    """None if `identity` may publish `kind` about the node, else why not."""
+    if identity == ENGINE:
+        return None
+    if kind in ENGINE_ONLY_KINDS:
+        return f"{identity} may not publish {kind} events (only the engine makes them)"
+    if identity.startswith(SOURCE):
+        return None
+    if identity != node_token:
+        return f"{identity} may not speak for node {node_token}"
+    return None
+
+
+class KeyRing:
+    """Every publisher's key, derived from the identity key on first use and kept.
+
+    The engine's (it checks everyone, and signs what it publishes itself) and a
+    simulator's or a benchmark's, which publish as many nodes at once.
+    """
+
+    def __init__(self, identity_key: bytes) -> None:
+        self._root = identity_key
+        self._keys: dict[str, bytes] = {}
+
+    def key(self, identity: str) -> bytes:
+        """The identity's key."""
+        key = self._keys.get(identity)
+        if key is None:
+            if len(self._keys) > 1_000_000:  # names come from the network: bounded
+                self._keys.clear()
+            key = self._keys[identity] = derive(self._root, identity)
+        return key
+
+    def signer(self, identity: str) -> Signer:
+        """The identity's signer."""
+        return Signer(identity, self.key(identity))
+
+    def node(self, node: str) -> Signer:
+        """A node's agent's signer."""
+        return self.signer(node_identity(node))
+
+
+class Verifier:
+    """The engine's check of a message's publisher."""
+
+    def __init__(self, keys: KeyRing, *, required: bool = True) -> None:
+        self.keys = keys
+        self.required = required
+
+    def publisher(
+        self, headers: Mapping[str, str] | None, payload: bytes, kind: str, node_token: str
+    ) -> str:
+        """Who published `payload` about `kind`/`node_token`; EventError("forged") if
+        the MAC is wrong or missing, or the publisher may not speak for the node."""
+        name = (headers or {}).get(PUBLISHER, "")
+        given = (headers or {}).get(MAC, "")
+        if not name and not given and not self.required:
+            return "unsigned"
+        if not name or not given or len(name) > _MAX_NAME:
+            raise EventError("forged", "no publisher identity (Gpuops-Publisher, Gpuops-Mac)")
+        want = hmac.new(self.keys.key(name), payload, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(want.encode(), given.encode("ascii", "replace")):
+            raise EventError("forged", f"the MAC is not {name!r}'s")
+        refused = may_speak(name, kind, node_token)
+        if refused is not None:
+            raise EventError("forged", refused)
+        return name
+
+
+def key_file_of(folder: Path, identity: str) -> Path:
+    """Where a publisher's key is kept under a state dir's `creds/publishers`."""
+    return folder / f"{subjects.token(identity.replace(':', '-'))}.key"
+
+
+def write_key(path: Path, key: bytes) -> None:
+    """Write a publisher's key (hex, 0600) unless it is there with the same value."""
+    text = key.hex()
+    if path.exists() and path.read_text().strip() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    tmp.touch(mode=0o600)
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def read_signer(path: Path, identity: str) -> Signer:
+    """A publisher's signer from its key file; a ConfigError says what to do."""
+    try:
+        key = bytes.fromhex(path.read_text().strip())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no publisher key for {identity!r} at {path}: the engine writes one for each "
+            "inventory node on its state dir; for a site's NATS run "
+            f"`gpuops identity issue {identity}` where the engine's identity key is"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"publisher key {path} for {identity!r} is unreadable: {exc}") from exc
+    if len(key) != 32:
+        raise ConfigError(f"publisher key {path} for {identity!r}: want 64 hex characters")
+    return Signer(identity, key)

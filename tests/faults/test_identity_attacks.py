@@ -1,0 +1,230 @@
+"""Issue 25's findings as attacks: one foothold on the bus must not speak for another node.
+
+Each test plays the attacker with the credential or key one foothold gives (a node's
+NATS user, a node's publisher key, an operator's NATS user) against a real engine on a
+real nats-server, asserts the refusal, and that the engine kept deciding everyone else
+(published = decided + dead-lettered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from pathlib import Path
+
+import nats
+import pytest
+from gpuops import subjects
+from gpuops.bus.auth import ensure_credentials, ensure_node_credentials, server_config
+from gpuops.bus.conn import DLQ, EVENTS, Bus, connect
+from gpuops.bus.identity import KeyRing, Signer, Verifier
+from gpuops.bus.server import EmbeddedNats
+from gpuops.errors import EventError
+from gpuops.settings import NatsSettings
+from gpuops.sim.fleet import SimFleet, envelope
+
+from tests.conftest import calls, counted, engine_settings, running_engine, wait_for
+from tests.support import as_node, node_keys, run_gpuops
+
+pytestmark = pytest.mark.integration
+
+
+async def _dead_letters(bus: Bus) -> list[dict]:
+    info = await bus.js.stream_info(DLQ)
+    first = info.state.first_seq
+    return [
+        json.loads((await bus.js.get_msg(DLQ, seq)).data)
+        for seq in range(first, first + info.state.messages)
+    ]
+
+
+async def test_a_nodes_key_cannot_speak_for_another_node_and_the_rest_is_still_decided(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    """The forged XID 79 for node-002, signed with node-001's key (root on node-001), is
+    dead-lettered as forged and node-002 is never rebooted; so is an unsigned one and a
+    forged probe pass; node-001's own XID is decided."""
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    keys = node_keys(settings.state_dir)
+    node1 = keys.node("node-001")
+    async with running_engine(settings, bus) as app:
+        forged = [
+            ("xid", envelope("xid", "node-002", time.time(), {"gpu": 0, "xid": 79}), node1),
+            (
+                "probe",
+                envelope(
+                    "probe", "node-002", time.time(), {"gpu": 0, "ok": True, "outcome": "pass"}
+                ),
+                node1,
+            ),
+            ("xid", envelope("xid", "node-002", time.time(), {"gpu": 1, "xid": 79}), None),
+        ]
+        for kind, event, signer in forged:
+            data = json.dumps(event).encode()
+            subject = subjects.event(kind, "node-002")
+            headers = signer.headers(data, {"Nats-Msg-Id": event["id"]}) if signer else None
+            await bus.js.publish(subject, data, headers=headers)
+        own = envelope("xid", "node-001", time.time(), {"gpu": 2, "xid": 79})
+        data = json.dumps(own).encode()
+        subject = subjects.event("xid", "node-001")
+        await bus.js.publish(subject, data, headers=as_node(keys, subject, data, own["id"]))
+        await wait_for(lambda: counted(app.engine.metrics.dead_letters, "forged") == 3, 20)
+        await wait_for(lambda: counted(app.engine.metrics.events, "xid") == 1, 20)
+        await wait_for(lambda: calls(fleet, "node-001") != [], 60)
+    letters = await _dead_letters(bus)
+    assert [d["reason"] for d in letters] == ["forged"] * 3
+    assert [d.get("publisher") for d in letters] == ["node-001", "node-001", None]
+    assert "node-001 may not speak for node node-002" in letters[0]["error"]
+    assert calls(fleet, "node-002") == [], "nothing ran on node-002"
+    published = len(forged) + 1
+    assert published == counted(app.engine.metrics.events, "xid") + len(letters)
+
+
+async def test_a_forged_alert_or_drift_event_is_refused_even_when_signed_by_a_node(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    """A critical-temperature alert or a drift report is the engine's to make: from a
+    node's key (or an operator) it is forged, and no drain is decided."""
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    keys = node_keys(settings.state_dir)
+    async with running_engine(settings, bus) as app:
+        alert = envelope(
+            "alert",
+            "node-001",
+            time.time(),
+            {"status": "firing", "labels": {"alertname": "GpuCriticalTemp"}, "fingerprint": "f1"},
+        )
+        data = json.dumps(alert).encode()
+        subject = subjects.event("alert", "node-001")
+        await bus.js.publish(subject, data, headers=as_node(keys, subject, data, alert["id"]))
+        await wait_for(lambda: counted(app.engine.metrics.dead_letters, "forged") == 1, 20)
+    (letter,) = await _dead_letters(bus)
+    assert "may not publish alert events" in letter["error"]
+    assert calls(fleet, "node-001") == []
+
+
+def test_the_verifier_refuses_a_mac_of_other_bytes_and_an_unknown_publisher() -> None:
+    keys = KeyRing(b"k" * 64)
+    verifier = Verifier(keys)
+    payload = b'{"kind":"xid"}'
+    headers = keys.node("node-a").headers(payload)
+    assert verifier.publisher(headers, payload, "xid", "node-a") == "node-a"
+    with pytest.raises(EventError, match="the MAC is not 'node-a'"):
+        verifier.publisher(headers, payload + b" ", "xid", "node-a")
+    impostor = {**headers, "Gpuops-Publisher": "source:prometheus"}
+    with pytest.raises(EventError, match="the MAC is not 'source:prometheus'"):
+        verifier.publisher(impostor, payload, "xid", "node-a")
+    with pytest.raises(EventError, match="no publisher identity"):
+        verifier.publisher(None, payload, "xid", "node-a")
+    other = KeyRing(b"x" * 64).node("node-a").headers(payload)
+    with pytest.raises(EventError, match="the MAC is not"):
+        verifier.publisher(other, payload, "xid", "node-a")
+
+
+async def _embedded(tmp_path: Path) -> tuple[EmbeddedNats, dict, dict]:
+    creds = ensure_credentials(tmp_path)
+    nodes = ensure_node_credentials(tmp_path, ["node-a", "node-b"])
+    server = EmbeddedNats(tmp_path / "nats", config_text=server_config(creds, (), nodes))
+    return server, creds, nodes
+
+
+async def _refused(url: str, user: str, password: str, subject: str) -> list[str]:
+    """Publish as `user` and return the permission errors the server sent back."""
+    errors: list[str] = []
+    told = asyncio.Event()
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+        told.set()
+
+    nc = await nats.connect(url, user=user, password=password, error_cb=on_error)
+    try:
+        await nc.publish(subject, b"{}")
+        await nc.flush()
+        with contextlib.suppress(TimeoutError):  # none comes for what is permitted
+            await asyncio.wait_for(told.wait(), 5)
+    finally:
+        await nc.close()
+    return errors
+
+
+async def test_node_a_credential_cannot_publish_anything_for_node_b_on_the_embedded_nats(
+    tmp_path: Path,
+) -> None:
+    server, creds, nodes = await _embedded(tmp_path)
+    async with server:
+        engine = await connect(server.url, NatsSettings(), credentials=creds["engine"])
+        try:
+            seen: list[str] = []
+
+            async def note(msg: nats.aio.msg.Msg) -> None:
+                seen.append(msg.subject)
+
+            sub = await engine.nc.subscribe(subjects.EVERYTHING, cb=note)
+            a = nodes["node-a"]
+            for subject in (
+                subjects.telemetry("node-b"),
+                subjects.event("xid", "node-b"),
+                subjects.event("probe", "node-b"),
+                subjects.event("alert", "node-a"),
+                subjects.action("node-b"),
+                subjects.audit("node-b"),
+            ):
+                errors = await _refused(server.url, a.user, a.password, subject)
+                assert any("permissions violation" in e.lower() for e in errors), (subject, errors)
+            own = await _refused(server.url, a.user, a.password, subjects.event("xid", "node-a"))
+            assert own == [], "its own node's events are its to publish"
+            await engine.nc.flush()
+            await asyncio.sleep(0.2)
+            await sub.unsubscribe()
+            assert seen == [subjects.event("xid", "node-a")]
+        finally:
+            await engine.close()
+
+
+async def test_an_operator_cannot_publish_events_or_audit_nor_touch_the_engines_consumers(
+    tmp_path: Path,
+) -> None:
+    """The `cli` user: no forged alert, no forged run record, no consumer named as a
+    partition owner's, no delete of the engine's consumer."""
+    server, creds, _nodes = await _embedded(tmp_path)
+    async with server:
+        engine = await connect(server.url, NatsSettings(), credentials=creds["engine"])
+        try:
+            await engine.js.add_consumer(
+                EVENTS,
+                durable_name="gpuops-engine-events-p0-e1",
+                filter_subject=subjects.events_partition(0),
+            )
+            cli = creds["cli"]
+            for subject in (
+                subjects.event("alert", "node-a"),
+                subjects.event("xid", "node-a"),
+                subjects.telemetry("node-a"),
+                subjects.audit("node-a"),
+                f"$JS.API.CONSUMER.DELETE.{EVENTS}.gpuops-engine-events-p0-e1",
+                f"$JS.API.CONSUMER.CREATE.{EVENTS}.gpuops-engine-events-p0-e9",
+                f"$JS.API.CONSUMER.DURABLE.CREATE.{EVENTS}.gpuops-engine-events-p0-e9",
+                f"$JS.API.CONSUMER.MSG.NEXT.{EVENTS}.gpuops-engine-events-p0-e1",
+                f"$JS.API.CONSUMER.PAUSE.{EVENTS}.gpuops-engine-events-p0-e1",
+            ):
+                errors = await _refused(server.url, cli.user, cli.password, subject)
+                assert any("permissions violation" in e.lower() for e in errors), (subject, errors)
+            names = [c.name for c in await engine.js.consumers_info(EVENTS)]
+            assert names == ["gpuops-engine-events-p0-e1"], "the engine's consumer is untouched"
+        finally:
+            await engine.close()
+
+
+def test_an_issued_key_speaks_for_its_node_only(tmp_path: Path) -> None:
+    """`gpuops identity issue NODE` gives the key the engine checks that node by."""
+    done = run_gpuops("identity", "issue", "node-7", state_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    signer = Signer("node-7", bytes.fromhex(done.stdout.strip()))
+    verifier = Verifier(node_keys(tmp_path))
+    payload = b'{"kind":"xid","node":"node-7"}'
+    assert verifier.publisher(signer.headers(payload), payload, "xid", "node-7") == "node-7"
+    with pytest.raises(EventError, match="node-7 may not speak for node node-8"):
+        verifier.publisher(signer.headers(payload), payload, "xid", "node-8")
