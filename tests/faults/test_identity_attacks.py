@@ -20,10 +20,12 @@ from gpuops import subjects
 from gpuops.bus.auth import ensure_credentials, ensure_node_credentials, server_config
 from gpuops.bus.conn import DLQ, EVENTS, Bus, connect
 from gpuops.bus.identity import KeyRing, Signer, Verifier
+from gpuops.bus.partitions import durable, partition_of
 from gpuops.bus.server import EmbeddedNats
 from gpuops.errors import EventError
 from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet, envelope
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from tests.conftest import calls, counted, engine_settings, running_engine, wait_for
 from tests.support import as_node, node_keys, run_gpuops
@@ -228,3 +230,45 @@ def test_an_issued_key_speaks_for_its_node_only(tmp_path: Path) -> None:
     assert verifier.publisher(signer.headers(payload), payload, "xid", "node-7") == "node-7"
     with pytest.raises(EventError, match="node-7 may not speak for node node-8"):
         verifier.publisher(signer.headers(payload), payload, "xid", "node-8")
+
+
+async def test_a_consumer_named_by_a_later_epoch_without_its_lease_does_not_stop_a_partition(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    """Whoever may create consumers makes one named as a later owner of node-001's
+    partition: the engine, whose lease the bucket holds, deletes it, takes the partition
+    from where it was (not from the forged consumer's floor), and decides node-001's XID."""
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    p = partition_of("node-001", settings.nats.partitions)
+    forged = durable(False, p, 10**9)
+    await bus.js.add_consumer(
+        EVENTS,
+        ConsumerConfig(
+            durable_name=forged,
+            filter_subject=subjects.events_partition(p),
+            deliver_policy=DeliverPolicy.NEW,
+        ),
+    )
+    async with running_engine(settings, bus) as app:  # every partition owned, or it fails
+        health, why = app.health()
+        assert health, why
+        names = [c.name for c in await bus.js.consumers_info(EVENTS)]
+        assert forged not in names, "the consumer no lease backs was deleted"
+        event = envelope("xid", "node-001", time.time(), {"gpu": 0, "xid": 79})
+        data = json.dumps(event).encode()
+        subject = subjects.event("xid", "node-001")
+        await bus.js.publish(subject, data, headers=as_node(app.keys, subject, data, event["id"]))
+        await wait_for(lambda: counted(app.engine.metrics.events, "xid") == 1, 20)
+        await wait_for(lambda: calls(fleet, "node-001") != [], 60)
+
+
+async def test_health_is_degraded_while_a_partition_has_no_owner(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    async with running_engine(settings, bus) as app:
+        assert app.health()[0]
+        assert app.partitions is not None
+        app.partitions.ownership.owners.pop(3)  # as a round that found partition 3 unheld
+        ok, why = app.health()
+        assert not ok and why["partitions"] == "no replica holds partition(s) [3]"
