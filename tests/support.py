@@ -115,4 +115,4 @@ def as_node(
 ) -> dict[str, str]:
     """The headers of `payload` published by the node its subject names (and its id)."""
     _kind, node = subjects.parse_event(subject)
-    return keys.signer(node).headers(payload, {"Nats-Msg-Id": msg_id} if msg_id else None)
+    return keys.node(node).headers(payload, {"Nats-Msg-Id": msg_id} if msg_id else None)

@@ -218,6 +218,8 @@ class ProbeData(_Open):
     outcome: Literal["pass", "fail", "timeout", "unavailable"] = "pass"
     error: str | None = None
     duration_s: float | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
+    # The validation request's nonce this probe answers (none: a scheduled probe).
+    nonce: str | None = Field(default=None, pattern=r"^[0-9a-f]{1,64}$")
 
     @field_validator("outcome")
     @classmethod

@@ -17,13 +17,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from gpuops import subjects
 from gpuops.bus.conn import Bus, connect
+from gpuops.bus.identity import ENGINE, ENGINE_ONLY_KINDS
 from gpuops.bus.server import EmbeddedNats
 from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet
 from gpuops.spine.app import App
 
 from tests.conftest import engine_settings, running_engine, wait_for
+from tests.support import as_node
 
 T = TypeVar("T")
 TOKEN = "console-test-token-0123456789"
@@ -95,15 +98,15 @@ class LiveEngine:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def publish(self, event: dict[str, Any]) -> None:
-        """Publish an event as an agent would."""
-        assert self.bus is not None
-        kind, node = event["kind"], event["node"]
-        subject = (
-            f"gpuops.telemetry.{node}" if kind == "telemetry" else f"gpuops.events.{kind}.{node}"
-        )
-        await self.bus.js.publish(
-            subject, json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]}
-        )
+        """Publish an event as its sender would: the node's agent, signed with its key;
+        a drift report or an alert, as the engine's drift check or receiver."""
+        assert self.bus is not None and self.app is not None
+        subject = subjects.event(event["kind"], event["node"])
+        data = json.dumps(event).encode()
+        headers = as_node(self.app.keys, subject, data, event["id"])
+        if event["kind"] in ENGINE_ONLY_KINDS:
+            headers = self.app.keys.signer(ENGINE).headers(data, {"Nats-Msg-Id": event["id"]})
+        await self.bus.js.publish(subject, data, headers=headers)
 
     def stop(self) -> None:
         """Stop the engine, its thread and the nats-server."""

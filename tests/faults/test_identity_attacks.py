@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -20,10 +21,14 @@ from gpuops import subjects
 from gpuops.bus.auth import ensure_credentials, ensure_node_credentials, server_config
 from gpuops.bus.conn import DLQ, EVENTS, Bus, connect
 from gpuops.bus.identity import KeyRing, Signer, Verifier
+from gpuops.bus.partitions import durable, partition_of
 from gpuops.bus.server import EmbeddedNats
 from gpuops.errors import EventError
+from gpuops.ops.cmdwire import CommandError, Refused
+from gpuops.ops.commands import Caller
 from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet, envelope
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from tests.conftest import calls, counted, engine_settings, running_engine, wait_for
 from tests.support import as_node, node_keys, run_gpuops
@@ -75,8 +80,8 @@ async def test_a_nodes_key_cannot_speak_for_another_node_and_the_rest_is_still_d
         await wait_for(lambda: calls(fleet, "node-001") != [], 60)
     letters = await _dead_letters(bus)
     assert [d["reason"] for d in letters] == ["forged"] * 3
-    assert [d.get("publisher") for d in letters] == ["node-001", "node-001", None]
-    assert "node-001 may not speak for node node-002" in letters[0]["error"]
+    assert [d.get("publisher") for d in letters] == ["node:node-001", "node:node-001", None]
+    assert "node:node-001 may not speak for node node-002" in letters[0]["error"]
     assert calls(fleet, "node-002") == [], "nothing ran on node-002"
     published = len(forged) + 1
     assert published == counted(app.engine.metrics.events, "xid") + len(letters)
@@ -110,8 +115,8 @@ def test_the_verifier_refuses_a_mac_of_other_bytes_and_an_unknown_publisher() ->
     verifier = Verifier(keys)
     payload = b'{"kind":"xid"}'
     headers = keys.node("node-a").headers(payload)
-    assert verifier.publisher(headers, payload, "xid", "node-a") == "node-a"
-    with pytest.raises(EventError, match="the MAC is not 'node-a'"):
+    assert verifier.publisher(headers, payload, "xid", "node-a") == "node:node-a"
+    with pytest.raises(EventError, match="the MAC is not 'node:node-a'"):
         verifier.publisher(headers, payload + b" ", "xid", "node-a")
     impostor = {**headers, "Gpuops-Publisher": "source:prometheus"}
     with pytest.raises(EventError, match="the MAC is not 'source:prometheus'"):
@@ -222,9 +227,127 @@ def test_an_issued_key_speaks_for_its_node_only(tmp_path: Path) -> None:
     """`gpuops identity issue NODE` gives the key the engine checks that node by."""
     done = run_gpuops("identity", "issue", "node-7", state_dir=tmp_path)
     assert done.returncode == 0, done.stderr
-    signer = Signer("node-7", bytes.fromhex(done.stdout.strip()))
+    signer = Signer("node:node-7", bytes.fromhex(done.stdout.strip()))
     verifier = Verifier(node_keys(tmp_path))
     payload = b'{"kind":"xid","node":"node-7"}'
-    assert verifier.publisher(signer.headers(payload), payload, "xid", "node-7") == "node-7"
-    with pytest.raises(EventError, match="node-7 may not speak for node node-8"):
+    assert verifier.publisher(signer.headers(payload), payload, "xid", "node-7") == "node:node-7"
+    with pytest.raises(EventError, match="node:node-7 may not speak for node node-8"):
         verifier.publisher(signer.headers(payload), payload, "xid", "node-8")
+
+
+async def test_a_consumer_named_by_a_later_epoch_without_its_lease_does_not_stop_a_partition(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    """Whoever may create consumers makes one named as a later owner of node-001's
+    partition: the engine, whose lease the bucket holds, deletes it, takes the partition
+    from where it was (not from the forged consumer's floor), and decides node-001's XID."""
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    p = partition_of("node-001", settings.nats.partitions)
+    forged = durable(False, p, 10**9)
+    await bus.js.add_consumer(
+        EVENTS,
+        ConsumerConfig(
+            durable_name=forged,
+            filter_subject=subjects.events_partition(p),
+            deliver_policy=DeliverPolicy.NEW,
+        ),
+    )
+    async with running_engine(settings, bus) as app:  # every partition owned, or it fails
+        health, why = app.health()
+        assert health, why
+        names = [c.name for c in await bus.js.consumers_info(EVENTS)]
+        assert forged not in names, "the consumer no lease backs was deleted"
+        event = envelope("xid", "node-001", time.time(), {"gpu": 0, "xid": 79})
+        data = json.dumps(event).encode()
+        subject = subjects.event("xid", "node-001")
+        await bus.js.publish(subject, data, headers=as_node(app.keys, subject, data, event["id"]))
+        await wait_for(lambda: counted(app.engine.metrics.events, "xid") == 1, 20)
+        await wait_for(lambda: calls(fleet, "node-001") != [], 60)
+
+
+async def test_an_ephemeral_consumer_named_as_an_owner_poisons_no_floor(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    """A reader may make ephemeral consumers, and name one as the partition's owner with
+    a floor far past the stream: the takeover believes durables only, deletes it, and
+    node-001's XID stored before the engine started is still decided."""
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    p = partition_of("node-001", settings.nats.partitions)
+    name = durable(False, p, 0)
+    keys = node_keys(settings.state_dir)
+    event = envelope("xid", "node-001", time.time(), {"gpu": 0, "xid": 79})
+    data = json.dumps(event).encode()
+    subject = subjects.event("xid", "node-001")
+    await bus.js.publish(subject, data, headers=as_node(keys, subject, data, event["id"]))
+    impostor = ConsumerConfig(
+        name=name,
+        filter_subject=subjects.events_partition(p),
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+        opt_start_seq=10**12,
+        inactive_threshold=3600.0,
+    )
+    await bus.js.add_consumer(EVENTS, impostor)
+    async with running_engine(settings, bus) as app:
+        names = [c.name for c in await bus.js.consumers_info(EVENTS)]
+        assert name not in names, "the ephemeral named as an owner was deleted"
+        await wait_for(lambda: counted(app.engine.metrics.events, "xid") == 1, 20)
+        await wait_for(lambda: calls(fleet, "node-001") != [], 60)
+
+
+async def test_health_is_degraded_while_a_partition_has_no_owner(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    async with running_engine(settings, bus) as app:
+        assert app.health()[0]
+        assert app.partitions is not None
+        app.partitions.ownership.owners.pop(3)  # as a round that found partition 3 unheld
+        ok, why = app.health()
+        assert not ok and why["partitions"] == "no replica holds partition(s) [3]"
+
+
+def test_a_host_named_like_the_engine_or_a_source_is_only_a_node() -> None:
+    """Node `engine` is `node:engine`, whose key is not the engine's; a source may not
+    answer a node's validation probe."""
+    keys = KeyRing(b"k" * 64)
+    verifier = Verifier(keys)
+    payload = b'{"kind":"alert"}'
+    assert keys.node("engine").key != keys.signer("engine").key
+    with pytest.raises(EventError, match="node:engine may not publish alert events"):
+        verifier.publisher(keys.node("engine").headers(payload), payload, "alert", "node-a")
+    probe = keys.signer("source:prometheus").headers(payload)
+    with pytest.raises(EventError, match="may not publish probe results"):
+        verifier.publisher(probe, payload, "probe", "node-a")
+
+
+async def test_an_operator_may_not_publish_in_the_engines_name_what_only_it_makes(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    """`publish` is closed until granted, and even granted it refuses a command, a drift
+    report, an alert or a probe: the engine would sign them as its own word."""
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    async with running_engine(settings, bus) as app:
+        commands = app.commands()
+        drain = envelope("chatops", "node-001", time.time(), {"command": "drain", "args": []})
+        with pytest.raises(Refused, match="not granted"):
+            await commands.execute(_line(drain), Caller.of("cli", "mallory"))
+    granted = engine_settings(
+        tmp_path,
+        fleet,
+        nats_server.url,
+        chatops={"permissions": {"publish": {"users": ["cli:ops"]}}},
+    )
+    async with running_engine(granted, bus) as app:
+        commands = app.commands()
+        for kind in ("chatops", "drift", "alert", "probe"):
+            event = envelope(kind, "node-001", time.time(), {})
+            with pytest.raises(CommandError, match=f"{kind} events are not published"):
+                await commands.execute(_line(event), Caller.of("cli", "ops"))
+        xid = envelope("xid", "node-001", time.time(), {"gpu": 0, "xid": 79})
+        done = await commands.execute(_line(xid), Caller.of("cli", "ops"))
+        assert done == "published 1 events"
+        await wait_for(lambda: counted(app.engine.metrics.events, "xid") == 1, 20)
+
+
+def _line(event: dict) -> str:
+    return shlex.join(["publish", json.dumps(event)])

@@ -180,7 +180,7 @@ async def test_state_dir_and_credentials_are_private(tmp_path: Path) -> None:
         assert _mode(state / "creds" / "nodes") == 0o700
         assert _mode(state / "creds" / "nodes" / "node-001.json") == 0o600
         assert _mode(publishers_dir(state)) == 0o700
-        for key in ("node-001.key", "source-prometheus.key"):
+        for key in ("node-node-001.key", "source-prometheus.key"):
             assert _mode(publishers_dir(state) / key) == 0o600
         assert _mode(state / "keys" / "identity.key") == 0o600
         assert _mode(state / "nats" / "nats-server.conf") == 0o600

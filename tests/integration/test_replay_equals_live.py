@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpuops import subjects
+from gpuops.agent.probe import requested_nonce
 from gpuops.bus.conn import ACTIONS, EVENTS, Bus, connect
+from gpuops.bus.identity import ENGINE, KeyRing
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
@@ -45,12 +48,28 @@ class Recorder:
     def __init__(self, bus: Bus, fleet: SimFleet, path: Path) -> None:
         self.bus, self.fleet, self.path = bus, fleet, path
         self.lines: list[str] = []
+        self.keys: KeyRing | None = None  # the live engine's: each node signs its own
+        self.asked: dict[str, str] = {}  # node -> the nonce of a validation request
 
-    async def send(self, event: dict[str, Any]) -> None:
+    async def listen(self, keys: KeyRing) -> None:
+        """Sign as the nodes, and hear the executor's validation requests, as agents do."""
+        self.keys = keys
+
+        async def asked(msg: Any) -> None:
+            nonce = requested_nonce(msg.data)
+            if nonce is not None:
+                self.asked[msg.subject.split(".")[2]] = nonce
+
+        await self.bus.nc.subscribe(subjects.PROBE_REQUESTS, cb=asked)
+
+    async def send(self, event: dict[str, Any], as_engine: bool = False) -> None:
         data = json.dumps(event)
         self.lines.append(data)
         subject = subject_for(event["kind"], event["node"])
-        await self.bus.js.publish(subject, data.encode(), headers={"Nats-Msg-Id": event["id"]})
+        assert self.keys is not None
+        signer = self.keys.signer(ENGINE) if as_engine else self.keys.node(event["node"])
+        headers = signer.headers(data.encode(), {"Nats-Msg-Id": event["id"]})
+        await self.bus.js.publish(subject, data.encode(), headers=headers)
 
     async def step(self, t: float, probe: bool) -> None:
         """One telemetry interval: samples, then heartbeats, pending XIDs and probes."""
@@ -64,7 +83,10 @@ class Recorder:
             for pending in self.fleet.take_events(node):
                 await self.send(envelope(pending["kind"], node, t, pending["data"]))
             await self.send(envelope("heartbeat", node, t, {"seq": int(t)}))
-            if probe:
+            if node in self.asked:  # the validation's probe, answering its request
+                data = self.fleet.probe(node) | {"nonce": self.asked.pop(node)}
+                await self.send(envelope("probe", node, t, data))
+            elif probe:
                 await self.send(envelope("probe", node, t, self.fleet.probe(node)))
 
     def save(self) -> Path:
@@ -111,6 +133,7 @@ async def _live(
 ) -> tuple[App, ManualClock]:
     clock = ManualClock(T0)
     async with running_engine(settings, bus, clock) as app:
+        await rec.listen(app.keys)
         commands = app.commands()
         for i in range(int(1500 / STEP_S)):
             t = T0 + i * STEP_S
@@ -126,7 +149,7 @@ async def _live(
             if t == T0 + 140:  # what a drift check reports for a drifted setting
                 fleet.inject("node-009", "drift", 1, setting="persistence_mode", value=False)
                 drift = {"setting": "persistence_mode", "expected": True, "actual": False, "gpu": 1}
-                await rec.send(envelope("drift", "node-009", t, drift))
+                await rec.send(envelope("drift", "node-009", t, drift), as_engine=True)
             await rec.step(t, probe=i % 3 == 0)
             await wait_for(lambda: _settled(bus), 120)
             await app.engine.pipeline.tick()

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from gpuops.models import Intent, RunOutcome, RunStatus
-from gpuops.record.nodestate import NodeRecord, NodeState
+from gpuops.record.nodestate import NodeRecord, NodeState, validation_nonce
 from gpuops.record.recorder import Recorder
 
 
@@ -30,7 +30,7 @@ class Completion:
         self,
         recorder: Recorder,
         locks: LockRelease,
-        ask_probe: Callable[[str], Awaitable[None]],
+        ask_probe: Callable[[str, str], Awaitable[None]],
     ) -> None:
         self.recorder, self.locks, self.ask_probe = recorder, locks, ask_probe
 
@@ -45,5 +45,5 @@ class Completion:
         if intent.holds_lock:
             await self.locks.release(intent.node, intent.event_id)
         if record.state is NodeState.VALIDATING and outcome.status is RunStatus.SUCCESSFUL:
-            await self.ask_probe(intent.node)
+            await self.ask_probe(intent.node, validation_nonce(record))
         return record

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from dataclasses import dataclass
 from functools import partial
@@ -327,9 +328,11 @@ class Executor:
         self.metrics.runs.labels(outcome.status.value).inc()
         await self.completion.ended(intent, outcome)
 
-    async def _ask_probe(self, node: str) -> None:
-        """The node's agent runs its probe: its result decides whether the node returns."""
-        await self.bus.nc.publish(subjects.probe_request(node), b"validate")
+    async def _ask_probe(self, node: str, nonce: str) -> None:
+        """The node's agent runs its probe: its answer, echoing the nonce, decides whether
+        the node returns."""
+        request = json.dumps({"nonce": nonce}).encode()
+        await self.bus.nc.publish(subjects.probe_request(node), request)
 
     async def _execute(self, ready: Batch) -> list[RunOutcome]:
         """One run over the batch's hosts; an outcome per intent, in order."""

@@ -27,7 +27,7 @@ from gpuops import __version__, subjects
 from gpuops.agent.backend import GpuBackend, HealthSignal
 from gpuops.agent.infiniband import read_ib
 from gpuops.agent.kmsg import KmsgParser, KmsgReader
-from gpuops.agent.probe import run_probe
+from gpuops.agent.probe import requested_nonce, run_probe
 from gpuops.agent.spool import Spool, Spooled
 from gpuops.bus.identity import Signer
 from gpuops.clock import Clock
@@ -230,22 +230,21 @@ class Agent:
             {"seq": self.seq, "agent_version": __version__, "spool_dropped": self.spool.dropped},
         )
 
-    async def probe(self) -> None:
-        """Run the known-answer probe on every GPU and publish each result."""
+    async def probe(self, nonce: str | None = None) -> None:
+        """Run the known-answer probe on every GPU and publish each result (echoing the
+        validation request's nonce, when one asked)."""
         gpus = list(range(self.backend.gpu_count()))
         command = list(self.s.probe_command) or None
         for result in await asyncio.to_thread(run_probe, gpus, self.s.probe_timeout_s, command):
-            await self.publish_health(
-                "probe",
-                {
-                    k: v
-                    for k, v in result.items()
-                    if k in ("gpu", "ok", "outcome", "error", "duration_s")
-                },
-            )
+            data = {
+                k: v
+                for k, v in result.items()
+                if k in ("gpu", "ok", "outcome", "error", "duration_s")
+            }
+            await self.publish_health("probe", data | ({"nonce": nonce} if nonce else {}))
 
     async def _on_probe_request(self, msg: Any) -> None:
-        await self.probe()
+        await self.probe(requested_nonce(msg.data))
         if msg.reply:
             await self.nc.publish(msg.reply, b"probed")
 

@@ -9,6 +9,7 @@ Run as `python -m gpuops.agent.probe GPU [GPU ...]`: one JSON result per line.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -112,3 +113,18 @@ def _run_command(gpu: int, command: list[str], timeout_s: float) -> dict[str, An
 if __name__ == "__main__":
     for arg in sys.argv[1:]:
         print(json.dumps(probe_in_process(int(arg))), flush=True)
+
+
+_NONCE = re.compile(r"[0-9a-f]{1,64}")
+
+
+def requested_nonce(request: bytes) -> str | None:
+    """The nonce a validation request carries (`{"nonce": "..."}`), for the probe's
+    answer to echo; None for anything else (bounded: a request is read from the bus)."""
+    if len(request) > 256:
+        return None
+    try:
+        nonce = json.loads(request).get("nonce")
+    except (ValueError, AttributeError):
+        return None
+    return nonce if isinstance(nonce, str) and _NONCE.fullmatch(nonce) else None

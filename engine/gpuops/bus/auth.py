@@ -80,14 +80,16 @@ def _read_stream(stream: str) -> list[str]:
 
 
 def _watch_stream(stream: str) -> list[str]:
-    """Read a stream the engine's partitions consume (events, telemetry): an unnamed
-    ephemeral push consumer only (an ordered read: `gpuops export`), which the server
-    names, so no reader can make a consumer named as a partition owner's, nor pull
-    from or ack on the engine's."""
+    """Read a stream the engine's partitions consume (events, telemetry): ephemeral push
+    consumers only (an ordered read: `gpuops export`), never a durable one, nor pull
+    from or ack on the engine's. The server refuses a durable name on this subject but
+    takes a name in the request's body: a takeover believes durables only
+    (gpuops.scale.takeover)."""
     return [
         *_look(stream),
         f"$JS.API.CONSUMER.CREATE.{stream}",
         f"$JS.API.CONSUMER.INFO.{stream}.*",  # read-only: how far a read has come
+        f"$JS.API.CONSUMER.NAMES.{stream}",  # read-only: `gpuops status`'s partition lag
     ]
 
 

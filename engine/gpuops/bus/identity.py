@@ -1,11 +1,11 @@
 """Who published a message, proved per message: each publisher's key, the engine's check.
 
-Every publisher of telemetry and health events has an identity: a node's agent is the
-node (its subject token, `node-001`), a source is `source:<name>` (the Prometheus
-source: `source:prometheus`), the engine is `engine`. It signs each message with a key
+Every publisher of telemetry and health events has an identity: a node's agent is
+`node:<its subject token>` (`node:node-001`), a source is `source:<name>` (the
+Prometheus source: `source:prometheus`), the engine is `engine`. It signs each message with a key
 of its own, HMAC-SHA256 over the payload, sent in two headers:
 
-    Gpuops-Publisher: node-001
+    Gpuops-Publisher: node:node-001
     Gpuops-Mac: 64 hex characters
 
 A publisher's key is derived from the engine's identity key and the identity's name
@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,9 +52,13 @@ def source(name: str) -> str:
     return SOURCE + subjects.token(name)
 
 
+NODE = "node:"
+
+
 def node_identity(node: str) -> str:
-    """The identity of a node's agent: the node's subject token."""
-    return subjects.token(node)
+    """The identity of a node's agent (`node:node-001`): a name no source or engine
+    shares, whatever the node is called (a host named `engine` is still a node)."""
+    return NODE + subjects.token(node)
 
 
 def derive(identity_key: bytes, identity: str) -> bytes:
@@ -82,8 +88,9 @@ def may_speak(identity: str, kind: str, node_token: str) -> str | None:
     if kind in ENGINE_ONLY_KINDS:
         return f"{identity} may not publish {kind} events (only the engine makes them)"
     if identity.startswith(SOURCE):
-        return None
-    if identity != node_token:
+        # A probe is a node's answer about itself (its validation): nobody else's.
+        return f"{identity} may not publish probe results" if kind == "probe" else None
+    if identity != NODE + node_token:
         return f"{identity} may not speak for node {node_token}"
     return None
 
@@ -96,17 +103,26 @@ class KeyRing:
     """
 
     def __init__(self, identity_key: bytes) -> None:
-        self._root = identity_key
+        self.root = identity_key
         self._keys: dict[str, bytes] = {}
 
     def key(self, identity: str) -> bytes:
         """The identity's key."""
         key = self._keys.get(identity)
         if key is None:
-            if len(self._keys) > 1_000_000:  # names come from the network: bounded
-                self._keys.clear()
-            key = self._keys[identity] = derive(self._root, identity)
+            key = derive(self.root, identity)
+            self.keep(identity, key)
         return key
+
+    def known(self, identity: str) -> bytes | None:
+        """The identity's key if it was derived before."""
+        return self._keys.get(identity)
+
+    def keep(self, identity: str, key: bytes) -> None:
+        """Remember a derived key (bounded: one per publisher of the fleet, in practice)."""
+        if len(self._keys) > 1_000_000:
+            self._keys.clear()
+        self._keys[identity] = key
 
     def signer(self, identity: str) -> Signer:
         """The identity's signer."""
@@ -135,9 +151,11 @@ class Verifier:
             return "unsigned"
         if not name or not given or len(name) > _MAX_NAME:
             raise EventError("forged", "no publisher identity (Gpuops-Publisher, Gpuops-Mac)")
-        want = hmac.new(self.keys.key(name), payload, hashlib.sha256).hexdigest()
+        key = self.keys.known(name) or derive(self.keys.root, name)
+        want = hmac.new(key, payload, hashlib.sha256).hexdigest()
         if not hmac.compare_digest(want.encode(), given.encode("ascii", "replace")):
             raise EventError("forged", f"the MAC is not {name!r}'s")
+        self.keys.keep(name, key)  # only names whose key signed: no cache for made-up ones
         refused = may_speak(name, kind, node_token)
         if refused is not None:
             raise EventError("forged", refused)
@@ -155,10 +173,11 @@ def write_key(path: Path, key: bytes) -> None:
     if path.exists() and path.read_text().strip() == text:
         return
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
-    tmp.touch(mode=0o600)
-    tmp.write_text(text)
+    # A name of this write's own: two engines enrolling one state dir do not collide.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
     tmp.replace(path)
 
 

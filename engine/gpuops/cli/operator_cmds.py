@@ -352,14 +352,21 @@ async def publish_lines(settings: Settings, lines: list[bytes], direct: bool = F
 
 
 def _batches(lines: list[bytes]) -> list[list[bytes]]:
+    """Lines in requests under the limit, each line's size as the request carries it
+    (JSON-escaped); a line that alone is over it is a clear error, not a lost request."""
     out: list[list[bytes]] = [[]]
     size = 0
-    for line in lines:
-        if out[-1] and size + len(line) > _BATCH_BYTES:
+    for number, line in enumerate(lines, start=1):
+        sent = len(json.dumps(line.decode(errors="replace"))) + 2
+        if sent > _BATCH_BYTES:
+            raise EventError(
+                "too_large", f"line {number} is {sent} bytes as sent; at most {_BATCH_BYTES}"
+            )
+        if out[-1] and size + sent > _BATCH_BYTES:
             out.append([])
             size = 0
         out[-1].append(line)
-        size += len(line) + 8
+        size += sent
     return [b for b in out if b]
 
 

@@ -10,7 +10,7 @@ from gpuops.bus.store import Read
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.match.expr import render
 from gpuops.models import Reason
-from gpuops.record.nodestate import NodeRecord, NodeStates
+from gpuops.record.nodestate import NodeRecord, NodeState, NodeStates, validation_nonce
 
 
 class NodeStateGate(BaseStage):
@@ -29,9 +29,13 @@ class NodeStateGate(BaseStage):
             return None
         found, _ = await p.reads.get(self.states.store, p.node)
         record = found or NodeRecord(node=p.node)
-        if record.state.value in p.rule.states:
-            return None
-        return Drop(Reason.NOT_APPLICABLE, f"{p.node} is {record.state.value}")
+        if record.state.value not in p.rule.states:
+            return Drop(Reason.NOT_APPLICABLE, f"{p.node} is {record.state.value}")
+        answers = p.match.facts.get("nonce") == validation_nonce(record)
+        if record.state is NodeState.VALIDATING and p.match.kind == "probe" and not answers:
+            why = f"{p.node}: this probe does not answer the validation's request (nonce)"
+            return Drop(Reason.NOT_APPLICABLE, why)
+        return None
 
 
 class Escalate(BaseStage):

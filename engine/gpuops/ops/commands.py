@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from gpuops import subjects
 from gpuops.bus.conn import Bus
+from gpuops.bus.identity import ENGINE_ONLY_KINDS
 from gpuops.bus.publish import JetStreamPublisher
 from gpuops.clock import Clock, rfc3339
 from gpuops.decide.breaker import BreakerState
@@ -87,6 +88,9 @@ class Access(StrEnum):
 
     READ_ONLY = "read-only"  # anyone who passed verification
     GRANTED = "granted"  # chat: nobody until settings grant it: these change things
+    # Nobody, the CLI included, until settings grant it: what the engine then does in the
+    # caller's name (publishing recorded events, which are decided) is its own word.
+    GRANTED_ONLY = "granted-only"
 
 
 Handler = Callable[["Commands", list[str], Caller], Awaitable[str]]
@@ -100,6 +104,9 @@ class Command:
     handler: Handler
     usage: str
     access: Access
+    # Published as a `chatops` event for rules to match (not `publish`: its arguments are
+    # whole events, and what it sends is on the bus already).
+    announced: bool = True
 
 
 def allowed(command: Command, caller: Caller, settings: ChatopsSettings) -> str | None:
@@ -114,7 +121,7 @@ def allowed(command: Command, caller: Caller, settings: ChatopsSettings) -> str 
     grant = settings.permissions.get(command.name)
     cli = caller.platform == "cli"
     if grant is None:
-        if cli or command.access is Access.READ_ONLY:
+        if command.access is Access.READ_ONLY or (cli and command.access is Access.GRANTED):
             return None
         return f"'{command.name}' is not granted to anyone in settings"
     if grant.users and caller.principal not in grant.users:
@@ -197,9 +204,10 @@ class Commands:
         except EngineError as exc:
             raise CommandError(f"{command.name}: {exc}") from exc
         # Published only once allowed and well formed: the engine acts on some of these.
-        await self._publish(command.name, [a for a in args if a != FORCE], caller, request_id)
+        if command.announced:
+            await self._publish(command.name, [a for a in args if a != FORCE], caller, request_id)
         first = reply.splitlines()[0] if reply else ""
-        await self._note(args, f"{caller.label}: {text} -> {first}")
+        await self._note(args, f"{caller.label}: {_shown(text)} -> {first}")
         return reply
 
     async def answer(self, subject: str, payload: bytes) -> bytes:
@@ -425,9 +433,15 @@ class Commands:
         where the intake dead-letters it and says why."""
         if not args:
             raise CommandUsageError("give one or more events, one JSON object each")
-        for line in args:
-            data = line.encode()
-            subject, msg_id = recorded_subject(data)
+        routed = [(line.encode(), *recorded_subject(line.encode())) for line in args]
+        for _data, subject, _id in routed:
+            kind, _node = subjects.parse_event(subject)
+            if kind in NOT_PUBLISHABLE:
+                raise Refused(
+                    f"{kind} events are not published in anyone's name: a command, a drift "
+                    "check, an alert or a validation probe comes from its own sender"
+                )
+        for data, subject, msg_id in routed:
             await self.stores.auditor.publisher.publish(subject, data, msg_id)
         await self.auditor.note(
             self.clock.now(),
@@ -451,6 +465,16 @@ class Commands:
 
 
 DENSITY_THRESHOLD = 10.0  # percent p95 utilisation over a day, as rules/density.yml
+
+
+# What the engine publishes as its own is decided like its own word: never a person's
+# command, a drift report, an alert, or a probe (a node's answer to its validation).
+NOT_PUBLISHABLE = ENGINE_ONLY_KINDS | {"probe"}
+
+
+def _shown(text: str, limit: int = 300) -> str:
+    """A command line as the audit note shows it: whole, or cut with a marker."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def recorded_subject(line: bytes) -> tuple[str, str | None]:
@@ -493,7 +517,9 @@ COMMANDS: dict[str, Command] = {
         Command("dry-run", Commands.do_dry_run, "dry-run on|off", _G),
         Command("power", Commands.do_power, POWER_USAGE, _G),
         Command("density", Commands.do_density, "density [THRESHOLD%]", _R),
-        Command("publish", Commands.do_publish, "publish EVENT-JSON...", _G),
+        Command(
+            "publish", Commands.do_publish, "publish EVENT-JSON...", Access.GRANTED_ONLY, False
+        ),
         Command("help", Commands.do_help, "help", _R),
     )
 }

@@ -12,6 +12,7 @@ followed by validation before it returns.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Collection, Iterable
 from enum import StrEnum
 
@@ -59,6 +60,16 @@ class NodeRecord(BaseModel):
     # The last decision applied: the same decision (made again after a crash, or seen
     # first by the executor through its intent) never moves the node twice.
     cause: str = ""
+
+
+def validation_nonce(record: NodeRecord) -> str:
+    """The nonce of a node's validation: its request carries it, its answer must echo it,
+    so only the probe asked for this validation (not a scheduled one, nor an old pass
+    kept in the stream) returns the node to service. Made of the node and the decision
+    that took it out, so the executor that asks, the engine that checks and a replay of
+    the recording agree on it without storing it."""
+    digest = hashlib.sha256(f"validation|{record.node}|{record.cause}".encode())
+    return digest.hexdigest()[:32]
 
 
 def moved(

@@ -149,6 +149,7 @@ class Partitions:
             now=self.clock.now(),
             feed=self.matcher.warm,
             lease_epoch=lambda: self._lease_epoch(p),
+            verifier=probe.identity,  # what the intake would have refused is not warmed
         )
         self.names[(telemetry, p)] = done.durable
         log.info(

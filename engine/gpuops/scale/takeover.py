@@ -30,6 +30,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from gpuops import subjects
+from gpuops.bus.identity import Verifier
 from gpuops.bus.partitions import durable, epoch_of
 from gpuops.bus.reader import one_read
 from gpuops.errors import EventError, LeaseLost
@@ -67,6 +69,7 @@ async def take_over(
     now: float,
     feed: Feed,
     lease_epoch: Callable[[], Awaitable[int | None]],
+    verifier: Verifier | None = None,
 ) -> Takeover:
     """Warm the windows from what was decided, then make this epoch's durable from
     floor + 1 and delete the earlier owners'.
@@ -74,10 +77,22 @@ async def take_over(
     A consumer named by a later epoch is a later owner's only if the leases bucket says
     that owner holds the partition (`lease_epoch`, read now): a name alone is anyone's
     to make, and believing it would stop this partition for good. One the lease does
-    not back is deleted, and its floor is not taken.
+    not back is deleted, and its floor is not taken. Only durables are owners' (readers
+    may make ephemeral consumers only, and could name one as an owner's): any other
+    consumer of the partition's name is deleted unread, and no floor is believed past
+    the stream's last message.
     """
     subject = config.filter_subject or ""
-    earlier = await partition_consumers(js, stream, telemetry, partition)
+    found = await partition_consumers(js, stream, telemetry, partition)
+    earlier = {n: i for n, i in found.items() if i.config.durable_name == n}
+    for impostor in sorted(set(found) - set(earlier)):
+        log.warning(
+            "partition %d: consumer %s is not durable: not an owner's; deleting it",
+            partition,
+            impostor,
+        )
+        with contextlib.suppress(NotFoundError):
+            await js.delete_consumer(stream, impostor)
     newer = [n for n in earlier if (epoch_of(n, telemetry, partition) or 0) > epoch]
     if newer:
         leased = await lease_epoch()
@@ -91,9 +106,10 @@ async def take_over(
             epoch,
         )
     floor = max((_floor(i) for n, i in earlier.items() if n not in newer), default=0)
+    floor = min(floor, (await js.stream_info(stream)).state.last_seq or 0)
     warmed = 0
     if floor and span_s > 0:
-        warmed = await _warm(js, stream, subject, now - span_s, floor, feed)
+        warmed = await _warm(js, stream, subject, now - span_s, floor, feed, verifier)
     name = durable(telemetry, partition, epoch)
     fresh = ConsumerConfig.from_response(config.as_dict())
     fresh.durable_name = fresh.name = name
@@ -183,9 +199,16 @@ def _floor(info: ConsumerInfo) -> int:
 
 
 async def _warm(
-    js: JetStreamContext, stream: str, subject: str, since: float, floor: int, feed: Feed
+    js: JetStreamContext,
+    stream: str,
+    subject: str,
+    since: float,
+    floor: int,
+    feed: Feed,
+    verifier: Verifier | None = None,
 ) -> int:
-    """Feed the partition's messages stored after `since`, up to the floor."""
+    """Feed the partition's messages stored after `since`, up to the floor: those the
+    intake took (a forged one was dead-lettered, and must not move a window now)."""
     config = ConsumerConfig(
         deliver_policy=DeliverPolicy.BY_START_TIME,
         opt_start_time=datetime.fromtimestamp(since, UTC),
@@ -205,6 +228,9 @@ async def _warm(
                 if meta.sequence.stream > floor:
                     return fed
                 with contextlib.suppress(EventError):  # dead-lettered when it came
+                    if verifier is not None:
+                        kind, node = subjects.parse_event(msg.subject)
+                        verifier.publisher(msg.headers, msg.data, kind, node)
                     feed(decode(msg.data, msg.subject))
                     fed += 1
                 if not meta.num_pending:

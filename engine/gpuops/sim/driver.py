@@ -18,6 +18,7 @@ from typing import Any
 from nats.errors import Error as NatsError
 
 from gpuops import subjects
+from gpuops.agent.probe import requested_nonce
 from gpuops.bus.conn import Bus
 from gpuops.bus.identity import KeyRing
 from gpuops.clock import ScaledClock
@@ -83,7 +84,9 @@ class SimDriver:
     async def _on_probe_request(self, msg: Any) -> None:
         node = msg.subject.split(".")[2]
         if node in self.fleet.nodes and not self.fleet.state(node)["agent_silent"]:
-            await self._health(envelope("probe", node, self.clock.now(), self.fleet.probe(node)))
+            nonce = requested_nonce(msg.data)
+            data = self.fleet.probe(node) | ({"nonce": nonce} if nonce else {})
+            await self._health(envelope("probe", node, self.clock.now(), data))
 
     async def _loop(self, stop: asyncio.Event) -> None:
         period = self.telemetry_s / self.clock.factor

@@ -164,7 +164,7 @@ class Shadow:
             out += would_run(d)
         return out
 
-    async def _probe(self, node: str) -> None:
+    async def _probe(self, node: str, nonce: str) -> None:
         """Live, the agent is asked to probe; its answer is an event, which the recording
         holds (or a rule test gives) in its own place."""
         return None

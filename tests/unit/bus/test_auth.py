@@ -13,7 +13,7 @@ def test_a_node_may_publish_and_read_only_its_own_subjects() -> None:
     assert perms.allow_responses
 
 
-def test_a_node_is_denied_what_the_agent_role_is() -> None:
+def test_a_node_is_denied_what_only_the_engine_makes_as_a_source_is() -> None:
     denied = node_permissions(subjects.USER_NAME).deny_publish
-    assert denied == PERMISSIONS["agent"].deny_publish
-    assert subjects.events_of("alert") in denied
+    assert denied == PERMISSIONS["source"].deny_publish
+    assert {subjects.events_of(k) for k in ("alert", "drift", "chatops")} == set(denied)

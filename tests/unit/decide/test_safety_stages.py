@@ -13,6 +13,7 @@ from gpuops.match.loader import load_rules
 from gpuops.match.rules import Rule, RuleSet
 from gpuops.models import Match, Reason
 from gpuops.record.approvals import ApprovalStatus
+from gpuops.record.nodestate import validation_nonce
 from gpuops.record.notify import Notifier
 
 from tests.support import decide
@@ -229,17 +230,24 @@ async def test_a_crash_between_check_and_write_frees_the_node_within_a_minute(
 async def test_validation_is_a_rule_through_the_stages() -> None:
     clock = ManualClock(T0)
     engine = engine_on(clock, rules=RuleSet(rules=()))
-    probe = match("validation-passed", gpu=None, kind="probe", outcome="pass")
+    record = engine.states.store.model(
+        node="node-001", state="validating", quarantined=True, cause="decision:xid-79:n:e1"
+    )
+    nonce = validation_nonce(record)
+    probe = match("validation-passed", gpu=None, kind="probe", outcome="pass", nonce=nonce)
     healthy = await decide(engine.pipeline, probe)
     assert healthy is not None and healthy.reason is Reason.NOT_APPLICABLE
-    await engine.states.store.put(
-        engine.states.store.model(node="node-001", state="validating", quarantined=True),
-        "node-001",
-    )
+    await engine.states.store.put(record, "node-001")
+    scheduled = match("validation-passed", gpu=None, kind="probe", outcome="pass")
+    stale = await decide(engine.pipeline, scheduled)
+    assert stale is not None and stale.reason is Reason.NOT_APPLICABLE
+    assert "does not answer the validation's request" in stale.detail
     passed = await decide(engine.pipeline, probe)
     assert passed is not None and passed.accepted
     assert [a.playbook for a in passed.actions] == ["return_to_service.yml"]
-    failed = match("validation-failed", gpu=None, kind="probe", outcome="fail", error="bad sum")
+    failed = match(
+        "validation-failed", gpu=None, kind="probe", outcome="fail", error="bad sum", nonce=nonce
+    )
     d = await decide(engine.pipeline, failed)
     assert d is not None and d.reason is Reason.NEEDS_HUMAN and "bad sum" in d.detail
     assert (await engine.states.get("node-001")).state.value == "needs_human"

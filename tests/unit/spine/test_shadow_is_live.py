@@ -28,6 +28,7 @@ from gpuops.models import (
     Decision,
     Event,
     Intent,
+    ProbeEvent,
     RunOutcome,
     RunStatus,
 )
@@ -109,9 +110,10 @@ class Live:
         self.completion = Completion(self.engine.recorder, self.engine.locks, self._probe)
         self.ran = 0
         self.seeded = False
+        self.asked: dict[str, str] = {}  # node -> the nonce its validation request carried
 
-    async def _probe(self, node: str) -> None:
-        return None
+    async def _probe(self, node: str, nonce: str) -> None:
+        self.asked[node] = nonce
 
     async def at(self, t: float) -> None:
         """The engine's loops at `t`, once a moment (App runs them once a tick): its tick,
@@ -158,6 +160,15 @@ def _decisions(publisher: MemoryPublisher) -> list[tuple[Any, ...]]:
     return out
 
 
+def _answering(event: Event, asked: dict[str, str]) -> Event:
+    """A probe as the node's agent sends it: echoing the nonce of the request it was
+    asked with (the recording holds what the agent sent, nonce and all)."""
+    nonce = asked.get(event.node)
+    if not isinstance(event, ProbeEvent) or nonce is None:
+        return event
+    return event.model_copy(update={"data": event.data.model_copy(update={"nonce": nonce})})
+
+
 async def _states(engine: Engine) -> dict[str, str]:
     return {r.node: r.state.value for r in await engine.states.all()}
 
@@ -172,7 +183,8 @@ async def test_shadow_decides_and_moves_every_node_as_the_live_engine(tmp_path: 
     live_states: list[dict[str, str]] = []
     shadow_states: list[dict[str, str]] = []
     approved = False
-    for event in events:
+    for recorded in events:
+        event = _answering(recorded, live.asked)
         await live.handle(event)
         await shadow.feed(event)
         live_states.append(await _states(live.engine))
