@@ -214,6 +214,9 @@ async def test_an_operator_cannot_publish_events_or_audit_nor_touch_the_engines_
                 f"$JS.API.CONSUMER.DURABLE.CREATE.{EVENTS}.gpuops-engine-events-p0-e9",
                 f"$JS.API.CONSUMER.MSG.NEXT.{EVENTS}.gpuops-engine-events-p0-e1",
                 f"$JS.API.CONSUMER.PAUSE.{EVENTS}.gpuops-engine-events-p0-e1",
+                "$JS.API.CONSUMER.CREATE.GPUOPS_AUDIT.kept-forever",
+                "$JS.API.CONSUMER.DURABLE.CREATE.GPUOPS_AUDIT.kept-forever",
+                "$JS.API.CONSUMER.DELETE.GPUOPS_AUDIT.anyone",
             ):
                 errors = await _refused(server.url, cli.user, cli.password, subject)
                 assert any("permissions violation" in e.lower() for e in errors), (subject, errors)

@@ -65,14 +65,13 @@ def _look(stream: str) -> list[str]:
 
 
 def _read_stream(stream: str) -> list[str]:
-    """Read a stream through consumers of the reader's own (nats-py names a pull read's
-    consumer itself), pulled and acked. Only for streams the engine's partitions do not
-    consume: on those a reader could pull or ack the engine's own consumer. No role but
-    the engine may delete, pause or move a consumer."""
+    """Read a stream through unnamed ephemeral consumers of the reader's own (the server
+    names them: gpuops.bus.reader), pulled and acked. Only for streams the engine's
+    partitions do not consume: on those a reader could pull or ack the engine's own
+    consumer. No role but the engine may make a durable, delete, pause or move one."""
     return [
         *_look(stream),
         f"$JS.API.CONSUMER.CREATE.{stream}",
-        f"$JS.API.CONSUMER.CREATE.{stream}.>",
         f"$JS.API.CONSUMER.INFO.{stream}.*",
         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*",
         f"$JS.ACK.{stream}.>",

@@ -35,7 +35,11 @@ async def one_read(
     if config.inactive_threshold is None:
         config.inactive_threshold = ABANDONED_AFTER_S
     config.ack_policy = AckPolicy.NONE
-    sub = await js.pull_subscribe(subject, stream=stream, config=config)
+    if not config.filter_subjects:
+        config.filter_subject = subject
+    # Made unnamed (the server names it): readers may make no named or durable consumer.
+    info = await js.add_consumer(stream, config)
+    sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
     try:
         yield sub
     finally:
