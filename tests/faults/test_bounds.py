@@ -14,21 +14,24 @@ from pathlib import Path
 
 import pytest
 from gpuops.bus.conn import AUDIT, Bus
+from gpuops.bus.identity import KeyRing
 from gpuops.bus.server import EmbeddedNats
 from gpuops.models import new_event, subject_for
 from gpuops.record.audit import read_audit
 from gpuops.sim.fleet import SimFleet
 
 from tests.conftest import counted, engine_settings, running_engine, wait_for
+from tests.support import as_node
 
 pytestmark = pytest.mark.faults
 
 
-async def _send(bus: Bus, kind: str, node: str, data: dict[str, object]) -> None:
+async def _send(bus: Bus, keys: KeyRing, kind: str, node: str, data: dict[str, object]) -> None:
+    """Publish one event, signed as the node's agent (a made-up host's too: the engine
+    must refuse it for not being in the inventory, not for its signature)."""
     event = new_event(kind, node, time.time(), data, "test")
-    await bus.js.publish(
-        subject_for(kind, node), json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]}
-    )
+    subject, payload = subject_for(kind, node), json.dumps(event).encode()
+    await bus.js.publish(subject, payload, headers=as_node(keys, subject, payload, event["id"]))
 
 
 async def test_a_huge_xid_message_is_recorded_cut_with_its_hash(
@@ -38,7 +41,7 @@ async def test_a_huge_xid_message_is_recorded_cut_with_its_hash(
     settings = engine_settings(tmp_path, fleet, nats_server.url, role="engine")
     async with running_engine(settings, bus) as app:
         for _ in range(2):  # the rule wants it twice within a day
-            await _send(bus, "xid", "node-001", {"gpu": 0, "xid": 13, "message": message})
+            await _send(bus, app.keys, "xid", "node-001", {"gpu": 0, "xid": 13, "message": message})
         await wait_for(lambda: counted(app.engine.metrics.decisions) >= 1, 30)
 
         async def recorded() -> list[dict[str, object]]:
@@ -61,7 +64,7 @@ async def test_heartbeats_from_5000_made_up_hosts_leave_no_state(
     async with running_engine(settings, bus) as app:
         windows_before = app.engine.matcher.state_size()
         for i in range(5000):
-            await _send(bus, "heartbeat", f"ghost-{i:05d}", {"seq": i})
+            await _send(bus, app.keys, "heartbeat", f"ghost-{i:05d}", {"seq": i})
         await wait_for(lambda: counted(app.engine.metrics.unknown_nodes) == 5000, 120)
         assert app.engine.matcher.state_size() == windows_before, "no window for a ghost"
         assert len(app.engine.pipeline._unknown) <= 1001, "the summary is bounded"

@@ -12,7 +12,9 @@ from pathlib import Path
 import nats
 import pytest
 from gpuops.bus.conn import EVENTS, ensure_streams
+from gpuops.bus.embedded import enrol
 from gpuops.bus.server import EmbeddedNats
+from gpuops.signing import load_key
 from gpuops.sim.fleet import SimFleet
 
 from tests.conftest import ROOT, wait_for
@@ -25,8 +27,11 @@ pytestmark = pytest.mark.faults
 def agent_setup(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path, int]]:
     """`gpuops agent` on a simulated node, pointed at a port where NATS is not (yet)."""
     fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=2)
-    port, spool = free_port(), tmp_path / "spool.jsonl"
-    args = gpuops_argv(state_dir=tmp_path / "state")
+    port, spool, state = free_port(), tmp_path / "spool.jsonl", tmp_path / "state"
+    # As a deployment does, the node's publisher key is in place before its agent starts
+    # (here the one an engine on this state dir writes at start: bus.embedded.enrol).
+    enrol(state, ["node-001"], load_key(state / "keys" / "identity.key", "identity key"))
+    args = gpuops_argv(state_dir=state)
     args += ["agent", "--backend", "sim", "--sim-root", str(fleet.root), "--node", "node-001"]
     args += ["--nats", f"nats://127.0.0.1:{port}", "--spool", str(spool)]
     args += ["--interval", "0.2", "--heartbeat", "0.2", "--probe-command", "true"]

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from gpuops.bus.conn import ACTIONS, DLQ, EVENTS, Bus
+from gpuops.bus.identity import KeyRing
 from gpuops.bus.server import EmbeddedNats
 from gpuops.bus.store import NatsKV
 from gpuops.decide.lock import NodeLocks
@@ -30,7 +31,7 @@ from gpuops.settings import NatsSettings
 from gpuops.sim.fleet import SimFleet
 
 from tests.conftest import ROOT, calls, wait_for
-from tests.support import gpuops_argv
+from tests.support import as_node, gpuops_argv, node_keys
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -79,11 +80,11 @@ def big_fleet(tmp_path: Path) -> SimFleet:
     return SimFleet.create(tmp_path / "sim", nodes=6, gpus=8)
 
 
-async def _publish_xid(bus: Bus, node: str, gpu: int, xid: int) -> None:
+async def _publish_xid(bus: Bus, keys: KeyRing, node: str, gpu: int, xid: int) -> None:
+    """Publish one XID event, signed as the node's agent."""
     event = new_event("xid", node, time.time(), {"gpu": gpu, "xid": xid}, "test")
-    await bus.js.publish(
-        subject_for("xid", node), json.dumps(event).encode(), headers={"Nats-Msg-Id": event["id"]}
-    )
+    subject, data = subject_for("xid", node), json.dumps(event).encode()
+    await bus.js.publish(subject, data, headers=as_node(keys, subject, data, event["id"]))
 
 
 async def _decisions(bus: Bus) -> list[dict[str, Any]]:
@@ -102,6 +103,7 @@ async def test_kill_9_while_deciding_loses_no_decision_and_no_intent(
         safety__breaker_absolute="1000",
         safety__lock_lease_s="1",
     )
+    keys = node_keys(tmp_path / "state")  # the engine's state dir: it reads the same key
     published = 0
     engine.start()
     try:
@@ -109,7 +111,7 @@ async def test_kill_9_while_deciding_loses_no_decision_and_no_intent(
             floor = await _ack_floor(bus)
             for i in range(60):
                 node = big_fleet.nodes[i % len(big_fleet.nodes)]
-                await _publish_xid(bus, node, (i + round_) % 8, 48)
+                await _publish_xid(bus, keys, node, (i + round_) % 8, 48)
                 published += 1
             await wait_for(lambda f=floor: _past(bus, f), 60)  # type: ignore[misc]
             engine.kill()  # mid-stream: some events decided, some not, some half-way
@@ -172,9 +174,10 @@ async def test_kill_9_mid_run_hands_the_node_to_a_person_and_frees_its_lock(
     tmp_path: Path, bus: Bus, nats_server: EmbeddedNats, fleet: SimFleet
 ) -> None:
     engine = Engine(tmp_path, nats_server.url, fleet, "all", run_claim_stale_s="6")
+    keys = node_keys(tmp_path / "state")  # the engine's state dir: it reads the same key
     engine.start()
     try:
-        await _publish_xid(bus, "node-001", 2, 79)  # reboot.yml: not retry-safe
+        await _publish_xid(bus, keys, "node-001", 2, 79)  # reboot.yml: not retry-safe
 
         async def running() -> bool:
             return any(

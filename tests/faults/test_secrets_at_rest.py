@@ -30,17 +30,18 @@ from tests.conftest import counted, engine_settings, run_outcomes, running_engin
 pytestmark = pytest.mark.faults
 
 # As a deployment sets them: executor.env and engine.env (deploy/systemd/etc/gpuops/).
+# Each secret is as long as the settings ask (settings.MIN_SECRET_CHARS, 24 or more).
 ENVIRONMENT = {
-    "GPUOPS_NATS__PASSWORD": "nats-pw-3f9c1e77aa",
-    "GPUOPS_CHATOPS__SLACK_SIGNING_SECRET": "slack-sign-8d2b4c0f19",
-    "GPUOPS_SOURCES__ALERTMANAGER__TOKEN": "am-token-51e0d9b6c2",
+    "GPUOPS_NATS__PASSWORD": "nats-pw-3f9c1e77aa5d20b4c8e1f6",
+    "GPUOPS_CHATOPS__SLACK_SIGNING_SECRET": "slack-sign-8d2b4c0f19e7a35b6d",
+    "GPUOPS_SOURCES__ALERTMANAGER__TOKEN": "am-token-51e0d9b6c2f84a07e3b1",
     # A site's own variable that its playbooks need (executor.env_allow): the run gets
     # it, and the evidence still masks it, since its name says it is a secret.
-    "SITE_VAULT_TOKEN": "vault-tok-a7c3e9f104",
+    "SITE_VAULT_TOKEN": "vault-tok-a7c3e9f104b62d58c9",
 }
 # Secrets of the settings file. The site's playbooks post to Slack themselves, through
 # the webhook the settings name: SITE_WEBHOOK looks like no secret, the settings say it is.
-CONSOLE_TOKEN = "console-tok-6b1f0e2d93"
+CONSOLE_TOKEN = "console-tok-6b1f0e2d93a4c7e851"
 WEBHOOK = "http://127.0.0.1:1/services/c8e4a1f7b2"  # refused at once
 
 

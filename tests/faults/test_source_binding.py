@@ -3,13 +3,14 @@
 A real Prometheus scrapes three dcgm-exporter pages: node-a's (compromised: two of its
 four GPUs' series say `Hostname="node-b"`, and `node="node-b"` too), node-b's, and one
 of a host that is not in the inventory. The source asks that Prometheus and publishes,
-as the agent's user, to a real nats-server with its permissions. An XID 79 on node-a's
-own GPU and one on a series claiming node-b appear together: only node-a's is an event;
-the forged series are refused (counted, logged once, one dead letter `forged`), and no
-event about node-b comes from node-a's page. Both ways a site binds a target to its
-node are run: Prometheus's `instance` found in the inventory by `ansible_host`, and a
-`node` label that the scrape config sets on each target (the exporter's own `node` is
-then renamed `exported_node` by Prometheus, honor_labels being false).
+as the source's user and signed with its key, to a real nats-server with its
+permissions. An XID 79 on node-a's own GPU and one on a series claiming node-b appear
+together: only node-a's is an event; the forged series are refused (counted, logged
+once, one dead letter `forged`), and no event about node-b comes from node-a's page.
+Both ways a site binds a target to its node are run: Prometheus's `instance` found in
+the inventory by `ansible_host`, and a `node` label that the scrape config sets on each
+target (the exporter's own `node` is then renamed `exported_node` by Prometheus,
+honor_labels being false).
 """
 
 from __future__ import annotations
@@ -23,11 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gpuops import subjects
 from gpuops.agent.spool import Spool
 from gpuops.bus.conn import DLQ, Bus, open_bus
+from gpuops.bus.embedded import enrol, publisher_signer
+from gpuops.bus.identity import KeyRing, Verifier, source
 from gpuops.bus.publish import JetStreamPublisher
 from gpuops.clock import ManualClock
+from gpuops.errors import EventError
 from gpuops.settings import NatsSettings, PrometheusSourceSettings
+from gpuops.signing import load_key
 from gpuops.sources import dcgm
 from gpuops.sources.binding import Binding
 from gpuops.sources.prometheus import PromSource, promql
@@ -108,29 +114,34 @@ async def test_node_as_xid_for_node_b_is_refused_and_its_own_is_published(
     # Instance mode finds nodes by address; label mode by name (no address needed).
     hosts = {n: (None if by_label else ADDRESS[n]) for n in ("node-a", "node-b")}
     state = tmp_path / "state"
+    # The source's user and key, as an engine on this state dir writes them at start.
+    identity_key = load_key(state / "keys" / "identity.key", "identity key")
+    enrol(state, ["node-a", "node-b"], identity_key)
     with prometheus(tmp_path, fleet.job(by_label)) as url:
         await _seen_by(url, XID, 8)
         async with (
             open_bus(NatsSettings(), state) as engine,
-            open_bus(NatsSettings(), state, "source", role="agent") as agent,
+            open_bus(NatsSettings(), state, "source", role="source") as agent,
         ):
-            seen = await _watch(engine)
+            seen, signers = await _watch(engine, Verifier(KeyRing(identity_key)))
             cfg = PrometheusSourceSettings(
                 prometheus=url, selector='job="dcgm"', target_label="node" if by_label else None
             )
             binding = Binding(inventory(**hosts), cfg.node_label, cfg.target_label)
             clock = ManualClock(1_800_000_000.0)
             spool = Spool(tmp_path / "spool.jsonl")
-            source = PromSource(cfg, binding, JetStreamPublisher(agent.js), clock, spool)
+            signer = publisher_signer(state, source("prometheus"))
+            prom = PromSource(cfg, binding, JetStreamPublisher(agent.js, signer), clock, spool)
             caplog.set_level(logging.WARNING, "gpuops.sources")
-            first = await source.scrape_once()  # every XID 0: remembered, not an event
+            first = await prom.scrape_once()  # every XID 0: remembered, not an event
 
             fleet.pages["node-a"]["/metrics"] = _page_a(79)
             await _seen_by(url, f"{XID} == 79", 2)
             clock.advance(10)
-            second = await source.scrape_once()
+            second = await prom.scrape_once()
             await wait_for(lambda: len(seen) == 5, 10)  # 2 + 2 telemetry, 1 XID
 
+            assert set(signers) == {"source:prometheus"}, "each one the source's, signed"
             xids = [(e["node"], e["data"]["gpu"], e["data"]["xid"]) for e in _of(seen, "xid")]
             assert xids == [("node-a", OWN, 79)], "node-a's own XID, and nothing for node-b"
             for e in _of(seen, "telemetry"):
@@ -165,23 +176,30 @@ async def test_node_as_xid_for_node_b_is_refused_and_its_own_is_published(
             assert len(logged) == 1 and fleet.instance("node-a") in logged[0]
             dropped = {
                 s.labels["reason"]: s.value
-                for f in source.metrics.dropped.collect()
+                for f in prom.metrics.dropped.collect()
                 for s in f.samples
                 if s.name.endswith("_total")
             }
             assert dropped["forged"] == 2 * (published_by_a // 2)
 
 
-async def _watch(bus: Bus) -> list[dict[str, Any]]:
-    """Every event and sample published from now on, as the engine would read them."""
+async def _watch(bus: Bus, verifier: Verifier) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every event and sample published from now on, as the engine would read them, and
+    who published each (the engine's check of its MAC: EventError if forged)."""
     seen: list[dict[str, Any]] = []
+    signers: list[str] = []
 
     async def keep(msg: Any) -> None:
+        kind, node = subjects.parse_event(msg.subject)
+        try:
+            signers.append(verifier.publisher(msg.headers, msg.data, kind, node))
+        except EventError as exc:
+            signers.append(f"forged: {exc}")
         seen.append(json.loads(msg.data))
 
     await bus.nc.subscribe("gpuops.events.>", cb=keep)
     await bus.nc.subscribe("gpuops.telemetry.>", cb=keep)
-    return seen
+    return seen, signers
 
 
 def _of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

@@ -205,11 +205,11 @@ async def test_a_reboot_whose_drain_times_out_hands_the_node_to_a_person(
     async def handed_over() -> bool:
         return (await states.get(NODE)).state is NodeState.NEEDS_HUMAN
 
-    async with running_engine(settings, bus):
+    async with running_engine(settings, bus) as app:
         xid = envelope("xid", NODE, time.time(), {"gpu": 1, "xid": 79})
-        await bus.js.publish(
-            subject_for("xid", NODE), json.dumps(xid).encode(), headers={"Nats-Msg-Id": xid["id"]}
-        )
+        data = json.dumps(xid).encode()
+        headers = app.keys.node(NODE).headers(data, {"Nats-Msg-Id": xid["id"]})
+        await bus.js.publish(subject_for("xid", NODE), data, headers=headers)
         await wait_for(handed_over, 180)
 
     record = await states.get(NODE)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from gpuops import subjects
 from gpuops.bus.conn import Bus
+from gpuops.bus.identity import KeyRing
 from gpuops.bus.server import EmbeddedNats
 from gpuops.ops.commands import Caller
 from gpuops.record.audit import read_audit
@@ -33,12 +34,14 @@ def _limits(fleet: SimFleet) -> list[float]:
     return [g["power_limit_w"] for n in fleet.nodes for g in fleet.state(n)["gpus"]]
 
 
-async def _agents(bus: Bus, fleet: SimFleet, stop: asyncio.Event) -> None:
-    """What the nodes' agents send: telemetry every second."""
+async def _agents(bus: Bus, keys: KeyRing, fleet: SimFleet, stop: asyncio.Event) -> None:
+    """What the nodes' agents send: telemetry every second, each signed as its node."""
     while not stop.is_set():
         for node in fleet.nodes:
             event = fleet.telemetry(node, time.time())
-            await bus.nc.publish(subjects.telemetry(node), json.dumps(event).encode())
+            data = json.dumps(event).encode()
+            headers = keys.node(node).headers(data)
+            await bus.nc.publish(subjects.telemetry(node), data, headers=headers)
         await asyncio.sleep(1.0)
 
 
@@ -52,7 +55,7 @@ async def test_a_budget_override_caps_the_rack_under_it_and_its_end_restores_pol
     settings = engine_settings(tmp_path, fleet, nats_server.url, power={"interval_s": 2})
     stop = asyncio.Event()
     async with running_engine(settings, bus) as app:
-        agents = asyncio.create_task(_agents(bus, fleet, stop))
+        agents = asyncio.create_task(_agents(bus, app.keys, fleet, stop))
         try:
             # The controller has a reading of every GPU before the budget is set.
             await wait_for(lambda: len(app.engine.power.controller.gpus) == 8, 30)
