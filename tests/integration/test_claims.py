@@ -32,12 +32,12 @@ NODE = "node-001"
 STALE_S = 3.0
 
 
-def _reboot(now: float) -> Intent:
+def _reboot(now: float, playbook: str = "reboot.yml") -> Intent:
     return Intent(
         key="died-after-claim",
         rule="xid-79",
         node=NODE,
-        action=ActionSpec(playbook="reboot.yml", vars={"reason": "XID 79"}),  # not retry-safe
+        action=ActionSpec(playbook=playbook, vars={"reason": "XID 79"}),  # not retry-safe
         event_id="event-1",
         event_ts=now,
         decided_at=now,
@@ -67,6 +67,7 @@ async def test_a_fresh_claim_of_a_dead_executor_is_waited_out_then_recorded_inte
 
     (outcome,) = await run_outcomes(bus, NODE)
     assert outcome.status is RunStatus.INTERRUPTED and outcome.intent_key == intent.key
+    assert outcome.error is not None and "reboot.yml is not retry-safe" in outcome.error
     assert "interrupted" in (await states.get(NODE)).why
     assert calls(fleet, NODE, "reboot") == [], "not run again: the playbook is not retry-safe"
     notes = [r.summary async for r in read_audit(bus.js, NODE) if r.type == "note"]
@@ -82,3 +83,30 @@ async def _delivered(bus: Bus) -> bool:
     except NotFoundError:  # the executor has not made its consumer yet
         return False
     return int(info.delivered.stream_seq or 0) >= 1
+
+
+async def test_a_retry_safe_run_interrupted_on_each_try_says_so_not_that_it_is_unsafe(
+    tmp_path: Path, bus: Bus, nats_server: EmbeddedNats, fleet: SimFleet
+) -> None:
+    """gpu_reset.yml is retry-safe (the catalogue): killed on its second try too, the
+    record says it was retried and stopped, never that it is not retry-safe."""
+    settings = engine_settings(
+        tmp_path, fleet, nats_server.url, role="executor", run_claim_stale_s=STALE_S
+    )
+    then = time.time() - 10 * STALE_S  # both tries' executor died long ago
+    intent = sign(_reboot(then, "gpu_reset.yml"), load_key(signing_key_path(settings)))
+    claims: Store[Claim] = Store(NatsKV(bus.kv["claims"]), Claim, "intent")
+    stale = Claim(state="running", at=then, rule=intent.rule, renewed=then, tries=2)
+    await claims.put(stale, intent.key)
+    await bus.js.publish(action_subject(NODE), intent.model_dump_json().encode())
+    async with running_engine(settings, bus):
+        await wait_for(lambda: _outcomes(bus), 30)
+    (outcome,) = await run_outcomes(bus, NODE)
+    assert outcome.status is RunStatus.INTERRUPTED and outcome.error is not None
+    assert "gpu_reset.yml is retry-safe" in outcome.error and "2 tries" in outcome.error
+    assert "not retry-safe" not in outcome.error
+    assert calls(fleet, NODE, "nvidia-smi") == [], "not run a third time"
+
+
+async def _outcomes(bus: Bus) -> bool:
+    return bool(await run_outcomes(bus, NODE))

@@ -81,6 +81,16 @@ class Claim(BaseModel):
     renewed: float = 0.0
 
 
+def interrupted_why(playbook: str, retry_safe: bool, tries: int) -> str:
+    """Why an interrupted run is not run again, as the catalogue says of its playbook."""
+    if retry_safe:
+        return (
+            f"the executor running it died on each of its {tries} tries; not run again "
+            f"({playbook} is retry-safe, but {tries} interrupted runs need a person)"
+        )
+    return f"the executor running it died; not run again ({playbook} is not retry-safe)"
+
+
 class Executor:
     """Runs intents in batches, with at most `parallel` ansible-runner calls at once."""
 
@@ -301,13 +311,15 @@ class Executor:
                 state="running", at=now, rule=intent.rule, tries=held.tries + 1, renewed=now
             )
             return again.tries if await self.claims.cas(again, revision, intent.key) else None
-        await self._interrupted(intent, held, revision)
+        await self._interrupted(intent, held, revision, spec is not None and spec.retry_safe)
         return None
 
-    async def _interrupted(self, intent: Intent, held: Claim, revision: int) -> None:
+    async def _interrupted(
+        self, intent: Intent, held: Claim, revision: int, retry_safe: bool
+    ) -> None:
         """An earlier executor died mid-run: record it, free the node, tell a person."""
         now = self.clock.now()
-        why = "the executor running it died; not run again (the playbook is not retry-safe)"
+        why = interrupted_why(intent.action.playbook, retry_safe, held.tries)
         outcome = RunOutcome.of(intent, RunStatus.INTERRUPTED, held.at, now, why)
         done = Claim(state="done", at=now, rule=intent.rule, status=outcome.status.value)
         if await self.claims.cas(done, revision, intent.key):
