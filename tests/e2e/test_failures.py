@@ -195,3 +195,18 @@ def test_bad_cli_use_against_a_running_engine_exits_non_zero_with_its_cause(
         engine.wait(30)
     after = _gpuops(state, *cli, "status")
     assert after.returncode == 1 and "no engine running" in _one_error(after)
+
+
+def test_an_unwritable_state_dir_stops_the_engine_with_one_line_naming_it(
+    tmp_path: Path,
+) -> None:
+    """A file where the state dir should be (as a read-only mount would, for root too):
+    one line with the path and what to do, not an internal error halfway through."""
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    state = blocker / "state"
+    done = _gpuops(state, "run", "--nats", f"nats://127.0.0.1:{free_port()}")
+    assert done.returncode == 1
+    line = _one_error(done)
+    assert line.startswith(f"Error: state dir {state} is not writable"), line
+    assert "--state-dir, GPUOPS_STATE_DIR" in line and "internal error" not in line

@@ -69,12 +69,12 @@ async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
     """Load rules and inventory (failing fast), connect, and run until stopped."""
     from gpuops.bus.conn import open_bus
     from gpuops.clock import SystemClock
-    from gpuops.spine.app import App, enrol_inventory, load_world
+    from gpuops.spine.app import App, enrol_inventory, load_world, writable_state_dir
     from gpuops.spine.heap import settle_heap
 
+    writable_state_dir(settings)
     rules, inventory = load_world(settings)
     settle_heap()
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
     if settings.role != "executor":
         enrol_inventory(settings, inventory)
     async with open_bus(

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from gpuops.clock import Clock
 from gpuops.console import Console, Latest
 from gpuops.console.latest import SIGNALS
 from gpuops.decide.breaker import BreakerState
-from gpuops.errors import EngineError
+from gpuops.errors import ConfigError, EngineError
 from gpuops.http import HttpServer
 from gpuops.intake.alertmanager import AlertmanagerReceiver
 from gpuops.intake.consumer import Intake, Priority
@@ -82,6 +83,23 @@ def identity_key_path(settings: Settings) -> Path:
 def identity_key(settings: Settings) -> bytes:
     """The identity key, made on first use (0600)."""
     return load_key(identity_key_path(settings), "identity key")
+
+
+def writable_state_dir(settings: Settings) -> Path:
+    """The state dir, made if missing and proved writable; a ConfigError in one line
+    naming it otherwise (read-only, a file in the way, not ours), before anything else
+    would fail on it halfway through starting."""
+    path = settings.state_dir
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".writable-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"state dir {path} is not writable ({exc.strerror or exc}): give gpuops a "
+            "writable one (--state-dir, GPUOPS_STATE_DIR)"
+        ) from exc
+    return path
 
 
 def enrol_inventory(settings: Settings, inventory: Inventory) -> None:
