@@ -500,3 +500,29 @@ async def test_history_reads_a_stopped_engines_store_privately(tmp_path: Path) -
     with pytest.raises(BusError, match="no engine running"):
         async with open_bus(NatsSettings(), state, role="cli"):
             pass
+
+
+async def test_a_role_that_opens_the_buckets_waits_for_the_engine_to_make_them(
+    nats_server: EmbeddedNats,
+) -> None:
+    """Started together on a new NATS, an executor waits (bounded) for the buckets the
+    engine makes, instead of exiting; with no engine at all it says so in time."""
+    waiting = asyncio.create_task(
+        connect(nats_server.url, NatsSettings(), setup="open", patience_s=30)
+    )
+    await asyncio.sleep(1.5)
+    assert not waiting.done(), "it waits while the buckets are missing"
+    engine = await connect(nats_server.url, NatsSettings(), setup="create")
+    opened = await asyncio.wait_for(waiting, 15)
+    try:
+        assert set(opened.kv) == set(engine.kv)
+    finally:
+        await opened.close()
+        await engine.close()
+
+
+async def test_with_no_engine_a_role_that_opens_the_buckets_gives_up_naming_why(
+    nats_server: EmbeddedNats,
+) -> None:
+    with pytest.raises(BusError, match=r"still missing after 2 s.*is an engine"):
+        await connect(nats_server.url, NatsSettings(), setup="open", patience_s=2)

@@ -174,6 +174,9 @@ async def connect(
     js = nc.jetstream(timeout=10)
     try:
         kv = await _set_up_patiently(js, cfg, setup, patience_s or cfg.connect_timeout_s)
+    except BusError:
+        await nc.close()
+        raise
     except (JsError, NatsError, TimeoutError) as exc:
         await nc.close()
         raise BusError(f"cannot set up JetStream at {url} ({setup}): {exc}") from exc
@@ -188,9 +191,21 @@ async def _set_up_patiently(
     members are electing a leader, or catching up after one came back, or too busy) for
     `patience_s`; a refusal (an error answer) is not tried again."""
     deadline = asyncio.get_running_loop().time() + patience_s
+    told = False
     while True:
         try:
             return await _set_up(js, cfg, setup)
+        except _NotMadeYet as missing:
+            # Another role makes them (the engine): started together, this one waits.
+            if asyncio.get_running_loop().time() >= deadline:
+                raise BusError(
+                    f"a KV bucket is still missing after {patience_s:g} s ({missing}): "
+                    "is an engine (`gpuops run`, role all or engine) running on this NATS?"
+                ) from None
+            if not told:
+                log.info("waiting for the engine to make the KV buckets (%s)", missing)
+                told = True
+            await asyncio.sleep(1.0)
         except (TimeoutError, NoRespondersError, ServiceUnavailableError) as exc:
             if asyncio.get_running_loop().time() >= deadline:
                 raise
@@ -209,7 +224,11 @@ async def _set_up(js: JetStreamContext, cfg: NatsSettings, setup: Setup) -> dict
     except BucketNotFoundError as exc:
         if setup == "join":
             return await _set_up(js, cfg, "create")
-        raise BusError(f"a KV bucket is missing ({exc}): start the engine once first") from exc
+        raise _NotMadeYet(str(exc)) from exc
+
+
+class _NotMadeYet(Exception):
+    """A bucket the engine makes is not there yet (`open` waits for it)."""
 
 
 def stream_configs(cfg: NatsSettings | None = None) -> list[StreamConfig]:
