@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from dataclasses import replace
 from typing import Any
@@ -108,17 +109,41 @@ def _check_subject(event: Event | Telemetry, subject: str) -> None:
         )
 
 
+# A dead-letter record must fit NATS's max payload (1 MiB) whatever it was made from:
+# 800 KB of binary grows by a third as base64, control characters six-fold as JSON
+# escapes. The raw payload is kept up to this many bytes, with its length and SHA-256.
+MAX_DEAD_PAYLOAD = 64 * 1024
+MAX_DEAD_TEXT = 2000  # the error and the subject (network-given text too)
+
+
 def dead_letter(
     reason: str, error: str, payload: bytes, subject: str, at: float, publisher: str = ""
 ) -> bytes:
-    """The dead-letter record: reason, error, who claimed to send it, the raw payload."""
-    body: dict[str, Any] = {"reason": reason, "error": error, "subject": subject, "at": at}
+    """The dead-letter record: reason, error, who claimed to send it, the raw payload (cut
+    to MAX_DEAD_PAYLOAD bytes when longer, its whole length and hash kept), bounded."""
+    body: dict[str, Any] = {
+        "reason": reason,
+        "error": error[:MAX_DEAD_TEXT],
+        "subject": subject[:MAX_DEAD_TEXT],
+        "at": at,
+    }
     if publisher:
         body["publisher"] = publisher[:128]
+    kept = payload[:MAX_DEAD_PAYLOAD]
+    if len(kept) < len(payload):
+        body["payload_bytes"] = len(payload)
+        body["payload_sha256"] = hashlib.sha256(payload).hexdigest()
+        body["payload_cut"] = True
     try:
-        body["payload"] = payload.decode("utf-8")
+        text = kept.decode("utf-8")
     except UnicodeDecodeError:
-        body["payload_b64"] = base64.b64encode(payload).decode("ascii")
+        text = None
+    # Text that JSON would escape past twice its size (control characters) goes as
+    # base64 too: the record stays under 2 x MAX_DEAD_PAYLOAD whatever came.
+    if text is not None and len(json.dumps(text)) <= 2 * MAX_DEAD_PAYLOAD:
+        body["payload"] = text
+    else:
+        body["payload_b64"] = base64.b64encode(kept).decode("ascii")
     return json.dumps(body).encode()
 
 

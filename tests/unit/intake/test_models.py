@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 
 import pytest
 from gpuops.errors import EventError
-from gpuops.intake.decode import dead_letter, decode, event_subject
+from gpuops.intake.decode import MAX_DEAD_PAYLOAD, MAX_DEAD_TEXT, dead_letter, decode, event_subject
 from gpuops.models import event_json_schema
 
 XID = {
@@ -126,3 +128,32 @@ def test_subject_that_is_not_exactly_an_intake_subject_is_a_mismatch(subject: st
         decode(json.dumps(XID).encode(), subject)
     assert caught.value.reason == "subject_mismatch"
     assert decode(json.dumps(XID).encode(), "gpuops.events.xid.node-001").node == "node-001"
+
+
+@pytest.mark.parametrize(
+    ("what", "payload"),
+    [
+        ("800 KB of binary", bytes(range(256)) * 3200),
+        ("200 KB of control characters", b"\x01" * 200_000),
+        (
+            "a valid XID 1 MiB - 300 B long",
+            json.dumps({**XID, "pad": "x" * (1048576 - 600)})[: 1048576 - 300].encode(),
+        ),
+    ],
+)
+def test_a_dead_letter_of_any_payload_fits_a_nats_message_and_keeps_its_length_and_hash(
+    what: str, payload: bytes
+) -> None:
+    record = dead_letter("schema", "e" * 10_000, payload, "gpuops.events.xid." + "n" * 5000, 1.0)
+    body = json.loads(record)
+    assert len(record) < 256 * 1024, what  # well under NATS's 1 MiB max payload
+    assert body["payload_cut"] is True and body["payload_bytes"] == len(payload)
+    assert body["payload_sha256"] == hashlib.sha256(payload).hexdigest()
+    kept = body.get("payload", "").encode() or base64.b64decode(body.get("payload_b64", ""))
+    assert payload.startswith(kept) and len(kept) == MAX_DEAD_PAYLOAD
+    assert len(body["error"]) == MAX_DEAD_TEXT and len(body["subject"]) == MAX_DEAD_TEXT
+
+
+def test_a_small_dead_letter_is_kept_whole_without_a_cut_marker() -> None:
+    body = json.loads(dead_letter("json", "bad", b"{oops", "s", 1.0))
+    assert "payload_cut" not in body and body["payload"] == "{oops"
