@@ -29,8 +29,14 @@ def token(name: str) -> str:
     return _UNSAFE.sub("_", name)
 
 
+# nats-server puts the connected user's JWT `name` here (a subject template): one
+# permission list then limits each node's user to its own subjects. Every builder of a
+# node's subject leaves it whole, for the server to fill.
+USER_NAME = "{{name()}}"
+
+
 def _node(node: str) -> str:
-    return token(node) or "unknown"
+    return node if node == USER_NAME else token(node) or "unknown"
 
 
 def telemetry(node: str) -> str:
@@ -96,29 +102,14 @@ def events_of(kind: str) -> str:
     return f"{PREFIX}.events.{token(kind) or 'unknown'}.*"
 
 
-# nats-server puts the connected user's JWT `name` here (a subject template): one
-# permission list then limits each node's user to its own subjects.
-USER_NAME = "{{name()}}"
-
-
-def _node_pattern(node: str) -> str:
-    """A node's token, or the user-name template left as it is for the server to fill."""
-    return node if node == USER_NAME else _node(node)
-
-
-def telemetry_of(node: str) -> str:
-    """The one telemetry subject a node's user may publish (`node` may be USER_NAME)."""
-    return f"{PREFIX}.telemetry.{_node_pattern(node)}"
-
-
 def events_from(node: str) -> str:
     """A node's health events of every kind (`node` may be USER_NAME)."""
-    return f"{PREFIX}.events.*.{_node_pattern(node)}"
+    return f"{PREFIX}.events.*.{_node(node)}"
 
 
 def agent_requests_to(node: str) -> str:
     """Every request to one node's agent (`node` may be USER_NAME)."""
-    return f"{PREFIX}.agent.{_node_pattern(node)}.>"
+    return f"{PREFIX}.agent.{_node(node)}.>"
 
 
 def commands_of(user: str) -> str:

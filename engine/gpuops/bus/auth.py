@@ -216,7 +216,7 @@ def node_permissions(node: str) -> Permissions:
     user's name, so one list serves every node and a node's user cannot speak for another.
     """
     return Permissions(
-        publish=(subjects.telemetry_of(node), subjects.events_from(node)),
+        publish=(subjects.telemetry(node), subjects.events_from(node)),
         subscribe=(subjects.agent_requests_to(node), *_CLIENT),
         deny_publish=tuple(subjects.events_of(kind) for kind in sorted(ENGINE_ONLY_KINDS)),
     )

@@ -203,16 +203,13 @@ class Intake:
             await ack(self.nc, msg)
 
     def _decode(self, msg: Msg) -> Event | Telemetry:
-        publisher = ""
-        if self.identity is not None:
-            kind, node = subjects.parse_event(msg.subject)
-            publisher = self.identity.publisher(msg.headers, msg.data, kind, node)
         return decode_intake(
             msg.data,
             msg.subject,
             now=self.clock.now(),
             max_future_s=self.max_future_s,
-            publisher=publisher,
+            headers=msg.headers,
+            verifier=self.identity,
         )
 
     async def _dead_letter(self, msg: Msg, exc: EventError) -> None:

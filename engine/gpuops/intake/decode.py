@@ -5,12 +5,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from dataclasses import replace
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from gpuops import subjects
+from gpuops.bus.identity import Verifier
 from gpuops.errors import EventError
 from gpuops.intake.fastdecode import telemetry_facts
 from gpuops.match.facts import Telemetry
@@ -54,31 +55,36 @@ def decode_intake(
     subject: str | None = None,
     now: float | None = None,
     max_future_s: float = MAX_FUTURE_S,
-    publisher: str = "",
+    *,
+    headers: Mapping[str, str] | None = None,
+    verifier: Verifier | None = None,
 ) -> Event | Telemetry:
     """`decode`, with telemetry straight to facts: what the intake hands the pipeline.
 
     A sample the fast reader is sure of (the plain JSON agents send) becomes facts
     without the model; anything else (a number as a string, a surprising timestamp, a
     broken sample) goes through `decode`, so what is refused, and why, is the model's.
-    `publisher` is who the intake proved sent it (gpuops.bus.identity), kept on the
-    event for the record; whatever the payload says there is replaced.
+    With a `verifier`, the publisher the `headers` name is proved (gpuops.bus.identity)
+    before the payload is read, from the subject parsed once for both checks, and kept
+    on the event for the record; whatever the payload says there is replaced.
     """
+    publisher, parsed = "", None
+    if verifier is not None and subject is not None:
+        parsed = subjects.parse_event(subject)
+        publisher = verifier.publisher(headers, payload, *parsed)
     maybe_telemetry = subject is None or subject.startswith(subjects.TELEMETRY_PREFIX)
     if maybe_telemetry and len(payload) <= MAX_EVENT_BYTES:
-        fast = telemetry_facts(payload)
+        fast = telemetry_facts(payload, publisher)
         if fast is not None:
             if subject is not None:
-                _check_subject(fast, subject)
+                _check_parsed(fast, subject, parsed or subjects.parse_event(subject))
             if now is not None and fast.epoch - now > max_future_s:
                 decode(payload, subject, now, max_future_s)  # raises `future`, worded once
-            return replace(fast, publisher=publisher) if publisher else fast
+            return fast
     event = decode(payload, subject, now, max_future_s)
     if publisher != event.publisher:
         event = event.model_copy(update={"publisher": publisher})
-    if isinstance(event, TelemetryEvent):
-        return replace(Telemetry.of(event), publisher=publisher)
-    return event
+    return Telemetry.of(event) if isinstance(event, TelemetryEvent) else event
 
 
 def _reason(exc: ValidationError) -> str:
@@ -101,7 +107,11 @@ def _summary(exc: ValidationError) -> str:
 
 def _check_subject(event: Event | Telemetry, subject: str) -> None:
     """The subject's kind and node must be the payload's: per-node publish permissions hold."""
-    kind, node = subjects.parse_event(subject)
+    _check_parsed(event, subject, subjects.parse_event(subject))
+
+
+def _check_parsed(event: Event | Telemetry, subject: str, parsed: tuple[str, str]) -> None:
+    kind, node = parsed
     if kind != event.kind or node != subjects.token(event.node):
         raise EventError(
             "subject_mismatch",

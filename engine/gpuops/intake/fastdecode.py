@@ -69,8 +69,9 @@ _ADAPTER = TypeAdapter(_Telemetry)
 _BLANK: Fact = dict.fromkeys(GPU_FIELDS)
 
 
-def telemetry_facts(payload: bytes) -> Telemetry | None:
-    """The facts of a telemetry sample, or None: let the model decide (or not telemetry)."""
+def telemetry_facts(payload: bytes, publisher: str = "") -> Telemetry | None:
+    """The facts of a telemetry sample (from `publisher`, as the intake proved), or None:
+    let the model decide (or not telemetry)."""
     try:
         doc = _ADAPTER.validate_json(payload)
         epoch = _epoch(doc["ts"])
@@ -78,7 +79,8 @@ def telemetry_facts(payload: bytes) -> Telemetry | None:
         return None
     blank = _BLANK
     facts = [{**blank, **gpu} for gpu in doc["data"]["gpus"]]
-    return Telemetry(doc["id"], doc["node"], epoch, doc["source"], with_derived(facts, doc["node"]))
+    facts = with_derived(facts, doc["node"])
+    return Telemetry(doc["id"], doc["node"], epoch, doc["source"], facts, publisher=publisher)
 
 
 def _epoch(ts: datetime) -> float:

@@ -37,7 +37,10 @@ class Telemetry:
     def of(cls, event: TelemetryEvent) -> Telemetry:
         """The facts of a validated model (replay, test-rules, the intake's slow path)."""
         facts = [dict(gpu.__dict__) for gpu in event.data.gpus]
-        return cls(event.id, event.node, event.epoch, event.source, with_derived(facts, event.node))
+        facts = with_derived(facts, event.node)
+        return cls(
+            event.id, event.node, event.epoch, event.source, facts, publisher=event.publisher
+        )
 
 
 def as_telemetry(event: Event | Telemetry) -> Telemetry | None:

@@ -23,15 +23,15 @@ def test_every_subject_comes_from_the_node_token() -> None:
 
 
 def test_node_patterns_take_a_node_or_the_user_name_template() -> None:
-    assert subjects.telemetry_of("gpu.a1") == subjects.telemetry("gpu.a1")
+    assert subjects.telemetry("gpu.a1") == "gpuops.telemetry.gpu_a1"
     assert subjects.events_from("gpu.a1") == "gpuops.events.*.gpu_a1"
     assert subjects.agent_requests_to("gpu.a1") == "gpuops.agent.gpu_a1.>"
     # The template stays whole: nats-server fills it in from the user's JWT name.
-    assert subjects.telemetry_of(subjects.USER_NAME) == "gpuops.telemetry.{{name()}}"
+    assert subjects.telemetry(subjects.USER_NAME) == "gpuops.telemetry.{{name()}}"
     assert subjects.events_from(subjects.USER_NAME) == "gpuops.events.*.{{name()}}"
     assert subjects.agent_requests_to(subjects.USER_NAME) == "gpuops.agent.{{name()}}.>"
     # Anything else with braces is a node name, made one token like every other.
-    assert subjects.telemetry_of("{{tag(x)}}") == "gpuops.telemetry.__tag_x___"
+    assert subjects.telemetry("{{tag(x)}}") == "gpuops.telemetry.__tag_x___"
 
 
 def test_models_re_export_the_same_builders() -> None:
