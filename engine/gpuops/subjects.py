@@ -143,6 +143,11 @@ def is_action(subject: str) -> bool:
     return len(parts) == 3 and parts[:2] == [PREFIX, "actions"]
 
 
+def is_checked(subject: str) -> bool:
+    """Whether the intake checks the publisher of `subject` (telemetry, health events)."""
+    return subject.startswith(TELEMETRY_PREFIX) or is_event(subject)
+
+
 def is_event(subject: str) -> bool:
     """Whether `subject` is a health event's, as published or as stored."""
     parts = subject.split(".")

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from nats.js import JetStreamContext
 
+from gpuops import subjects
 from gpuops.bus.identity import Signer
 
 
@@ -24,8 +25,10 @@ class Publisher(Protocol):
 
 
 class JetStreamPublisher:
-    """Publishes to JetStream and awaits the store's ack; with a signer, every message
-    carries its publisher's MAC (a source's events: gpuops.bus.identity)."""
+    """Publishes to JetStream and awaits the store's ack; with a signer, the events and
+    samples carry their publisher's MAC (gpuops.bus.identity): the engine's audit
+    records and intents through the same publisher need none (intents are signed
+    whole, gpuops.signing), so the decision path computes no MAC nobody checks."""
 
     def __init__(self, js: JetStreamContext, signer: Signer | None = None) -> None:
         self.js = js
@@ -33,7 +36,7 @@ class JetStreamPublisher:
 
     async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> bool:
         headers = {"Nats-Msg-Id": msg_id} if msg_id else None
-        if self.signer is not None:
+        if self.signer is not None and subjects.is_checked(subject):
             headers = self.signer.headers(payload, headers)
         ack = await self.js.publish(subject, payload, headers=headers)
         return not ack.duplicate

@@ -62,3 +62,11 @@ def test_inventory_with_hosts_sharing_a_subject_token_is_refused(tmp_path: Path)
         load_inventory(inventory)
     inventory.write_text("[gpu]\ngpu.a1\ngpu-b2\n")
     assert load_inventory(inventory).hosts == {"gpu.a1", "gpu-b2"}
+
+
+def test_the_intake_checks_the_publisher_of_samples_and_events_only() -> None:
+    assert subjects.is_checked(subjects.telemetry("n1"))
+    assert subjects.is_checked(subjects.event("xid", "n1"))
+    assert not subjects.is_checked(subjects.audit("n1"))
+    assert not subjects.is_checked(subjects.action("n1"))
+    assert not subjects.is_checked(subjects.dlq("forged"))
