@@ -8,14 +8,13 @@ executor do nothing but refuse.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
-import os
 import secrets
 from pathlib import Path
 
 from gpuops.errors import ConfigError
+from gpuops.files import create_private
 from gpuops.models import Intent
 
 
@@ -41,19 +40,9 @@ def verify(intent: Intent, key: bytes) -> bool:
 
 
 def _make_key(path: Path) -> None:
-    """Write a new key whole, then link it in place: a process starting beside this one
-    (replicas on one state dir) finds no file or the whole key, never a partial one, and
-    the first to link wins."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(secrets.token_hex(32))
-        with contextlib.suppress(FileExistsError):  # another made it first: theirs stands
-            os.link(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    """A new key, written whole: a process starting beside this one (replicas on one
+    state dir) finds no file or the whole key, and the first to make it wins."""
+    create_private(path, secrets.token_hex(32))
 
 
 def load_key(path: Path, what: str = "intent signing key") -> bytes:

@@ -19,6 +19,7 @@ from gpuops.bus.conn import EVENTS, Bus
 from tests.conftest import wait_for
 from tests.faults.test_crash import assert_all_decided_once
 from tests.faults.test_replicas import (
+    all_up,
     at_work,
     decided_at_least,
     one_decision_per_event,
@@ -53,7 +54,7 @@ async def test_kill_9_of_the_stream_leader_loses_no_event_and_stores_no_intent_t
         await wait_for(lambda: decided_at_least(bus, target), 60, 0.5)
         print(f"events decided again {time.monotonic() - down:.2f}s after the leader died")
         await asyncio.to_thread(cluster.restart, killed)
-        await wait_for(lambda: shared_out(bus, set(engines)), 60, 0.5)
+        await wait_for(lambda: all_up(engines) and shared_out(bus, set(engines)), 60, 0.5)
         published = await load.stop()
         await settle(bus)
         # Counted while the replicas run: stopping them all at once races their takeovers

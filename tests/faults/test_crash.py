@@ -54,7 +54,8 @@ class Engine:
         self.args += ["run", "--nats", url, "--rules", str(rules), "--role", role]
         self.args += ["--inventory", str(fleet.root / "inventory")]
         self.env = {**os.environ, **{f"GPUOPS_{k.upper()}": v for k, v in env.items()}}
-        self.log = (tmp / f"engine-{name or role}.log").open("a")  # replicas: one log each
+        self.log_path = tmp / f"engine-{name or role}.log"  # replicas: one log each
+        self.log = self.log_path.open("a")
         self.proc: subprocess.Popen[str] | None = None
         self.kills = 0
 
@@ -68,6 +69,15 @@ class Engine:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
         self.kills += 1
+
+    def running(self) -> bool:
+        """True while the process runs; one that exited on its own (not killed here)
+        fails the test with its log's end, which says why."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            return True
+        tail = "".join(self.log_path.read_text().splitlines(keepends=True)[-25:])
+        raise AssertionError(f"{self.log_path.name} exited {self.proc.returncode}:\n{tail}")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -66,6 +66,11 @@ def replica(tmp: Path, url: str, fleet: SimFleet, rid: str, **env: str) -> Engin
     )
 
 
+def all_up(engines: dict[str, Engine]) -> bool:
+    """Every replica still runs (one that exited fails the test, saying why)."""
+    return all(engine.running() for engine in engines.values())
+
+
 async def owners(bus: Bus) -> dict[int, str]:
     """Partition -> the replica whose lease is in the bucket now."""
     leases = await read_leases(NatsKV(bus.kv["leases"]), PARTITIONS)
@@ -200,7 +205,7 @@ def started(tmp_path: Path, bus: Bus, url: str, ids: str) -> tuple[dict[str, Eng
 async def at_work(bus: Bus, engines: dict[str, Engine], load: Load) -> None:
     """Every replica holds its share (the faults land on running replicas, not on ones
     still setting up), and the load is being decided."""
-    await wait_for(lambda: shared_out(bus, set(engines)), 90, 0.5)
+    await wait_for(lambda: all_up(engines) and shared_out(bus, set(engines)), 90, 0.5)
     load.start()
     await wait_for(lambda: decided_at_least(bus, 20), 60, 0.5)
 
@@ -333,7 +338,7 @@ async def test_a_replica_cut_off_for_longer_than_its_lease_decides_nothing_it_lo
         engine.start()
     began = time.monotonic()
     try:
-        await wait_for(lambda: shared_out(bus, set(engines)), 90, 0.5)
+        await wait_for(lambda: all_up(engines) and shared_out(bus, set(engines)), 90, 0.5)
         print(f"replicas up in {time.monotonic() - began:.2f}s")
         load.start()
         await wait_for(lambda: decided_at_least(bus, 20), 60, 0.5)
@@ -429,7 +434,7 @@ async def test_a_takeover_mid_window_fires_the_rule_once_at_its_event_time(
     for engine in engines.values():
         engine.start()
     try:
-        await wait_for(lambda: shared_out(bus, set(engines)), 90, 0.5)
+        await wait_for(lambda: all_up(engines) and shared_out(bus, set(engines)), 90, 0.5)
         owner = (await owners(bus))[p]
         ids = []
         for k in range(8):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -186,6 +187,46 @@ async def test_state_dir_and_credentials_are_private(tmp_path: Path) -> None:
         assert _mode(state / "nats" / "nats-server.conf") == 0o600
         assert _mode(url_file(state)) & 0o022 == 0, "nats.url is 0644 at most"
         assert "password" not in url_file(state).read_text()
+
+
+_ENROL_AT = """
+import json, sys, time
+from pathlib import Path
+from gpuops.bus.auth import ensure_credentials
+from gpuops.bus.embedded import enrol
+from gpuops.signing import load_key
+state, at = Path(sys.argv[1]), float(sys.argv[2])
+time.sleep(max(0.0, at - time.time()))  # every process starts writing at once
+key = load_key(state / "keys" / "identity.key", "identity key")
+enrol(state, [f"node-{i:03d}" for i in range(150)], key)
+print(json.dumps({"engine": ensure_credentials(state)["engine"].password, "key": key.decode()}))
+"""
+
+
+def test_replicas_starting_together_on_one_state_dir_all_start_and_agree(
+    tmp_path: Path,
+) -> None:
+    """Replicas of the engine share a state dir and make its keys and users together:
+    none fails on another's half-written file, and all keep the first one's."""
+    for round_ in range(3):
+        state = tmp_path / f"state-{round_}"
+        at = time.time() + 2.0
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _ENROL_AT, str(state), str(at)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        outs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 4, [err for _, err in outs]
+        seen = {out for out, _ in outs}
+        assert len(seen) == 1, "every replica reads the same engine password and key"
+        kept = read_credentials(state, "engine").password
+        assert json.loads(seen.pop())["engine"] == kept
+        assert not list(state.rglob(".*.json.*")), "no temporary file left behind"
 
 
 async def _client(state: Path, role: Role | Credentials, url: str, errors: list[str]) -> Client:

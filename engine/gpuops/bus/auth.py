@@ -14,7 +14,6 @@ docs/operations.md).
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 from collections.abc import Iterable
@@ -26,6 +25,7 @@ from gpuops import subjects
 from gpuops.bus.buckets import BUCKETS, LEASES_KEY, REPLAY_KEY
 from gpuops.bus.identity import ENGINE_ONLY_KINDS
 from gpuops.errors import BusError
+from gpuops.files import create_private
 
 Role = Literal["engine", "executor", "source", "cli"]
 ROLES: tuple[Role, ...] = ("engine", "executor", "source", "cli")
@@ -324,11 +324,9 @@ def _read_file(path: Path, role: str) -> Credentials:
 
 
 def _write_private(path: Path, data: dict[str, str]) -> None:
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle)
-    os.replace(tmp, path)
+    """Make a credentials file once: of replicas starting together, the first one's
+    password stands and the others read it."""
+    create_private(path, json.dumps(data))
 
 
 def server_config(

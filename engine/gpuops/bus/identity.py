@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuops import subjects
 from gpuops.errors import ConfigError, EventError
+from gpuops.files import replace_private
 
 PUBLISHER = "Gpuops-Publisher"
 MAC = "Gpuops-Mac"
@@ -172,13 +171,7 @@ def write_key(path: Path, key: bytes) -> None:
     text = key.hex()
     if path.exists() and path.read_text().strip() == text:
         return
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # A name of this write's own: two engines enrolling one state dir do not collide.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    tmp.replace(path)
+    replace_private(path, text)
 
 
 def read_signer(path: Path, identity: str) -> Signer:
