@@ -3,18 +3,20 @@
 HMAC-SHA256 with a key shared by the engine and its executors (a file under the state
 dir, 0600, made on first use), over the intent's canonical JSON without the signature.
 Anyone who can publish on the actions subject but does not hold the key can make an
-executor do nothing but refuse.
+executor do nothing but refuse. Keys (and the NATS credentials beside them) are written
+with `create_private`, safe for replicas starting together on one state dir.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
+import os
 import secrets
 from pathlib import Path
 
 from gpuops.errors import ConfigError
-from gpuops.files import create_private
 from gpuops.models import Intent
 
 
@@ -37,6 +39,43 @@ def verify(intent: Intent, key: bytes) -> bool:
     """Whether the signature is the engine's for exactly this intent."""
     want = hmac.new(key, _body(intent), hashlib.sha256).hexdigest()
     return hmac.compare_digest(want.encode(), intent.signature.encode("ascii", "replace"))
+
+
+# Private files several processes on one state dir may write at once: replicas of the
+# engine share a state dir and start together, each making the keys and credentials it
+# finds missing. A file is written whole under its writer's own name, then put in place,
+# so no reader sees part of one and no writer's rename finds its file taken by another.
+
+
+def _write_whole(path: Path, text: str) -> Path:
+    """`text` in a new 0600 file beside `path`, named for this write alone."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    return tmp
+
+
+def create_private(path: Path, text: str) -> bool:
+    """Make `path` (0600) holding `text` unless it exists; whether this call made it.
+
+    The first of several writers wins and the others keep what it wrote: two engines
+    making one node's password must not each believe their own.
+    """
+    tmp = _write_whole(path, text)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+            return True
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def replace_private(path: Path, text: str) -> None:
+    """Put `text` in `path` (0600), over what was there."""
+    _write_whole(path, text).replace(path)
 
 
 def _make_key(path: Path) -> None:

@@ -25,7 +25,7 @@ from gpuops import subjects
 from gpuops.bus.buckets import BUCKETS, LEASES_KEY, REPLAY_KEY
 from gpuops.bus.identity import ENGINE_ONLY_KINDS
 from gpuops.errors import BusError
-from gpuops.files import create_private
+from gpuops.signing import create_private
 
 Role = Literal["engine", "executor", "source", "cli"]
 ROLES: tuple[Role, ...] = ("engine", "executor", "source", "cli")

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from gpuops import subjects
 from gpuops.errors import ConfigError, EventError
-from gpuops.files import replace_private
+from gpuops.signing import replace_private
 
 PUBLISHER = "Gpuops-Publisher"
 MAC = "Gpuops-Mac"
