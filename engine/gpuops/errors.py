@@ -6,6 +6,7 @@
      |    +-- RuleSetError    several RuleErrors found in one load
      +-- EventError           an event could not be decoded or validated (reason)
      +-- BusError             NATS could not be reached, started or configured
+ +-- StateUnreadable      a stored record does not decode (bucket, key): fail closed
      +-- ActionError          a playbook could not be prepared or run (playbook, node)
      +-- SourceError          a telemetry source answered nothing usable (target, reason)
 
@@ -70,6 +71,27 @@ class LeaseLost(BusError):
 
 class ConsumerGone(LeaseLost):
     """The partition's consumer this replica made is gone: another replica took it over."""
+
+
+# The start of an unreadable value kept with its error (for the log and the repair).
+RAW_KEPT = 512
+
+
+class StateUnreadable(EngineError):
+    """A record in a KV bucket is there but does not decode as what it should be.
+
+    Never read as "absent": a garbage cooldown read so would let a second remediation
+    through, a garbage breaker would reopen. What reads it fails closed (gpuops.decide.
+    stage drops the proposal as `state_unreadable`) until a person repairs the record
+    (`gpuops state repair BUCKET KEY`).
+    """
+
+    def __init__(self, bucket: str, key: str, detail: str, raw: bytes = b"") -> None:
+        super().__init__(f"{bucket or 'bucket'}/{key} is unreadable ({detail})")
+        self.bucket = bucket
+        self.key = key
+        self.detail = detail
+        self.raw = raw[:RAW_KEPT]
 
 
 class ActionError(EngineError):

@@ -520,6 +520,9 @@ class Reason(StrEnum):
     DRY_RUN = "dry_run"
     NOT_APPLICABLE = "not_applicable"  # a built-in rule for another node state: not audited
     POWER_BUDGET = "power_budget"  # the power controller keeps this GPU's limit (a budget)
+    # A record a stage reads (lock, cooldown, attempts, breaker, silence, node state) does
+    # not decode: nothing acts until a person repairs it (gpuops.errors.StateUnreadable).
+    STATE_UNREADABLE = "state_unreadable"
 
 
 class Match(_Frozen):

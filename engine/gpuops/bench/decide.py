@@ -80,6 +80,7 @@ class TimedKV:
     def __init__(self, kv: KV, calls: Calls) -> None:
         self.kv = kv
         self.calls = calls
+        self.name = kv.name
 
     async def get(self, key: str) -> Entry | None:
         return await self.calls.timed("kv.get", self.kv.get(key))

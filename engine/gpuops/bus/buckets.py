@@ -60,9 +60,13 @@ class Buckets:
     @classmethod
     def of(cls, kv: dict[str, KeyValue]) -> Buckets:
         """The JetStream buckets a connection opened (`Bus.kv`)."""
-        return cls(**{f.name: NatsKV(kv[f.name]) for f in fields(cls)})
+        return cls(**{f.name: NatsKV(kv[f.name], f.name) for f in fields(cls)})
+
+    def by_name(self) -> dict[str, KV]:
+        """Each bucket under its purpose (what errors and repairs call it)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def memory(cls) -> Buckets:
         """Fresh in-memory buckets."""
-        return cls(**{f.name: MemoryKV() for f in fields(cls)})
+        return cls(**{f.name: MemoryKV(f.name) for f in fields(cls)})

@@ -28,7 +28,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
 from gpuops.bus.reader import one_read
-from gpuops.errors import BusError
+from gpuops.errors import BusError, StateUnreadable
 
 # JetStream's codes for "the key is past the revision you named" (stream and KV forms).
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
@@ -53,6 +53,8 @@ class Entry:
 
 class KV(Protocol):
     """Get, put, compare-and-set, delete and list keys."""
+
+    name: str  # the bucket's purpose (gpuops.bus.buckets), in errors and repairs
 
     async def get(self, key: str) -> Entry | None:
         """The entry, or None when absent or deleted."""
@@ -79,8 +81,9 @@ class KV(Protocol):
 class NatsKV:
     """KV over a JetStream key-value bucket."""
 
-    def __init__(self, bucket: KeyValue) -> None:
+    def __init__(self, bucket: KeyValue, name: str = "") -> None:
         self.bucket = bucket
+        self.name = name
         self._name: str | None = None  # the bucket's name, asked once
 
     async def get(self, key: str) -> Entry | None:
@@ -147,7 +150,8 @@ class NatsKV:
 class MemoryKV:
     """KV in a dict, with revisions, for tests and shadow runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "") -> None:
+        self.name = name
         self.data: dict[str, Entry] = {}
         self.revision = 0
         self._lock = asyncio.Lock()
@@ -195,17 +199,19 @@ class Store(Generic[T]):
         return Read(self, parts)
 
     async def get(self, *parts: str) -> tuple[T | None, int]:
-        """The record and its revision; (None, 0) when absent. Unreadable counts as absent."""
-        return self.decode(await self.kv.get(self.key(*parts)))
+        """The record and its revision; (None, 0) when absent; StateUnreadable when it is
+        there but does not decode (never "absent": see gpuops.errors)."""
+        key = self.key(*parts)
+        return self.decode(await self.kv.get(key), key)
 
-    def decode(self, entry: Entry | None) -> tuple[T | None, int]:
+    def decode(self, entry: Entry | None, key: str) -> tuple[T | None, int]:
         """An entry as (record, revision), as `get` returns it."""
         if entry is None:
             return None, 0
         try:
             return self.model.model_validate_json(entry.value), entry.revision
-        except ValidationError:
-            return None, entry.revision
+        except ValidationError as exc:
+            raise StateUnreadable(self.kv.name, key, _first_error(exc), entry.value) from None
 
     async def put(self, value: T, *parts: str) -> int:
         """Store unconditionally."""
@@ -247,11 +253,38 @@ class Store(Generic[T]):
         return None
 
     async def all(self) -> list[tuple[str, T]]:
-        """Every readable record with its key."""
+        """Every record with its key; StateUnreadable if one does not decode (a stage
+        that cannot read one silence cannot tell which nodes it silences)."""
+        found, unreadable = await self.readable()
+        if unreadable:
+            raise unreadable[0]
+        return found
+
+    async def readable(self) -> tuple[list[tuple[str, T]], list[StateUnreadable]]:
+        """Every record that decodes, with its key, and what did not (for views: a
+        status lists what it can and names the rest)."""
         keys = await self.kv.keys(self.prefix + ".")
         entries = await together(*(self.kv.get(key) for key in keys))
-        found = ((key, self.decode(entry)[0]) for key, entry in zip(keys, entries, strict=True))
-        return [(key, value) for key, value in found if value is not None]
+        found: list[tuple[str, T]] = []
+        unreadable: list[StateUnreadable] = []
+        for key, entry in zip(keys, entries, strict=True):
+            try:
+                value, _ = self.decode(entry, key)
+            except StateUnreadable as exc:
+                unreadable.append(exc)
+                continue
+            if value is not None:
+                found.append((key, value))
+        return found, unreadable
+
+
+def _first_error(exc: ValidationError) -> str:
+    """The first thing wrong with a stored value, in a few words."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid"
+    where = ".".join(str(part) for part in errors[0]["loc"])
+    return f"{where + ': ' if where else ''}{errors[0]['msg']}"[:200]
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,13 +327,14 @@ class Reads:
 
     async def get(self, store: Store[T], *parts: str) -> tuple[T | None, int]:
         """The record and its revision as fetched (read now if it was not)."""
-        await self.fetch([store.read(*parts)])
-        return store.decode(self._entries[store.read(*parts).slot])
+        read = store.read(*parts)
+        await self.fetch([read])
+        return store.decode(self._entries[read.slot], read.slot[1])
 
     def known(self, store: Store[T], *parts: str) -> tuple[T | None, int] | None:
         """The record and revision fetched, for `Store.update(known=...)`; None if never read."""
         slot = store.read(*parts).slot
-        return store.decode(self._entries[slot]) if slot in self._entries else None
+        return store.decode(self._entries[slot], slot[1]) if slot in self._entries else None
 
     async def cas(self, store: Store[T], value: T, revision: int, *parts: str) -> bool:
         """`Store.cas`, remembering what it wrote so a commit can start from it."""

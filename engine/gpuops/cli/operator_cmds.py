@@ -97,6 +97,11 @@ CHAT_COMMANDS = [
         ("dry-run", "Switch the running engine's dry-run on or off."),
         ("drain", "Ask the engine to drain a node: drain NODE REASON."),
         ("undrain", "Ask the engine to return a node to service: undrain NODE [REASON]."),
+        (
+            "state",
+            "Stored records that do not decode: state list; state repair BUCKET KEY shows one "
+            "raw, --set JSON rewrites it (validated), --delete removes it.",
+        ),
     )
 ]
 

@@ -11,7 +11,9 @@ from pydantic import BaseModel, ConfigDict
 
 from gpuops.bus.store import KV, Store
 from gpuops.decide.stage import BaseStage, Drop, Proposal
+from gpuops.errors import StateUnreadable
 from gpuops.models import Reason
+from gpuops.record.unreadable import UnreadableState
 
 DRY_RUN_KEY = "dry_run"
 
@@ -27,11 +29,15 @@ class Switch(BaseModel):
 
 class DryRunSwitch:
     """Global dry-run: the settings' flag, or the switch a person flipped, read once a tick
-    (the decider asks `on` for every proposal; it never waits on KV for it)."""
+    (the decider asks `on` for every proposal; it never waits on KV for it). A switch
+    that does not decode reads as on: a fleet a person put in dry-run stays in it."""
 
-    def __init__(self, control: KV, configured: bool = False) -> None:
+    def __init__(
+        self, control: KV, configured: bool = False, unreadable: UnreadableState | None = None
+    ) -> None:
         self.store: Store[Switch] = Store(control, Switch, "switch")
         self.configured = configured
+        self.unreadable = unreadable or UnreadableState()
         self.flipped: Switch | None = None
 
     @property
@@ -41,7 +47,13 @@ class DryRunSwitch:
 
     async def read(self) -> bool:
         """The switch as people left it (read again now)."""
-        self.flipped, _ = await self.store.get(DRY_RUN_KEY)
+        try:
+            self.flipped, _ = await self.store.get(DRY_RUN_KEY)
+        except StateUnreadable as exc:
+            self.unreadable.note(exc)
+            self.flipped = Switch(on=True, by=f"unreadable switch: {exc.detail}")
+        else:
+            self.unreadable.cleared(self.store.kv.name, self.store.key(DRY_RUN_KEY))
         return self.on
 
     async def flip(self, on: bool, by: str) -> None:

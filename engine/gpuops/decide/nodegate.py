@@ -14,7 +14,12 @@ from gpuops.record.nodestate import NodeRecord, NodeState, NodeStates, validatio
 
 
 class NodeStateGate(BaseStage):
-    """Lets a rule that names node states through only while the node is in one of them."""
+    """Lets a rule that names node states through only while the node is in one of them.
+
+    Whatever would act reads the node's record too, though its rule names no state: a
+    record that does not decode then stops it (gpuops.errors.StateUnreadable), since
+    nothing should act on a node whose state cannot be read.
+    """
 
     name = "node_state"
 
@@ -22,12 +27,14 @@ class NodeStateGate(BaseStage):
         self.states = states
 
     def reads(self, p: Proposal) -> Sequence[Read]:
-        return (self.states.store.read(p.node),) if p.rule.states else ()
+        return (self.states.store.read(p.node),) if p.rule.states or p.acts else ()
 
     async def check(self, p: Proposal) -> Drop | None:
-        if not p.rule.states:
+        if not p.rule.states and not p.acts:
             return None
         found, _ = await p.reads.get(self.states.store, p.node)
+        if not p.rule.states:
+            return None
         record = found or NodeRecord(node=p.node)
         if record.state.value not in p.rule.states:
             return Drop(Reason.NOT_APPLICABLE, f"{p.node} is {record.state.value}")

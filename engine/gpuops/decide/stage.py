@@ -28,9 +28,11 @@ from typing import Protocol
 
 from gpuops.bus.store import Read, Reads, together
 from gpuops.clock import Clock
+from gpuops.errors import StateUnreadable
 from gpuops.match.expr import render
 from gpuops.match.rules import Rule
 from gpuops.models import ActionSpec, Decision, Match, Reason
+from gpuops.record.unreadable import UnreadableState
 
 Write = Callable[[Decision], Awaitable[None]]
 
@@ -135,11 +137,16 @@ class Decider:
     """Runs the stages in order; the first drop wins."""
 
     def __init__(
-        self, stages: Sequence[Stage], clock: Clock, dry_run: GlobalDryRun | None = None
+        self,
+        stages: Sequence[Stage],
+        clock: Clock,
+        dry_run: GlobalDryRun | None = None,
+        unreadable: UnreadableState | None = None,
     ) -> None:
         self.stages = tuple(stages)
         self.clock = clock
         self.dry_run = dry_run or Live()
+        self.unreadable = unreadable or UnreadableState()
 
     def propose(self, match: Match, rule: Rule, approved_by: str | None = None) -> Proposal:
         """The proposal a match starts as: the rule's actions, rendered from the fact."""
@@ -188,8 +195,15 @@ class Decider:
         """The stages passed in order, and the drop that stopped the proposal, if one did."""
         passed: list[Stage] = []
         for i, stage in enumerate(self.stages):
-            await self._fetch(p, i)
-            drop = await stage.check(p)
+            try:
+                await self._fetch(p, i)
+                drop = await stage.check(p)
+            except StateUnreadable as exc:
+                # Fail closed: a lock, cooldown, breaker or silence that cannot be read
+                # may be the one that says no.
+                found = self.unreadable.note(exc)
+                detail = f"{stage.name}: {found.bucket}/{found.key} unreadable ({found.detail})"
+                return passed, Drop(Reason.STATE_UNREADABLE, detail)
             if drop is not None:
                 return passed, drop
             passed.append(stage)

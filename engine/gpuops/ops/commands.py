@@ -14,21 +14,22 @@ import shlex
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gpuops import subjects
 from gpuops.bus.conn import Bus
 from gpuops.bus.identity import ENGINE_ONLY_KINDS
 from gpuops.bus.publish import JetStreamPublisher
+from gpuops.bus.store import Store
 from gpuops.clock import Clock, rfc3339
 from gpuops.decide.breaker import BreakerState
 from gpuops.decide.silence import parse_target, silence_span
 from gpuops.decide.stores import Stores
-from gpuops.errors import BusError, ConfigError, EngineError
+from gpuops.errors import BusError, ConfigError, EngineError, StateUnreadable
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.durations import format_duration
 from gpuops.models import new_event, subject_for
@@ -42,15 +43,19 @@ from gpuops.ops.cmdwire import (
 from gpuops.ops.heartbeat import EngineState, Heartbeats, engine_state
 from gpuops.ops.power import USAGE as POWER_USAGE
 from gpuops.ops.power import do_power
+from gpuops.ops.staterepair import USAGE as STATE_USAGE
+from gpuops.ops.staterepair import do_state
 from gpuops.power.config import PowerSettings
 from gpuops.record.approvals import ApprovalStatus
 from gpuops.record.audit import read_audit
 from gpuops.record.episodes import episode_line, read_open
 from gpuops.record.nodestate import NodeState
+from gpuops.record.unreadable import SHOWN, ModelOf
 from gpuops.scale.lag import render_replicas, replica_view
 from gpuops.settings import ChatopsSettings, Platform
 
 FORCE = "--force"
+T = TypeVar("T", bound=BaseModel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +149,7 @@ class Commands:
         drift_check: Callable[[str], Awaitable[str]] | None = None,
         power: PowerSettings | None = None,
         density: Callable[[float], str] | None = None,
+        model_of: ModelOf | None = None,
     ) -> None:
         """`inventory` None: the CLI's read-only use (status), which needs no inventory file."""
         self.bus, self.clock, self.inventory, self.settings = bus, clock, inventory, settings
@@ -157,6 +163,7 @@ class Commands:
         self.heartbeats = Heartbeats(self.control)
         self.drift_check = drift_check
         self.density = density
+        self.model_of = model_of  # the engine's: which record each stored key holds
 
     @classmethod
     def over_bus(
@@ -270,14 +277,13 @@ class Commands:
 
     async def status(self) -> dict[str, Any]:
         """The fleet: counts per state, nodes not healthy, breaker, approvals, silences,
-        and whether an engine is running (its heartbeat)."""
+        whether an engine is running (its heartbeat), and the stored records that do not
+        decode (what this read met, and what the engine says it met)."""
         now = self.clock.now()
         engine = await self.engine(now)
-        records = {
-            r.node: r
-            for r in await self.states.all()
-            if self.inventory is None or r.node in self.inventory
-        }
+        unreadable: list[StateUnreadable] = []
+        states = await self._readable(self.states.store, unreadable)
+        records = {r.node: r for r in states if self.inventory is None or r.node in self.inventory}
         counts = dict.fromkeys((s.value for s in NodeState), 0)
         for record in records.values():
             counts[record.state.value] += 1
@@ -295,13 +301,17 @@ class Commands:
             ),
             key=lambda r: r["since"],
         )
-        breaker, _ = await self.breaker.get()
         approvals = [
             r.model_dump(mode="json", exclude={"match"})
-            for r in await self.approvals.all()
+            for r in await self._readable(self.approvals.store, unreadable)
             if r.status is ApprovalStatus.PENDING and r.expires > now
         ]
-        silences = [s.model_dump() for s in await self.silences.all() if s.ends > now]
+        silences = [
+            s.model_dump()
+            for s in await self._readable(self.silences.store, unreadable)
+            if s.ends > now
+        ]
+        await self._readable(self.episodes, unreadable)  # named below; read_open skips them
         dry_run = await self.stores.dry_run.read()
         return {
             "at": now,
@@ -312,7 +322,7 @@ class Commands:
             },
             "counts": counts,
             "unhealthy": unhealthy,
-            "breaker": breaker.model_dump(mode="json"),
+            "breaker": await self._breaker(),
             "approvals": approvals,
             "silences": silences,
             "episodes": [
@@ -320,8 +330,34 @@ class Commands:
                 for ep in await read_open(self.episodes)
             ],
             "dry_run": dry_run,
+            "unreadable": self._unreadable_lines(unreadable, engine),
             "scale": await self._replicas(),
         }
+
+    async def _readable(self, store: Store[T], unreadable: list[StateUnreadable]) -> list[T]:
+        """The records of `store` that decode; those that do not go to `unreadable`."""
+        found, bad = await store.readable()
+        unreadable += bad
+        return [record for _, record in found]
+
+    async def _breaker(self) -> dict[str, Any]:
+        """The breaker as stored; one that does not decode shows as what it means: open."""
+        try:
+            breaker, _ = await self.breaker.get()
+        except StateUnreadable as exc:
+            self.stores.unreadable.note(exc)
+            why = f"its record is unreadable ({exc.detail}): automation that counts stops"
+            return {"state": BreakerState.OPEN.value, "why": why, "unreadable": True}
+        return breaker.model_dump(mode="json")
+
+    def _unreadable_lines(self, met: list[StateUnreadable], engine: EngineState) -> list[str]:
+        """What this read met, what this process met before, and the engine's, once each."""
+        for exc in met:
+            self.stores.unreadable.note(exc)
+        lines = [u.line() for u in self.stores.unreadable.entries()]
+        if engine.beat is not None:
+            lines += engine.beat.unreadable
+        return list(dict.fromkeys(lines))
 
     async def _replicas(self) -> dict[str, Any]:
         """The engine replicas and their partitions (empty when it cannot be read)."""
@@ -456,6 +492,9 @@ class Commands:
             args, caller.principal, self.control, self.power, self.inventory, self.clock.now()
         )
 
+    async def do_state(self, args: list[str], caller: Caller) -> str:
+        return await do_state(args, self.stores.buckets, self.stores.unreadable, self.model_of)
+
     async def do_density(self, args: list[str], caller: Caller) -> str:
         if self.density is None:
             raise CommandError(
@@ -517,6 +556,7 @@ COMMANDS: dict[str, Command] = {
         Command("dry-run", Commands.do_dry_run, "dry-run on|off", _G),
         Command("power", Commands.do_power, POWER_USAGE, _G),
         Command("density", Commands.do_density, "density [THRESHOLD%]", _R),
+        Command("state", Commands.do_state, STATE_USAGE, _G, False),
         Command(
             "publish", Commands.do_publish, "publish EVENT-JSON...", Access.GRANTED_ONLY, False
         ),
@@ -551,6 +591,8 @@ def render_status(s: dict[str, Any]) -> str:
     lines.append(f"open episodes: {len(episodes)}")
     lines += [f"  {ep['line']}" for ep in episodes[:20]]
     lines.append(f"dry-run: {'on' if s['dry_run'] else 'off'}")
+    for line in s.get("unreadable", [])[:SHOWN]:
+        lines.append(f"unreadable state: {line}")
     scale = s.get("scale", {})
     if "error" in scale:
         lines.append(f"replicas: unknown ({scale['error']})")

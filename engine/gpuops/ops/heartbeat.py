@@ -38,6 +38,8 @@ class Heartbeat(BaseModel):
     host: str = ""
     pid: int = 0
     stopped: float | None = None
+    # The records this engine found unreadable (gpuops.record.unreadable), as lines.
+    unreadable: tuple[str, ...] = ()
 
 
 def this_process(role: str, started: float, rules: int, hosts: int) -> Heartbeat:
@@ -67,8 +69,10 @@ class Heartbeats:
         await self.store.put(beat, beat.role)
 
     async def all(self) -> list[Heartbeat]:
-        """Every role's latest beat, newest first."""
-        return sorted((b for _, b in await self.store.all()), key=lambda b: -b.at)
+        """Every role's latest beat that reads, newest first (an engine whose beat does
+        not decode reads as not beating)."""
+        found, _ = await self.store.readable()
+        return sorted((b for _, b in found), key=lambda b: -b.at)
 
 
 @dataclass(frozen=True, slots=True)

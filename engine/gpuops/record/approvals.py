@@ -112,5 +112,6 @@ class ApprovalStore:
         return stored is not None and stored.status is status
 
     async def all(self) -> list[ApprovalRecord]:
-        """Every approval record."""
-        return [r for _, r in await self.store.all()]
+        """Every approval record that decodes (one that does not approves nothing)."""
+        found, _ = await self.store.readable()
+        return [r for _, r in found]

@@ -328,6 +328,9 @@ def episode_line(ep: Episode, now: float) -> str:
 
 
 async def read_open(store: Store[Episode]) -> list[Episode]:
-    """Open episodes as KV has them (every replica's and the executor's view), oldest first."""
-    found = [ep for _, ep in await store.all() if ep.resolved_at is None]
+    """Open episodes as KV has them (every replica's and the executor's view), oldest first.
+    One that does not decode is left out: episodes group what people are told and gate
+    nothing (`gpuops status` names it)."""
+    readable, _ = await store.readable()
+    found = [ep for _, ep in readable if ep.resolved_at is None]
     return sorted(found, key=lambda ep: ep.opened_at)

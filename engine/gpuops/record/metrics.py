@@ -106,6 +106,18 @@ class Metrics:
             registry=r,
         )
         self.episodes_open = Gauge("gpuops_episodes_open", "Faults not yet recovered", registry=r)
+        self.state_unreadable = Counter(
+            "gpuops_state_unreadable",
+            "Stored records found unreadable (each once until repaired), by bucket",
+            ["bucket"],
+            registry=r,
+        )
+        self.state_unreadable_now = Gauge(
+            "gpuops_state_unreadable_now",
+            "Stored records unreadable now (nothing acts on what they guard), by bucket",
+            ["bucket"],
+            registry=r,
+        )
 
     def set_one_of(self, gauge: Gauge, current: str, every: Iterable[str]) -> None:
         """A gauge by state: 1 for `current`, 0 for every other state."""

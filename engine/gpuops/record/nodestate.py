@@ -209,5 +209,8 @@ class NodeStates:
         return result[0] if result else None
 
     async def all(self) -> list[NodeRecord]:
-        """Every node that ever left healthy, with its current record."""
-        return [r for _, r in await self.store.all()]
+        """Every node that ever left healthy, with its current record; one that does not
+        decode is left out (the gate reads each node's own record, strictly, before
+        anything acts on it; `gpuops status` names the rest)."""
+        found, _ = await self.store.readable()
+        return [r for _, r in found]

@@ -9,11 +9,13 @@ and the episode's run times. Nothing here sends work back up the pipeline.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from gpuops.bus.store import together
 from gpuops.catalog import Catalog
 from gpuops.clock import Clock
+from gpuops.errors import StateUnreadable
 from gpuops.models import AuditRecord, Decision, Intent, Reason, RunOutcome
 from gpuops.record import nodestate as ns
 from gpuops.record.approvals import ApprovalStore
@@ -21,6 +23,7 @@ from gpuops.record.audit import Auditor
 from gpuops.record.episodes import Episodes
 from gpuops.record.notify import Notifier
 from gpuops.record.outbox import Outbox, Tell
+from gpuops.record.unreadable import UnreadableState
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +84,10 @@ class Recorder:
         outbox: Outbox,
         approval_timeout_s: float = 1800.0,
         validation_timeout_s: float = 900.0,
+        unreadable: UnreadableState | None = None,
     ) -> None:
         self.auditor = auditor
+        self.unreadable = unreadable or UnreadableState()
         self.states = states
         self.approvals = approvals
         self.catalog = catalog
@@ -104,16 +109,28 @@ class Recorder:
             return
         now, m = self.clock.now(), d.match
         approval = await self._hold(d) if d.reason is Reason.APPROVAL_PENDING else None
-        writes = [
-            self.states.apply(m.node, lambda r: ns.after_decision(r, d, self.catalog, now)),
-            self.episodes.decided(d),
-        ]
+        writes: list[Awaitable[object]] = []
+        if d.reason is not Reason.STATE_UNREADABLE:  # the audit only: its state is unread
+            writes += [
+                self._or_told(
+                    self.states.apply(m.node, lambda r: ns.after_decision(r, d, self.catalog, now))
+                ),
+                self._or_told(self.episodes.decided(d)),
+            ]
         repeats = self._repeated(d, now)
         if repeats is not None:
             record = decision_record(d, [i.key for i in intents], now, approval, repeats)
             writes.append(self.auditor.write(record, decision_msg_id(d)))
         await together(*writes)
         self.outbox.flush(now, inhibited=self.episodes.node_level)
+
+    async def _or_told(self, write: Awaitable[object]) -> None:
+        """A write that reads its record first; an unreadable record is told and left
+        as it is (a person repairs it), and the decision's audit record still goes out."""
+        try:
+            await write
+        except StateUnreadable as exc:
+            self.unreadable.note(exc)
 
     async def _hold(self, d: Decision) -> str:
         record = await self.approvals.open(d, self.clock.now(), self.approval_timeout_s)

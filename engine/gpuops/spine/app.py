@@ -35,7 +35,7 @@ from gpuops.clock import Clock
 from gpuops.console import Console, Latest
 from gpuops.console.latest import SIGNALS
 from gpuops.decide.breaker import BreakerState
-from gpuops.errors import ConfigError, EngineError
+from gpuops.errors import ConfigError, EngineError, StateUnreadable
 from gpuops.http import HttpServer
 from gpuops.intake.alertmanager import AlertmanagerReceiver
 from gpuops.intake.consumer import Intake, Priority
@@ -53,12 +53,14 @@ from gpuops.record.audit import Auditor
 from gpuops.record.density import render as render_density
 from gpuops.record.nodestate import node_counts
 from gpuops.record.notify import Notifier, Webhook
+from gpuops.record.unreadable import SHOWN
 from gpuops.scale.leases import default_replica_id
 from gpuops.scale.replica import Partitions, ReplicaLock, filters
 from gpuops.settings import Settings, secret_values
 from gpuops.signing import load_key
 from gpuops.spine.build import Engine, build_engine
 from gpuops.spine.pipeline import Pipeline
+from gpuops.spine.statemodels import model_of
 
 log = logging.getLogger(__name__)
 
@@ -298,8 +300,18 @@ class App:
         beat = this_process(
             self.settings.role, self.started, len(self.rules.rules), len(self.inventory.hosts)
         )
+        unreadable = self.engine.stores.unreadable
         while not self.stop.is_set():
-            beat = beat.model_copy(update={"at": self.clock.now(), "rules": len(self.rules.rules)})
+            # What this engine found unreadable, looked at again: a record repaired
+            # through another replica, or written anew, drops out.
+            await unreadable.recheck(self.engine.buckets.by_name(), model_of)
+            beat = beat.model_copy(
+                update={
+                    "at": self.clock.now(),
+                    "rules": len(self.rules.rules),
+                    "unreadable": tuple(u.line() for u in unreadable.entries()[:SHOWN]),
+                }
+            )
             await beats.beat(beat)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), HEARTBEAT_EVERY_S)
@@ -373,6 +385,7 @@ class App:
             self.run_drift_check,
             self.settings.power,
             density=self.density_report,
+            model_of=model_of,
         )
 
     def density_report(self, threshold: float) -> str:
@@ -521,9 +534,13 @@ class App:
         m = self.engine.metrics
         m.nats_connected.set(1.0 if self.bus.nc.is_connected else 0.0)
         await self._observe_partitions()
-        breaker, _ = await self.engine.breaker.get()
-        m.breaker_open.set(1.0 if breaker.state is BreakerState.OPEN else 0.0)
-        m.set_one_of(m.breaker_state, breaker.state.value, (b.value for b in BreakerState))
+        try:
+            breaker = (await self.engine.breaker.get())[0].state
+        except StateUnreadable as exc:  # it stops what it would stop open: it reads open
+            self.engine.stores.unreadable.note(exc)
+            breaker = BreakerState.OPEN
+        m.breaker_open.set(1.0 if breaker is BreakerState.OPEN else 0.0)
+        m.set_one_of(m.breaker_state, breaker.value, (b.value for b in BreakerState))
         counts = node_counts(await self.engine.states.all(), self.inventory.hosts)
         for state, n in counts.items():
             m.node_states.labels(state).set(n)

@@ -144,7 +144,8 @@ def build_engine(
     requests to the pipeline's one entry."""
     s, notifier = settings.safety, notifier or Notifier()
     sharing = sharing or Whole()
-    stores = Stores.over(buckets, publisher, settings.dry_run)
+    metrics = metrics or Metrics()
+    stores = Stores.over(buckets, publisher, settings.dry_run, metrics, clock)
 
     async def tripped(why: str) -> None:
         notifier.notify("breaker open", f"automation stopped: {why}; reset it when understood")
@@ -174,12 +175,11 @@ def build_engine(
         DryRun(),
         ApprovalGate(),
     ]
-    metrics = metrics or Metrics()
     recorder = _recorder(settings, stores, catalog, notifier, clock, metrics)
     controller = PowerController(settings.power, node_policies(inventory, settings.power))
     pipeline = Pipeline(
         Matcher(with_builtins(rules, catalog), clock, inventory=inventory),
-        Decider(stages, clock, stores.dry_run),
+        Decider(stages, clock, stores.dry_run, stores.unreadable),
         recorder,
         publisher,
         clock,
@@ -235,4 +235,5 @@ def _recorder(
         outbox,
         s.approval_timeout_s,
         s.validation_timeout_s,
+        stores.unreadable,
     )
