@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import uuid
@@ -45,12 +46,16 @@ MAX_TEXT = 4096
 
 
 def cut_text(text: str, limit: int) -> str:
-    """`text`, or its first characters and a marker saying how many were cut, in at most
-    `limit` characters (so cutting again changes nothing)."""
+    """`text`, or its first characters and a marker saying how many were cut and the
+    SHA-256 of the whole (what the original was stays provable), in at most `limit`
+    characters (so cutting again changes nothing)."""
     if len(text) <= limit:
         return text
-    keep = max(0, limit - len(f"…[cut {len(text)} chars]"))  # the count has at most its digits
-    return f"{text[:keep]}…[cut {len(text) - keep} chars]"
+    # Surrogates pass: JSON may hold a lone "\ud800", which strict UTF-8 cannot encode.
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    longest = f"…[cut {len(text)} chars, sha256 {digest}]"  # the count has at most its digits
+    keep = max(0, limit - len(longest))
+    return f"{text[:keep]}…[cut {len(text) - keep} chars, sha256 {digest}]"
 
 
 @dataclass(frozen=True, slots=True)

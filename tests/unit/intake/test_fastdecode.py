@@ -7,6 +7,7 @@ or both give the same facts, node, id and time.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -188,5 +189,7 @@ def test_free_text_over_its_bound_is_cut_alike_on_both_paths_and_marked() -> Non
     event = decode(payload, SUBJECT, NOW)
     assert isinstance(event, TelemetryEvent) and Telemetry.of(event) == fast
     name, pod = fast.facts[0]["name"], fast.facts[0]["labels"]["pod"]
-    assert len(name) <= MAX_TEXT and name.endswith(f"…[cut {10_000 - name.index('…')} chars]")
+    digest = hashlib.sha256(b"n" * 10_000).hexdigest()
+    assert len(name) <= MAX_TEXT
+    assert name.endswith(f"…[cut {10_000 - name.index('…')} chars, sha256 {digest}]")
     assert len(pod) <= MAX_ALERT_TEXT and pod.startswith("p" * 900) and "…[cut " in pod

@@ -174,7 +174,9 @@ def test_cut_text_keeps_the_bound_marks_what_it_cut_and_cuts_nothing_twice(size:
     text = "a" * size
     cut = cut_text(text, MAX_TEXT)
     kept = cut.index("…")
-    assert len(cut) <= MAX_TEXT and cut == "a" * kept + f"…[cut {size - kept} chars]"
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert len(cut) <= MAX_TEXT
+    assert cut == "a" * kept + f"…[cut {size - kept} chars, sha256 {digest}]"
     assert cut_text(cut, MAX_TEXT) == cut  # a record read back and decoded again is the same
     assert cut_text("a" * MAX_TEXT, MAX_TEXT) == "a" * MAX_TEXT  # at the bound: kept whole
 
@@ -215,7 +217,8 @@ def test_free_text_over_its_bound_is_cut_with_a_marker_and_the_event_decided(
     bound = MAX_ALERT_TEXT if kind in ("alert", "sxid") else MAX_TEXT
     for text in cut:
         assert len(text) <= bound and text.startswith("\u00e9" * 100), kind
-        assert text.endswith(f"…[cut {25_000 - text.index('…')} chars]"), kind
+        digest = hashlib.sha256(LONG.encode()).hexdigest()
+        assert text.endswith(f"…[cut {25_000 - text.index('…')} chars, sha256 {digest}]"), kind
     assert len(event.model_dump_json()) < 64 * 1024, "the accepted event is small"
 
 
@@ -232,7 +235,8 @@ def test_an_event_over_max_event_bytes_is_too_large_and_one_at_it_is_read() -> N
     at_limit = _event("xid", {"gpu": 0, "xid": 13, "message": "m" * pad})
     assert len(at_limit) == MAX_EVENT_BYTES
     message = decode(at_limit).data.message  # type: ignore[union-attr]
-    assert message.endswith(f"…[cut {pad - message.index('…')} chars]")
+    digest = hashlib.sha256(b"m" * pad).hexdigest()
+    assert message.endswith(f"…[cut {pad - message.index('…')} chars, sha256 {digest}]")
     over = _event("xid", {"gpu": 0, "xid": 13, "message": "m" * (pad + 1)})
     with pytest.raises(EventError) as caught:
         decode(over)
