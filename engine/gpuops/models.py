@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Protocol
@@ -13,10 +16,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     TypeAdapter,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import core_schema
 
 from gpuops import subjects
 from gpuops.clock import rfc3339
@@ -32,6 +39,67 @@ Int = Annotated[int, Field(ge=-MAX_MAGNITUDE, le=MAX_MAGNITUDE)]
 # No node NVML reports has more GPUs; an index past it is a broken or forged sample, and
 # every per-GPU state (windows, the power controller, the density day) is keyed by it.
 MAX_GPUS = 64
+# Free text a node or another system writes (a driver message, a kernel line, an
+# alert's annotation) is cut, not refused: the event is still decided, and every record
+# that copies its facts (audit, intent, episode) stays far under NATS's 1 MiB.
+MAX_TEXT = 4096
+
+
+def cut_text(text: str, limit: int) -> str:
+    """`text`, or its first characters and a marker saying how many were cut and the
+    SHA-256 of the whole (what the original was stays provable), in at most `limit`
+    characters (so cutting again changes nothing)."""
+    if len(text) <= limit:
+        return text
+    # Surrogates pass: JSON may hold a lone "\ud800", which strict UTF-8 cannot encode.
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    longest = f"…[cut {len(text)} chars, sha256 {digest}]"  # the count has at most its digits
+    keep = max(0, limit - len(longest))
+    return f"{text[:keep]}…[cut {len(text) - keep} chars, sha256 {digest}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """A free-text string's bound: longer text is cut to `limit` characters, marked.
+
+    Text within the bound is checked in pydantic's core alone (the first branch), so the
+    telemetry fast path pays a length check; only longer text calls `cut_text`.
+    """
+
+    limit: int
+    min_length: int | None = None
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        limit = self.limit
+        bounded = core_schema.union_schema(
+            [
+                core_schema.str_schema(max_length=limit),
+                core_schema.no_info_after_validator_function(
+                    lambda text: cut_text(text, limit), core_schema.str_schema()
+                ),
+            ],
+            mode="left_to_right",
+            custom_error_type="string_type",  # one error for a non-string, not one per branch
+        )
+        if self.min_length is None:
+            return bounded
+        shortest = core_schema.str_schema(min_length=self.min_length)
+        return core_schema.chain_schema([bounded, shortest])  # "too short" said as such
+
+    def __get_pydantic_json_schema__(
+        self, core: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        shortest = {} if self.min_length is None else {"minLength": self.min_length}
+        return {
+            "type": "string",
+            **shortest,
+            "description": f"free text, cut to {self.limit} characters",
+        }
+
+
+Text = Annotated[str, Cut(MAX_TEXT)]
 
 
 def subject_token(node: str) -> str:
@@ -105,7 +173,7 @@ class _Open(BaseModel):
 MAX_ALERT_LABELS = 64
 MAX_ALERT_TEXT = 1024
 AlertKey = Annotated[str, Field(min_length=1, max_length=128)]
-AlertText = Annotated[str, Field(max_length=MAX_ALERT_TEXT)]
+AlertText = Annotated[str, Cut(MAX_ALERT_TEXT)]
 
 
 # --- event data, one model per kind -------------------------------------------------
@@ -115,8 +183,8 @@ class GpuSample(_Open):
     """One GPU's readings in a telemetry event; a field NVML did not support is null."""
 
     index: int = Field(ge=0, lt=MAX_GPUS)
-    uuid: str | None = None
-    name: str | None = None
+    uuid: Text | None = None
+    name: Text | None = None
     temp_c: Num | None = None
     mem_temp_c: Num | None = None
     temp_slowdown_c: Num | None = None
@@ -176,9 +244,7 @@ class GpuSample(_Open):
     namespace: str | None = Field(default=None, max_length=253)
     container: str | None = Field(default=None, max_length=253)
     # The raw labels of a scraped series (source prometheus), for people correlating.
-    labels: dict[str, Annotated[str, Field(max_length=1024)]] | None = Field(
-        default=None, max_length=64
-    )
+    labels: dict[str, AlertText] | None = Field(default=None, max_length=64)
 
 
 class TelemetryData(_Open):
@@ -192,7 +258,7 @@ class XidData(_Open):
 
     gpu: int = Field(ge=0, le=MAX_MAGNITUDE)
     xid: int = Field(ge=0, le=MAX_MAGNITUDE)
-    message: str = ""
+    message: Text = ""
 
 
 class EccData(_Open):
@@ -207,7 +273,7 @@ class GpuLostData(_Open):
     """NVML answered "GPU is lost" for a device."""
 
     gpu: int = Field(ge=0, le=MAX_MAGNITUDE)
-    error: str = ""
+    error: Text = ""
 
 
 class ProbeData(_Open):
@@ -216,7 +282,7 @@ class ProbeData(_Open):
     gpu: int | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
     ok: bool
     outcome: Literal["pass", "fail", "timeout", "unavailable"] = "pass"
-    error: str | None = None
+    error: Text | None = None
     duration_s: float | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
     # The validation request's nonce this probe answers (none: a scheduled probe).
     nonce: str | None = Field(default=None, pattern=r"^[0-9a-f]{1,64}$")
@@ -234,7 +300,7 @@ class HeartbeatData(_Open):
     """The agent is alive."""
 
     seq: int = Field(default=0, ge=0, le=MAX_MAGNITUDE)
-    agent_version: str = ""
+    agent_version: Text = ""
     uptime_s: Num | None = None
     spool_dropped: int = Field(default=0, ge=0, le=MAX_MAGNITUDE)
 
@@ -242,17 +308,31 @@ class HeartbeatData(_Open):
 class DriftData(_Open, _Finite):
     """A setting of the baseline differs from what the node reports."""
 
-    setting: str = Field(min_length=1)
+    setting: Annotated[str, Cut(MAX_TEXT, min_length=1)]
     expected: Any = None
     actual: Any = None
     gpu: int | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
+
+    @field_validator("expected", "actual")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        """A value longer than MAX_TEXT as JSON becomes its JSON text, cut: an `Any` can
+        grow when written again (`9e15` is `9000000000000000.0`), and every record of
+        a decision copies it."""
+        if isinstance(value, bool | int | float | None):
+            return value
+        why = _bad_number(value)  # before it may become text, which is not looked into
+        if why is not None:
+            raise ValueError(why)
+        text = json.dumps(value)  # parsed from JSON: only lists, mappings and scalars
+        return value if len(text) <= MAX_TEXT else cut_text(text, MAX_TEXT)
 
 
 class UnreachableData(_Open):
     """A host could not be reached by a check or a run."""
 
-    error: str = ""
-    check: str = ""
+    error: Text = ""
+    check: Text = ""
 
 
 # Counters every ConnectX port exposes under ports/<n>/counters (InfiniBand and RoCE).
@@ -315,19 +395,19 @@ class SxidData(_Open):
     pci: str = Field(default="", max_length=32)  # 0000:8a:00.0
     sxid: int = Field(ge=0, le=MAX_MAGNITUDE)
     fatal: bool | None = None  # the driver's "Fatal" / "Non-fatal" word, when it says
-    message: str = Field(default="", max_length=1024)
+    message: AlertText = ""
 
 
 class ChatopsData(_Open):
     """A command typed by a person in Slack or Mattermost."""
 
-    command: str = Field(min_length=1)
-    args: list[str] = Field(default_factory=list)
-    user: str = ""  # the principal: slack:TEAM/USER, mattermost:TEAM/USER, console:U, cli:U
-    name: str = ""  # the person's display name there, for reading only
-    channel: str = ""
+    command: Annotated[str, Cut(MAX_TEXT, min_length=1)]
+    args: list[Text] = Field(default_factory=list)
+    user: Text = ""  # the principal: slack:TEAM/USER, mattermost:TEAM/USER, console:U, cli:U
+    name: Text = ""  # the person's display name there, for reading only
+    channel: Text = ""
     platform: Literal["slack", "mattermost", "cli", "console"] = "cli"
-    reason: str = ""  # the free text after a command's arguments (drain NODE REASON)
+    reason: Text = ""  # the free text after a command's arguments (drain NODE REASON)
 
 
 class AlertData(_Open):

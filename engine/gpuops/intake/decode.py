@@ -17,7 +17,12 @@ from gpuops.intake.fastdecode import telemetry_facts
 from gpuops.match.facts import Telemetry
 from gpuops.models import EVENT_ADAPTER, Event, TelemetryEvent
 
-MAX_EVENT_BYTES = 1 << 20
+# An event bigger than this is a dead letter (`too_large`) before it is read. NATS takes
+# up to 1 MiB, but a decision's intent carries its facts (and their copies in playbook
+# vars): an event at a quarter of that, its free text cut (models.MAX_TEXT), leaves
+# every record built from it under the max payload. The largest real one, a 64-GPU
+# sample with its labels, is well under.
+MAX_EVENT_BYTES = 256 * 1024
 MAX_FUTURE_S = 300.0  # the default of settings.max_future_skew_s
 
 

@@ -23,6 +23,7 @@ from gpuops.match.aggregates import FUNCTIONS as AGGREGATES
 from gpuops.match.aggregates import MAX_WINDOW_S, Aggregate
 from gpuops.match.durations import PATTERN as DURATION_PATTERN
 from gpuops.match.durations import format_duration, parse_duration
+from gpuops.models import MAX_TEXT, cut_text
 
 Fact = Mapping[str, Any]
 Condition = Callable[[Fact], bool]
@@ -427,9 +428,13 @@ def template_names(text: str) -> list[str]:
 
 
 def render(value: Any, fact: Fact) -> Any:
-    """Fill `{{ name }}` placeholders from the fact; only plain names, no Jinja."""
+    """Fill `{{ name }}` placeholders from the fact; only plain names, no Jinja.
+
+    Each filled value is cut to MAX_TEXT: a playbook var is copied into the intent and
+    its decision, and a fact written as text (a list of floats) can be longer than the
+    event held it."""
     if isinstance(value, str):
-        return _TEMPLATE.sub(lambda m: str(fact.get(m.group(1), "")), value)
+        return _TEMPLATE.sub(lambda m: cut_text(str(fact.get(m.group(1), "")), MAX_TEXT), value)
     if isinstance(value, list):
         return [render(v, fact) for v in value]
     if isinstance(value, dict):

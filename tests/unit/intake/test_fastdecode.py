@@ -7,6 +7,7 @@ or both give the same facts, node, id and time.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -17,7 +18,7 @@ import pytest
 from gpuops.errors import EventError
 from gpuops.intake.decode import decode, decode_intake
 from gpuops.match.facts import GPU_FIELDS, Telemetry
-from gpuops.models import TelemetryEvent, new_event
+from gpuops.models import MAX_ALERT_TEXT, MAX_TEXT, TelemetryEvent, new_event
 from gpuops.sim.fleet import SimFleet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -108,7 +109,8 @@ HOSTILE: list[tuple[str, bytes]] = [
     ("lone surrogate", _sample([{"index": 0, "name": "\ud800"}])),
     ("unicode", _sample([{"index": 0, "name": "Hopper\u00e9"}])),
     ("long pod", _sample([{"index": 0, "pod": "p" * 254}])),
-    ("labels", _sample([{"index": 0, "labels": {"a": "b" * 1025}}])),
+    ("labels", _sample([{"index": 0, "labels": {"a": "b" * 1025}}])),  # cut, not refused
+    ("long name", _sample([{"index": 0, "name": "n" * 5000, "uuid": "u" * 5000}])),  # cut
     ("not json", b'{"kind": "telemetry", '),
     (
         "other kind",
@@ -122,7 +124,8 @@ HOSTILE: list[tuple[str, bytes]] = [
 @pytest.mark.parametrize(("what", "payload"), HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_samples_are_refused_as_the_model_refuses_them(what: str, payload: bytes) -> None:
     outcome = _both(payload)
-    if what in ("offset", "unicode", "later field", "float int", "string number", "bool number"):
+    taken = ("offset", "unicode", "later field", "float int", "string number", "bool number")
+    if what in (*taken, "labels", "long name"):
         assert outcome == "ok", what  # the model takes these, so must the fast path
     elif what == "other kind":
         assert outcome == "subject_mismatch"
@@ -177,3 +180,16 @@ def test_non_finite_values_never_reach_a_fact() -> None:
     fast = decode_intake(_sample([{"index": 0, "temp_c": 1.8e19, "power_w": -0.0}]), SUBJECT, NOW)
     assert isinstance(fast, Telemetry)
     assert all(math.isfinite(v) for v in (fast.facts[0]["temp_c"], fast.facts[0]["power_w"]))
+
+
+def test_free_text_over_its_bound_is_cut_alike_on_both_paths_and_marked() -> None:
+    payload = _sample([{"index": 0, "name": "n" * 10_000, "labels": {"pod": "p" * 2000}}])
+    fast = decode_intake(payload, SUBJECT, NOW)
+    assert isinstance(fast, Telemetry)
+    event = decode(payload, SUBJECT, NOW)
+    assert isinstance(event, TelemetryEvent) and Telemetry.of(event) == fast
+    name, pod = fast.facts[0]["name"], fast.facts[0]["labels"]["pod"]
+    digest = hashlib.sha256(b"n" * 10_000).hexdigest()
+    assert len(name) <= MAX_TEXT
+    assert name.endswith(f"…[cut {10_000 - name.index('…')} chars, sha256 {digest}]")
+    assert len(pod) <= MAX_ALERT_TEXT and pod.startswith("p" * 900) and "…[cut " in pod

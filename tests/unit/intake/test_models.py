@@ -8,8 +8,15 @@ import json
 
 import pytest
 from gpuops.errors import EventError
-from gpuops.intake.decode import MAX_DEAD_PAYLOAD, MAX_DEAD_TEXT, dead_letter, decode, event_subject
-from gpuops.models import event_json_schema
+from gpuops.intake.decode import (
+    MAX_DEAD_PAYLOAD,
+    MAX_DEAD_TEXT,
+    MAX_EVENT_BYTES,
+    dead_letter,
+    decode,
+    event_subject,
+)
+from gpuops.models import MAX_ALERT_TEXT, MAX_TEXT, cut_text, event_json_schema
 
 XID = {
     "id": "e1",
@@ -157,3 +164,81 @@ def test_a_dead_letter_of_any_payload_fits_a_nats_message_and_keeps_its_length_a
 def test_a_small_dead_letter_is_kept_whole_without_a_cut_marker() -> None:
     body = json.loads(dead_letter("json", "bad", b"{oops", "s", 1.0))
     assert "payload_cut" not in body and body["payload"] == "{oops"
+
+
+# --- issue 31, item 2: size is checked where it is made --------------------------------
+
+
+@pytest.mark.parametrize("size", [4097, 10_000, 1_000_000])
+def test_cut_text_keeps_the_bound_marks_what_it_cut_and_cuts_nothing_twice(size: int) -> None:
+    text = "a" * size
+    cut = cut_text(text, MAX_TEXT)
+    kept = cut.index("…")
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert len(cut) <= MAX_TEXT
+    assert cut == "a" * kept + f"…[cut {size - kept} chars, sha256 {digest}]"
+    assert cut_text(cut, MAX_TEXT) == cut  # a record read back and decoded again is the same
+    assert cut_text("a" * MAX_TEXT, MAX_TEXT) == "a" * MAX_TEXT  # at the bound: kept whole
+
+
+def _event(kind: str, data: dict[str, object]) -> bytes:
+    return json.dumps({**XID, "kind": kind, "data": data}, ensure_ascii=False).encode()
+
+
+LONG = "\u00e9" * 25_000  # two bytes each: the bound counts characters
+FREE_TEXT = [
+    ("xid", {"gpu": 0, "xid": 13, "message": LONG}, lambda d: [d.message]),
+    ("sxid", {"sxid": 12, "message": LONG}, lambda d: [d.message]),
+    ("gpu_lost", {"gpu": 0, "error": LONG}, lambda d: [d.error]),
+    ("probe", {"ok": False, "outcome": "fail", "error": LONG}, lambda d: [d.error]),
+    ("heartbeat", {"agent_version": LONG}, lambda d: [d.agent_version]),
+    ("unreachable", {"error": LONG, "check": LONG}, lambda d: [d.error, d.check]),
+    ("drift", {"setting": LONG, "expected": LONG, "actual": [LONG]}, lambda d: [d.setting]),
+    (
+        "chatops",
+        {"command": "drain", "args": [LONG], "user": LONG, "reason": LONG, "channel": LONG},
+        lambda d: [d.args[0], d.user, d.reason, d.channel],
+    ),
+    (
+        "alert",
+        {"name": "GpuXid", "status": "firing", "fingerprint": "f1"}
+        | {"labels": {"xid": LONG}, "annotations": {"summary": LONG}},
+        lambda d: [d.labels["xid"], d.annotations["summary"]],
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "data", "texts"), FREE_TEXT, ids=[f[0] for f in FREE_TEXT])
+def test_free_text_over_its_bound_is_cut_with_a_marker_and_the_event_decided(
+    kind: str, data: dict[str, object], texts: object
+) -> None:
+    event = decode(_event(kind, data))  # under MAX_EVENT_BYTES: accepted, not refused
+    cut = texts(event.data)  # type: ignore[operator]
+    bound = MAX_ALERT_TEXT if kind in ("alert", "sxid") else MAX_TEXT
+    for text in cut:
+        assert len(text) <= bound and text.startswith("\u00e9" * 100), kind
+        digest = hashlib.sha256(LONG.encode()).hexdigest()
+        assert text.endswith(f"…[cut {25_000 - text.index('…')} chars, sha256 {digest}]"), kind
+    assert len(event.model_dump_json()) < 64 * 1024, "the accepted event is small"
+
+
+def test_an_any_value_longer_than_the_bound_is_kept_as_its_json_cut() -> None:
+    event = decode(_event("drift", {"setting": "mig_layout", "actual": [9e15] * 5000}))
+    actual = event.data.actual  # type: ignore[union-attr]
+    assert isinstance(actual, str) and actual.startswith("[9000000000000000.0, ")
+    assert len(actual) <= MAX_TEXT and "…[cut " in actual
+
+
+def test_an_event_over_max_event_bytes_is_too_large_and_one_at_it_is_read() -> None:
+    head = _event("xid", {"gpu": 0, "xid": 13, "message": ""})
+    pad = MAX_EVENT_BYTES - len(head)
+    at_limit = _event("xid", {"gpu": 0, "xid": 13, "message": "m" * pad})
+    assert len(at_limit) == MAX_EVENT_BYTES
+    message = decode(at_limit).data.message  # type: ignore[union-attr]
+    digest = hashlib.sha256(b"m" * pad).hexdigest()
+    assert message.endswith(f"…[cut {pad - message.index('…')} chars, sha256 {digest}]")
+    over = _event("xid", {"gpu": 0, "xid": 13, "message": "m" * (pad + 1)})
+    with pytest.raises(EventError) as caught:
+        decode(over)
+    assert caught.value.reason == "too_large"
+    assert caught.value.message == f"{MAX_EVENT_BYTES + 1} bytes > {MAX_EVENT_BYTES}"

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from gpuops.match.expr import MAX_SOURCE, check_size, compile_condition, render
+from gpuops.models import MAX_TEXT
 
 FIELDS = frozenset({"temp_c", "temp_slowdown_c", "clocks_event_reasons", "node", "uuid", "xid"})
 TEXT = frozenset({"node", "uuid"})
@@ -74,6 +75,16 @@ def test_render_fills_only_plain_names() -> None:
         "reason": "GPU 3 at 88.5 C"
     }
     assert render("{{ gpu.__class__ }}", fact) == "{{ gpu.__class__ }}"
+
+
+def test_render_cuts_each_filled_value_to_the_free_text_bound() -> None:
+    # A list of floats written as text is longer than the event held it, and a var is
+    # copied into the intent and its decision: each filled value is cut.
+    fact = {"actual": [9e15] * 5000, "gpu": 1}
+    reason = render({"reason": "GPU {{ gpu }}: {{ actual }} ({{ actual }})"}, fact)["reason"]
+    first, second = reason.removeprefix("GPU 1: ").removesuffix(")").split(" (")
+    assert first == second and len(first) <= MAX_TEXT and "…[cut " in first
+    assert first.startswith("[9000000000000000.0, 9000000000000000.0")
 
 
 def test_deep_condition_is_refused_naming_its_depth_and_the_limit() -> None:
