@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,18 +162,21 @@ async def connect(
     credentials: Credentials | None = None,
     buffer: bool = True,
     patience_s: float | None = None,
+    waiting: Waiting | None = None,
 ) -> Bus:
     """Connect, then set up JetStream as `setup` says (create streams and buckets by default).
 
     The first connect is bounded by `cfg.connect_timeout_s` (a BusError after it); once
     connected, the client reconnects forever on its own. The set-up is tried again while
-    JetStream does not answer, for `patience_s` (default: `cfg.connect_timeout_s`).
+    JetStream does not answer, for `patience_s` (default: `cfg.connect_timeout_s`);
+    `waiting` is told each time why it waits (a starting `run`'s /healthz says it).
     """
     cfg = cfg or NatsSettings()
     nc = await first_connect(url, cfg, name, credentials, buffer=buffer)
     js = nc.jetstream(timeout=10)
     try:
-        kv = await _set_up_patiently(js, cfg, setup, patience_s or cfg.connect_timeout_s)
+        patience = patience_s or cfg.connect_timeout_s
+        kv = await _set_up_patiently(js, cfg, setup, patience, waiting or _quiet)
     except BusError:
         await nc.close()
         raise
@@ -184,8 +187,16 @@ async def connect(
     return Bus(nc=nc, js=js, kv=kv, url=url, user=user)
 
 
+# Told why a set-up waits: the text a starting `run` shows in /healthz.
+Waiting = Callable[[str], None]
+
+
+def _quiet(why: str) -> None:
+    """A set-up nobody asked to hear about."""
+
+
 async def _set_up_patiently(
-    js: JetStreamContext, cfg: NatsSettings, setup: Setup, patience_s: float
+    js: JetStreamContext, cfg: NatsSettings, setup: Setup, patience_s: float, waiting: Waiting
 ) -> dict[str, KeyValue]:
     """`_set_up`, tried again while JetStream does not answer in time (a cluster whose
     members are electing a leader, or catching up after one came back, or too busy) for
@@ -202,6 +213,7 @@ async def _set_up_patiently(
                     f"a KV bucket is still missing after {patience_s:g} s ({missing}): "
                     "is an engine (`gpuops run`, role all or engine) running on this NATS?"
                 ) from None
+            waiting(f"waiting for the engine to make the streams and KV buckets ({missing})")
             if not told:
                 log.info("waiting for the engine to make the KV buckets (%s)", missing)
                 told = True
@@ -209,6 +221,7 @@ async def _set_up_patiently(
         except (TimeoutError, NoRespondersError, ServiceUnavailableError) as exc:
             if asyncio.get_running_loop().time() >= deadline:
                 raise
+            waiting(f"waiting for JetStream to answer its set-up ({type(exc).__name__})")
             log.warning("JetStream did not answer (%s); setting up again", type(exc).__name__)
             await asyncio.sleep(1.0)
 
@@ -333,6 +346,7 @@ async def open_bus(
     role: Role = "engine",
     *,
     stopped_store: bool = False,
+    waiting: Waiting | None = None,
 ) -> AsyncIterator[Bus]:
     """The configured NATS, or a running engine's embedded one, or a new embedded one.
 
@@ -340,7 +354,8 @@ async def open_bus(
     permissions apply); a configured URL uses the configured credentials. The CLI never
     starts a server others could use (`join_bus`): one with no engine behind it would
     answer questions about a fleet that nobody watches. `stopped_store` lets a reader of
-    the record (history) open a stopped engine's store instead, privately.
+    the record (history) open a stopped engine's store instead, privately. `waiting`
+    hears why the set-up waits, if it does.
     """
     bus: Bus | None
     if role == "cli" and stopped_store and _stopped(cfg, state_dir):
@@ -360,9 +375,10 @@ async def open_bus(
             setup=_EMBEDDED_SETUP[role],
             buffer=role != "engine",
             patience_s=cfg.setup_timeout_s,
+            waiting=waiting,
         )
     else:
-        bus = await _join_embedded(cfg, state_dir, name, role)
+        bus = await _join_embedded(cfg, state_dir, name, role, waiting)
     if bus is None:
         async with _own_embedded(cfg, state_dir, name, role) as own:
             yield own
@@ -444,7 +460,9 @@ async def _read_store(cfg: NatsSettings, state_dir: Path, name: str) -> AsyncIte
             await bus.close()
 
 
-async def _join_embedded(cfg: NatsSettings, state_dir: Path, name: str, role: Role) -> Bus | None:
+async def _join_embedded(
+    cfg: NatsSettings, state_dir: Path, name: str, role: Role, waiting: Waiting | None = None
+) -> Bus | None:
     """A connection to another process's embedded server on this state dir, if it answers."""
     url = url_file(state_dir).read_text().strip() if url_file(state_dir).exists() else None
     if not url:
@@ -460,6 +478,7 @@ async def _join_embedded(cfg: NatsSettings, state_dir: Path, name: str, role: Ro
             setup=_EMBEDDED_SETUP[role],
             credentials=credentials,
             buffer=role != "engine",
+            waiting=waiting,
         )
     except BusError as exc:
         log.info("no running embedded nats-server at %s (%s); starting one", url, exc)
