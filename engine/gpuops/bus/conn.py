@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -138,6 +139,14 @@ class Bus:
     user: str = ""
     # The supervised embedded server when this process started it (for health reports).
     server: EmbeddedNats | None = None
+    # An engine's second, small connection for its leases and heartbeat: a renewal must
+    # not wait behind the bulk of publishes and deliveries on this one (`_laned`).
+    lane: Bus | None = None
+
+    @property
+    def connected(self) -> bool:
+        """Whether this connection (and its lane, if any) is connected now."""
+        return self.nc.is_connected and (self.lane is None or self.lane.nc.is_connected)
 
     @property
     def buckets(self) -> Buckets:
@@ -145,7 +154,7 @@ class Bus:
         return Buckets.of(self.kv)
 
     async def close(self) -> None:
-        """Flush what is pending and disconnect."""
+        """Flush what is pending and disconnect (the lane is closed by who made it)."""
         if self.nc.is_closed:
             return
         with contextlib.suppress(NatsError, TimeoutError):
@@ -354,8 +363,8 @@ async def open_bus(
     permissions apply); a configured URL uses the configured credentials. The CLI never
     starts a server others could use (`join_bus`): one with no engine behind it would
     answer questions about a fleet that nobody watches. `stopped_store` lets a reader of
-    the record (history) open a stopped engine's store instead, privately. `waiting`
-    hears why the set-up waits, if it does.
+    the record (history) open a stopped engine's store instead, privately. An engine's
+    bus has its lane (`Bus.lane`); `waiting` hears why the set-up waits, if it does.
     """
     bus: Bus | None
     if role == "cli" and stopped_store and _stopped(cfg, state_dir):
@@ -380,13 +389,44 @@ async def open_bus(
     else:
         bus = await _join_embedded(cfg, state_dir, name, role, waiting)
     if bus is None:
-        async with _own_embedded(cfg, state_dir, name, role) as own:
-            yield own
+        async with (
+            _own_embedded(cfg, state_dir, name, role) as own,
+            _laned(own, cfg, state_dir, name, role) as laned,
+        ):
+            yield laned
         return
     try:
-        yield bus
+        async with _laned(bus, cfg, state_dir, name, role) as laned:
+            yield laned
     finally:
         await bus.close()
+
+
+@asynccontextmanager
+async def _laned(
+    bus: Bus, cfg: NatsSettings, state_dir: Path, name: str, role: Role
+) -> AsyncIterator[Bus]:
+    """An engine's bus with its lane: a second connection, as the same user, that carries
+    only the leases and the heartbeat. On the bus's own connection a renewal would queue
+    behind the bulk of what a loaded engine publishes and fetches after a restart, and a
+    lease could run out while NATS is up. It sends now or not at all, as the bus does."""
+    if role != "engine":
+        yield bus
+        return
+    credentials = None if cfg.url else read_credentials(state_dir, "engine")
+    lane = await connect(
+        bus.url,
+        cfg,
+        f"{name}-leases",
+        setup="open",  # the bus made them a moment ago
+        credentials=credentials,
+        buffer=False,
+        patience_s=cfg.setup_timeout_s,
+    )
+    try:
+        yield dataclasses.replace(bus, lane=lane)
+    finally:
+        await lane.close()
 
 
 async def join_bus(cfg: NatsSettings, state_dir: Path, name: str = "gpuops-cli") -> Bus:
