@@ -140,18 +140,21 @@ class Ownership:
     async def run(self, stop: asyncio.Event) -> None:
         """Renew and balance every `every_s` until stopped; then give everything back."""
         self.closing = stop
+        told = False  # of this outage: a round every AWAY_PAUSE_S would fill the log
         try:
             while not stop.is_set():
                 began = time.monotonic()
                 left = self.every_s
                 try:
                     await self.round()
+                    told = False
                 except (BusError, NatsError, JsError, TimeoutError) as exc:
                     # NATS slow or away: the next round tries again; a lease not renewed
                     # in time stops on its own (`_expire_local`), nothing else is dropped.
-                    log.warning("lease round failed (%s); trying again", exc or type(exc))
+                    if not told:
+                        log.warning("lease round failed (%s); trying again", exc or type(exc))
                     if away(exc):
-                        left = AWAY_PAUSE_S
+                        left, told = AWAY_PAUSE_S, True
                 # Every `every_s` from the start of the last round, not after it: a round
                 # that took a while on a busy host must not push the renewal past the lease.
                 left = max(0.0, min(left, self.every_s - (time.monotonic() - began)))
