@@ -13,7 +13,12 @@ from gpuops.bus.conn import Bus, connect
 from gpuops.settings import NatsSettings
 
 HERE = Path(__file__).resolve().parent
-IN_MAKE_TEST = {"test_replicas.py", "test_cluster.py", "test_cluster_start.py"}
+IN_MAKE_TEST = {
+    "test_replicas.py",
+    "test_cluster.py",
+    "test_cluster_start.py",
+    "test_start_order.py",
+}
 # Short leases, so that a replica's death moves its partitions within seconds.
 LEASE_S = 4.0
 

@@ -6,7 +6,9 @@ its own back without waiting."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
+import pytest
 from gpuops.bus.conn import Bus, connect
 from gpuops.bus.server import EmbeddedNats
 from gpuops.bus.store import NatsKV
@@ -23,14 +25,14 @@ PARTITIONS = 8
 class Replica:
     """An Ownership whose gains and losses are recorded."""
 
-    def __init__(self, bus: Bus, name: str) -> None:
+    def __init__(self, bus: Bus, name: str, lease_s: float = LEASE_S) -> None:
         self.gained: list[int] = []
         self.lost: list[int] = []
         self.ownership = Ownership(
             NatsKV(bus.kv["leases"]),
             name,
             PARTITIONS,
-            LEASE_S,
+            lease_s,
             SystemClock(),
             self._gain,
             self._lose,
@@ -144,4 +146,47 @@ async def test_a_lease_reads_back_with_the_epoch_it_was_taken_at_before_and_afte
         assert {p: lease.epoch for p, (lease, _) in renewed.items()} == taken, "after"
         assert all(renewed[p][1] > read[p][1] for p in taken), "renewed: a newer revision"
     finally:
+        await bus.close()
+
+
+async def test_a_lease_loop_away_from_nats_for_less_than_a_lease_keeps_every_partition(
+    nats_server: EmbeddedNats, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NATS gone for a moment: the renewals fail with OutboundBufferLimitError (an engine's
+    client sends now or not at all), the loop goes on, and once NATS is back the leases
+    are renewed as they were: nothing given back, no new epoch, every one held."""
+    lease_s = 20.0
+    settings = NatsSettings(lease_s=lease_s)
+    await (await connect(nats_server.url, settings)).close()  # the buckets, as an engine makes
+    bus = await connect(nats_server.url, settings, setup="open", buffer=False)
+    replica = Replica(bus, "a", lease_s)
+    ownership, stop = replica.ownership, asyncio.Event()
+    loop = asyncio.create_task(ownership.run(stop))
+    try:
+        await wait_for(lambda: replica.held == set(range(PARTITIONS)), 30)
+        epochs = {p: held.epoch for p, held in ownership.held.items()}
+        first = dict(ownership.held)
+        renewed = {p: h.revision for p, h in first.items()}
+        # Right after a round's renewals, so the outage fits in what is left of the lease.
+        await wait_for(lambda: all(h.revision > renewed[p] for p, h in first.items()), 30, 0.02)
+        with caplog.at_level(logging.WARNING, logger="gpuops.scale.leases"):
+            nats_server.kill()
+            await wait_for(lambda: "outbound buffer limit exceeded" in caplog.text, 15)
+            assert not loop.done() and all(ownership.holds(p) for p in range(PARTITIONS))
+            nats_server.start()  # the same port and store
+            away = {p: h.revision for p, h in ownership.held.items()}
+            await wait_for(
+                lambda: all(h.revision > away[p] for p, h in ownership.held.items()), 30, 0.1
+            )
+        assert not loop.done(), "the lease loop goes on"
+        assert replica.lost == [] and replica.held == set(range(PARTITIONS)), "nothing given up"
+        assert all(ownership.holds(p) for p in range(PARTITIONS))
+        assert {p: h.epoch for p, h in ownership.held.items()} == epochs, "the same leases"
+        stored = await read_leases(NatsKV(bus.kv["leases"]), PARTITIONS)
+        assert {p: (lease.owner, lease.epoch) for p, (lease, _) in stored.items()} == {
+            p: ("a", e) for p, e in epochs.items()
+        }
+    finally:
+        stop.set()
+        await asyncio.wait_for(loop, 30)
         await bus.close()

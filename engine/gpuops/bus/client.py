@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from nats.aio.client import Client
-from nats.errors import AuthorizationError, NoServersError
+from nats.errors import AuthorizationError, NoServersError, OutboundBufferLimitError
 from nats.errors import Error as NatsError
 
 from gpuops.bus.auth import Credentials
@@ -60,6 +60,37 @@ def connect_options(cfg: NatsSettings, credentials: Credentials | None = None) -
     return opts
 
 
+# What a client that sends now or not at all (an engine) keeps in its outbound buffer
+# while connected: past it, a publisher waits for the buffer to be written to the socket
+# (back-pressure), so a bulk of publishes cannot grow it without bound, nor put a lease
+# renewal behind megabytes of them (those have a connection of their own as well).
+PENDING_BYTES = 4 << 20
+
+
+class NowOrNever(Client):
+    """A client that publishes now or not at all: while away from NATS a publish fails at
+    once (nats-py would keep it in its buffer, to send after the reconnect); connected,
+    its buffer is bounded (PENDING_BYTES) and a publisher past it waits for the flush."""
+
+    async def publish(
+        self,
+        subject: str,
+        payload: bytes = b"",
+        reply: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """nats-py's publish, refused at once while not connected."""
+        if not self.is_connected:
+            raise OutboundBufferLimitError
+        await super().publish(subject, payload, reply, headers)
+
+
+def away(exc: BaseException) -> bool:
+    """A call that failed only because the client is away from NATS (reconnecting, or
+    its buffer full): worth trying again in a moment, not a fault of the caller's."""
+    return isinstance(exc, OutboundBufferLimitError)
+
+
 class _ConnectErrors:
     """nats-py's error callback: kept quiet (the last one remembered) until the first
     connect succeeds, then logged as they change or once a minute."""
@@ -100,11 +131,11 @@ async def first_connect(
     if not buffer:
         # A deciding engine publishes now or not at all: a publish kept while NATS is away
         # and sent after it came back could land after its partition went to another
-        # replica (docs/operations.md, "Engine replicas").
-        opts["pending_size"] = 0
+        # replica (docs/operations.md, "Engine replicas"). Connected, its buffer is bounded.
+        opts["pending_size"] = PENDING_BYTES
     while True:
         left = began + cfg.connect_timeout_s - time.monotonic()
-        nc = Client()
+        nc = Client() if buffer else NowOrNever()
         try:
             # Each try (two connects, 0.2 s apart) ends within what is left. nats-py annotates the
             # timeout as int but hands it to asyncio.wait_for, which takes any seconds.

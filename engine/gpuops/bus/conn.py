@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,6 +139,14 @@ class Bus:
     user: str = ""
     # The supervised embedded server when this process started it (for health reports).
     server: EmbeddedNats | None = None
+    # An engine's second, small connection for its leases and heartbeat: a renewal must
+    # not wait behind the bulk of publishes and deliveries on this one (`_laned`).
+    lane: Bus | None = None
+
+    @property
+    def connected(self) -> bool:
+        """Whether this connection (and its lane, if any) is connected now."""
+        return self.nc.is_connected and (self.lane is None or self.lane.nc.is_connected)
 
     @property
     def buckets(self) -> Buckets:
@@ -145,7 +154,7 @@ class Bus:
         return Buckets.of(self.kv)
 
     async def close(self) -> None:
-        """Flush what is pending and disconnect."""
+        """Flush what is pending and disconnect (the lane is closed by who made it)."""
         if self.nc.is_closed:
             return
         with contextlib.suppress(NatsError, TimeoutError):
@@ -162,18 +171,21 @@ async def connect(
     credentials: Credentials | None = None,
     buffer: bool = True,
     patience_s: float | None = None,
+    waiting: Waiting | None = None,
 ) -> Bus:
     """Connect, then set up JetStream as `setup` says (create streams and buckets by default).
 
     The first connect is bounded by `cfg.connect_timeout_s` (a BusError after it); once
     connected, the client reconnects forever on its own. The set-up is tried again while
-    JetStream does not answer, for `patience_s` (default: `cfg.connect_timeout_s`).
+    JetStream does not answer, for `patience_s` (default: `cfg.connect_timeout_s`);
+    `waiting` is told each time why it waits (a starting `run`'s /healthz says it).
     """
     cfg = cfg or NatsSettings()
     nc = await first_connect(url, cfg, name, credentials, buffer=buffer)
     js = nc.jetstream(timeout=10)
     try:
-        kv = await _set_up_patiently(js, cfg, setup, patience_s or cfg.connect_timeout_s)
+        patience = patience_s or cfg.connect_timeout_s
+        kv = await _set_up_patiently(js, cfg, setup, patience, waiting or _quiet)
     except BusError:
         await nc.close()
         raise
@@ -184,8 +196,16 @@ async def connect(
     return Bus(nc=nc, js=js, kv=kv, url=url, user=user)
 
 
+# Told why a set-up waits: the text a starting `run` shows in /healthz.
+Waiting = Callable[[str], None]
+
+
+def _quiet(why: str) -> None:
+    """A set-up nobody asked to hear about."""
+
+
 async def _set_up_patiently(
-    js: JetStreamContext, cfg: NatsSettings, setup: Setup, patience_s: float
+    js: JetStreamContext, cfg: NatsSettings, setup: Setup, patience_s: float, waiting: Waiting
 ) -> dict[str, KeyValue]:
     """`_set_up`, tried again while JetStream does not answer in time (a cluster whose
     members are electing a leader, or catching up after one came back, or too busy) for
@@ -202,6 +222,7 @@ async def _set_up_patiently(
                     f"a KV bucket is still missing after {patience_s:g} s ({missing}): "
                     "is an engine (`gpuops run`, role all or engine) running on this NATS?"
                 ) from None
+            waiting(f"waiting for the engine to make the streams and KV buckets ({missing})")
             if not told:
                 log.info("waiting for the engine to make the KV buckets (%s)", missing)
                 told = True
@@ -209,6 +230,7 @@ async def _set_up_patiently(
         except (TimeoutError, NoRespondersError, ServiceUnavailableError) as exc:
             if asyncio.get_running_loop().time() >= deadline:
                 raise
+            waiting(f"waiting for JetStream to answer its set-up ({type(exc).__name__})")
             log.warning("JetStream did not answer (%s); setting up again", type(exc).__name__)
             await asyncio.sleep(1.0)
 
@@ -333,6 +355,7 @@ async def open_bus(
     role: Role = "engine",
     *,
     stopped_store: bool = False,
+    waiting: Waiting | None = None,
 ) -> AsyncIterator[Bus]:
     """The configured NATS, or a running engine's embedded one, or a new embedded one.
 
@@ -340,7 +363,8 @@ async def open_bus(
     permissions apply); a configured URL uses the configured credentials. The CLI never
     starts a server others could use (`join_bus`): one with no engine behind it would
     answer questions about a fleet that nobody watches. `stopped_store` lets a reader of
-    the record (history) open a stopped engine's store instead, privately.
+    the record (history) open a stopped engine's store instead, privately. An engine's
+    bus has its lane (`Bus.lane`); `waiting` hears why the set-up waits, if it does.
     """
     bus: Bus | None
     if role == "cli" and stopped_store and _stopped(cfg, state_dir):
@@ -360,17 +384,49 @@ async def open_bus(
             setup=_EMBEDDED_SETUP[role],
             buffer=role != "engine",
             patience_s=cfg.setup_timeout_s,
+            waiting=waiting,
         )
     else:
-        bus = await _join_embedded(cfg, state_dir, name, role)
+        bus = await _join_embedded(cfg, state_dir, name, role, waiting)
     if bus is None:
-        async with _own_embedded(cfg, state_dir, name, role) as own:
-            yield own
+        async with (
+            _own_embedded(cfg, state_dir, name, role) as own,
+            _laned(own, cfg, state_dir, name, role) as laned,
+        ):
+            yield laned
         return
     try:
-        yield bus
+        async with _laned(bus, cfg, state_dir, name, role) as laned:
+            yield laned
     finally:
         await bus.close()
+
+
+@asynccontextmanager
+async def _laned(
+    bus: Bus, cfg: NatsSettings, state_dir: Path, name: str, role: Role
+) -> AsyncIterator[Bus]:
+    """An engine's bus with its lane: a second connection, as the same user, that carries
+    only the leases and the heartbeat. On the bus's own connection a renewal would queue
+    behind the bulk of what a loaded engine publishes and fetches after a restart, and a
+    lease could run out while NATS is up. It sends now or not at all, as the bus does."""
+    if role != "engine":
+        yield bus
+        return
+    credentials = None if cfg.url else read_credentials(state_dir, "engine")
+    lane = await connect(
+        bus.url,
+        cfg,
+        f"{name}-leases",
+        setup="open",  # the bus made them a moment ago
+        credentials=credentials,
+        buffer=False,
+        patience_s=cfg.setup_timeout_s,
+    )
+    try:
+        yield dataclasses.replace(bus, lane=lane)
+    finally:
+        await lane.close()
 
 
 async def join_bus(cfg: NatsSettings, state_dir: Path, name: str = "gpuops-cli") -> Bus:
@@ -444,7 +500,9 @@ async def _read_store(cfg: NatsSettings, state_dir: Path, name: str) -> AsyncIte
             await bus.close()
 
 
-async def _join_embedded(cfg: NatsSettings, state_dir: Path, name: str, role: Role) -> Bus | None:
+async def _join_embedded(
+    cfg: NatsSettings, state_dir: Path, name: str, role: Role, waiting: Waiting | None = None
+) -> Bus | None:
     """A connection to another process's embedded server on this state dir, if it answers."""
     url = url_file(state_dir).read_text().strip() if url_file(state_dir).exists() else None
     if not url:
@@ -460,6 +518,7 @@ async def _join_embedded(cfg: NatsSettings, state_dir: Path, name: str, role: Ro
             setup=_EMBEDDED_SETUP[role],
             credentials=credentials,
             buffer=role != "engine",
+            waiting=waiting,
         )
     except BusError as exc:
         log.info("no running embedded nats-server at %s (%s); starting one", url, exc)

@@ -71,26 +71,34 @@ async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
     from gpuops.clock import SystemClock
     from gpuops.spine.app import App, enrol_inventory, load_world, writable_state_dir
     from gpuops.spine.heap import settle_heap
+    from gpuops.spine.starting import Starting
 
     writable_state_dir(settings)
     rules, inventory = load_world(settings)
     settle_heap()
     if settings.role != "executor":
         enrol_inventory(settings, inventory)
-    async with open_bus(
-        settings.nats,
-        settings.state_dir,
-        name="gpuops-engine",
-        role="executor" if settings.role == "executor" else "engine",
-    ) as bus:
-        app = App(
-            settings=settings,
-            bus=bus,
-            clock=clock or SystemClock(),
-            rules=rules,
-            inventory=inventory,
-        )
-        await app.run()
+    starting = Starting()  # /healthz says what the start waits for, until the engine's
+    await starting.serve(settings.http)
+    try:
+        async with open_bus(
+            settings.nats,
+            settings.state_dir,
+            name="gpuops-engine",
+            role="executor" if settings.role == "executor" else "engine",
+            waiting=starting.note,
+        ) as bus:
+            await starting.stop()
+            app = App(
+                settings=settings,
+                bus=bus,
+                clock=clock or SystemClock(),
+                rules=rules,
+                inventory=inventory,
+            )
+            await app.run()
+    finally:
+        await starting.stop()
 
 
 @click.command()

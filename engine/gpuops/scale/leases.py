@@ -30,6 +30,7 @@ from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from gpuops.bus.client import away
 from gpuops.bus.store import KV
 from gpuops.clock import Clock
 from gpuops.errors import BusError
@@ -39,6 +40,10 @@ log = logging.getLogger(__name__)
 # How much earlier than the server a replica gives up a lease it could not renew: covers
 # the time a renewal took to reach the server and clocks that run at slightly other rates.
 MARGIN_SHARE = 0.2
+# A round that failed only because NATS is away (reconnecting, its buffer full) is tried
+# again after this pause, not a third of a lease later: the leases it renews are still
+# held until their own time runs out (`_expire_local`), and no sooner given up.
+AWAY_PAUSE_S = 0.25
 
 
 class ReplicaRecord(BaseModel):
@@ -135,18 +140,24 @@ class Ownership:
     async def run(self, stop: asyncio.Event) -> None:
         """Renew and balance every `every_s` until stopped; then give everything back."""
         self.closing = stop
+        told = False  # of this outage: a round every AWAY_PAUSE_S would fill the log
         try:
             while not stop.is_set():
                 began = time.monotonic()
+                left = self.every_s
                 try:
                     await self.round()
+                    told = False
                 except (BusError, NatsError, JsError, TimeoutError) as exc:
                     # NATS slow or away: the next round tries again; a lease not renewed
                     # in time stops on its own (`_expire_local`), nothing else is dropped.
-                    log.warning("lease round failed (%s); trying again", exc)
+                    if not told:
+                        log.warning("lease round failed (%s); trying again", exc or type(exc))
+                    if away(exc):
+                        left, told = AWAY_PAUSE_S, True
                 # Every `every_s` from the start of the last round, not after it: a round
                 # that took a while on a busy host must not push the renewal past the lease.
-                left = max(0.0, self.every_s - (time.monotonic() - began))
+                left = max(0.0, min(left, self.every_s - (time.monotonic() - began)))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), left)
         finally:
@@ -176,10 +187,25 @@ class Ownership:
         if self.held.get(p) is not held:
             return  # given back meanwhile
         if revision is None:
+            revision = await self._landed(p, held, record)
+        if revision is None:
             log.warning("partition %d was taken over by another replica; stopping it", p)
             self._drop(p)
             return
         held.revision, held.valid_until = revision, self._valid_until(sent)
+
+    async def _landed(self, p: int, held: Held, record: LeaseRecord) -> int | None:
+        """After a refused renewal: the revision of this replica's own renewal that was
+        stored although its answer was lost (an outage, a timeout), renewed from there; None
+        when someone else's lease is there (a taking is a new epoch) or none is."""
+        entry = await self.kv.get(_key(p))
+        if entry is None or entry.value != _dump(record) or entry.revision < held.revision:
+            return None
+        sent = time.monotonic()
+        revision = await self.kv.cas(_key(p), _dump(record), entry.revision)
+        if revision is not None:
+            held.valid_until = self._valid_until(sent)
+        return revision
 
     async def _register(self) -> None:
         record = ReplicaRecord(
@@ -235,7 +261,18 @@ class Ownership:
 
     async def _gain(self, p: int) -> None:
         try:
-            await self.on_gain(p)
+            while True:
+                try:
+                    await self.on_gain(p)
+                    break
+                except Exception as exc:
+                    # NATS away halfway through: start it again once it is back, while the
+                    # lease holds; giving it back would only move the same work elsewhere.
+                    if not away(exc) or not self.holds(p) or self.closing.is_set():
+                        raise
+                    log.info("starting partition %d: NATS away; starting it again", p)
+                    await self.on_lose(p)  # what the half-made start warmed is forgotten
+                    await asyncio.sleep(AWAY_PAUSE_S)
         except Exception:
             log.exception("starting partition %d failed; giving it back", p)
             self.gaining.pop(p, None)

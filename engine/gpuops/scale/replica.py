@@ -21,6 +21,7 @@ from typing import IO
 
 from nats.js import JetStreamContext
 
+from gpuops.bus.client import away
 from gpuops.bus.conn import EVENTS, TELEMETRY
 from gpuops.bus.partitions import (
     durable,
@@ -36,7 +37,7 @@ from gpuops.errors import ConfigError, ConsumerGone, LeaseLost
 from gpuops.intake.consumer import Intake
 from gpuops.match.matcher import Matcher
 from gpuops.record.metrics import Metrics
-from gpuops.scale.leases import Ownership, read_leases
+from gpuops.scale.leases import AWAY_PAUSE_S, Ownership, read_leases
 from gpuops.scale.takeover import take_over
 
 log = logging.getLogger(__name__)
@@ -216,6 +217,8 @@ class Partitions:
                 log.warning("partition %d: %s; its batch is left to be delivered again", p, exc)
             except Exception as exc:  # NATS away: try again while held
                 self.metrics.loop_restarts.labels(intake.durable).inc()
+                if away(exc):  # back in a moment: no backoff to sit out after it
+                    delay = AWAY_PAUSE_S
                 log.warning("%s failed (%s); restarting in %.1fs", intake.durable, exc, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)

@@ -26,6 +26,8 @@ from gpuops.act.driftcheck import drift_check, publish_report, render_report
 from gpuops.act.evidence import Evidence
 from gpuops.act.executor import Executor
 from gpuops.act.runenv import RunEnv
+from gpuops.bus.buckets import Buckets
+from gpuops.bus.client import away
 from gpuops.bus.conn import EVENTS, TELEMETRY, Bus
 from gpuops.bus.embedded import enrol
 from gpuops.bus.identity import ENGINE, KeyRing, Verifier
@@ -68,6 +70,10 @@ BACKOFF_MAX_S = 10.0
 # A loop that failed within this long makes /healthz say degraded; one that has run
 # since without failing is well again (loops restart; they do not return).
 RECENT_FAILURE_S = 15.0
+# A loop that failed only because NATS is away (gpuops.bus.client.away) tries again after
+# this pause, with no backoff: /healthz already says NATS is not connected, and a loop
+# backing off for seconds after the reconnect would leave the engine idle (and degraded).
+AWAY_PAUSE_S = 0.5
 OBSERVE_EVERY_S = 5.0
 SWEEP_EVERY_S = 10.0
 
@@ -161,7 +167,7 @@ class App:
         if s.role in ("all", "engine"):
             self.partitions = Partitions(
                 self.bus.js,
-                self.engine.buckets.leases,
+                self.lane.leases,  # renewals on their own connection
                 self.replica_id,
                 s.nats.partitions,
                 s.nats.lease_s,
@@ -205,6 +211,12 @@ class App:
     def shared_with_others(self, nodes: frozenset[str]) -> bool:
         """Whether another replica owns the partition of some of these nodes."""
         return self.partitions is not None and self.partitions.shared_with_others(nodes)
+
+    @property
+    def lane(self) -> Buckets:
+        """The buckets on the bus's lane (its own connection for leases and heartbeats),
+        or the bus's own where it has none."""
+        return (self.bus.lane or self.bus).buckets
 
     @property
     def replica_id(self) -> str:
@@ -296,7 +308,7 @@ class App:
     async def _heartbeat(self) -> None:
         """Say in KV that this engine runs (for `status`), every few seconds until stopped;
         a last beat says it stopped."""
-        beats = Heartbeats(self.engine.buckets.control)
+        beats = Heartbeats(self.lane.control)
         beat = this_process(
             self.settings.role, self.started, len(self.rules.rules), len(self.inventory.hosts)
         )
@@ -343,8 +355,9 @@ class App:
 
     async def _supervised(self, name: str, body: Callable[[], Awaitable[None]]) -> None:
         """Run a loop until stop; on an error, say so and start it again after a backoff."""
-        delay = 0.5
+        delay, told = 0.5, 0.0
         while not self.stop.is_set():
+            began = time.monotonic()
             try:
                 await body()
                 self.failing.pop(name, None)
@@ -352,6 +365,14 @@ class App:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any error: the loop must come back, not the process die
+                if away(exc):
+                    self.engine.metrics.loop_restarts.labels(name).inc()
+                    if began - told > BACKOFF_MAX_S:  # once per outage, not every pause
+                        log.info("loop %s: NATS away (%s); trying again", name, exc)
+                    told = time.monotonic()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.stop.wait(), AWAY_PAUSE_S)
+                    continue
                 why = f"{type(exc).__name__}: {exc}"[:300]
                 self.failing[name] = (why, time.monotonic())
                 self.engine.metrics.loop_restarts.labels(name).inc()
@@ -363,7 +384,7 @@ class App:
     def health(self) -> tuple[bool, dict[str, Any]]:
         """Ready when NATS is connected and no loop failed lately; else why not."""
         why: dict[str, Any] = {}
-        if not self.bus.nc.is_connected:
+        if not self.bus.connected:
             why["nats"] = "not connected; reconnecting"
         recent = time.monotonic() - RECENT_FAILURE_S
         why.update({f"loop {k}": w for k, (w, at) in self.failing.items() if at > recent})
