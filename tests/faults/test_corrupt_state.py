@@ -94,7 +94,7 @@ PER_NODE = [
     ("cooldowns", lambda: cooldown_key("node-001"), "cooldown"),
     ("locks", lambda: "node.node-001", "lock"),
     ("history", lambda: "attempts.node-001", "attempt_cap"),
-    ("nodes", lambda: "state.node-001", "node_state"),
+    ("nodes", lambda: "state.node-001", "node_record"),
 ]
 
 

@@ -14,12 +14,7 @@ from gpuops.record.nodestate import NodeRecord, NodeState, NodeStates, validatio
 
 
 class NodeStateGate(BaseStage):
-    """Lets a rule that names node states through only while the node is in one of them.
-
-    Whatever would act reads the node's record too, though its rule names no state: a
-    record that does not decode then stops it (gpuops.errors.StateUnreadable), since
-    nothing should act on a node whose state cannot be read.
-    """
+    """Lets a rule that names node states through only while the node is in one of them."""
 
     name = "node_state"
 
@@ -27,14 +22,12 @@ class NodeStateGate(BaseStage):
         self.states = states
 
     def reads(self, p: Proposal) -> Sequence[Read]:
-        return (self.states.store.read(p.node),) if p.rule.states or p.acts else ()
+        return (self.states.store.read(p.node),) if p.rule.states else ()
 
     async def check(self, p: Proposal) -> Drop | None:
-        if not p.rule.states and not p.acts:
-            return None
-        found, _ = await p.reads.get(self.states.store, p.node)
         if not p.rule.states:
             return None
+        found, _ = await p.reads.get(self.states.store, p.node)
         record = found or NodeRecord(node=p.node)
         if record.state.value not in p.rule.states:
             return Drop(Reason.NOT_APPLICABLE, f"{p.node} is {record.state.value}")
@@ -42,6 +35,26 @@ class NodeStateGate(BaseStage):
         if record.state is NodeState.VALIDATING and p.match.kind == "probe" and not answers:
             why = f"{p.node}: this probe does not answer the validation's request (nonce)"
             return Drop(Reason.NOT_APPLICABLE, why)
+        return None
+
+
+class NodeReadable(BaseStage):
+    """Nothing acts on a node whose state record does not decode: whatever would act
+    reads it (gpuops.errors.StateUnreadable stops the proposal), though its rule names
+    no state. Placed after the cooldown, so what a running cooldown drops reads nothing.
+    """
+
+    name = "node_record"
+
+    def __init__(self, states: NodeStates) -> None:
+        self.states = states
+
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        return (self.states.store.read(p.node),) if p.acts else ()
+
+    async def check(self, p: Proposal) -> Drop | None:
+        if p.acts:
+            await p.reads.get(self.states.store, p.node)
         return None
 
 

@@ -23,7 +23,7 @@ from gpuops.decide.gates import DryRun, RecordOnly
 from gpuops.decide.known_node import KnownNode
 from gpuops.decide.ladder import LadderStage
 from gpuops.decide.lock import NodeLock, NodeLocks
-from gpuops.decide.nodegate import Escalate, NodeStateGate
+from gpuops.decide.nodegate import Escalate, NodeReadable, NodeStateGate
 from gpuops.decide.silence import Silences, SilenceStore
 from gpuops.decide.stage import Decider, Stage
 from gpuops.decide.stale import StaleCutoff
@@ -160,6 +160,7 @@ def build_engine(
         Cooldown(buckets.cooldowns, catalog),
         LadderStage(buckets.history),  # picks the rung: the stages below judge its playbook
         Equivalence(buckets.history, catalog, s.equivalence_window_s),
+        NodeReadable(stores.states),  # whatever acts reads its node's state record
         NodeLock(stores.locks, s.lock_lease_s),
         AttemptCap(buckets.history, catalog, s.attempt_cap, s.attempt_window_s),
         FleetBreaker(

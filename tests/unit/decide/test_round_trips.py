@@ -147,6 +147,7 @@ async def test_an_accepted_decision_reads_together_and_commits_together() -> Non
         "locks:node.node-001",
         "history:attempts.node-001",
         "control:breaker.fleet",
+        "nodes:state.node-001",  # read by whatever acts: an unreadable one stops it
     }
     assert [(c.op, c.where) for c in lock] == [("cas", "locks:node.node-001")]
     # The breaker counts the node in at check, once the stages above it let it through.
@@ -207,6 +208,7 @@ async def test_stages_below_the_ladder_read_after_it_picked_the_rung() -> None:
     }
     assert _wheres(second) == {
         "history:heavy.node-001",
+        "nodes:state.node-001",
         "locks:node.node-001",
         "history:attempts.node-001",
         "control:breaker.fleet",
