@@ -158,11 +158,15 @@ class Console:
             raise web.HTTPFound("/console/login?next=" + quote(request.path_qs, safe=""))
         return viewer
 
-    def _page(
+    async def _page(
         self, name: str, request: web.Request, viewer: Viewer, status: int = 200, **data: Any
     ) -> web.Response:
+        # The header says what every page is under: the engine, and whether it only records.
+        readable = viewer.known or self.anonymous_read
+        header = _summary(await self.status.get()) if readable else None
         html = self.env.get_template(name).render(
             viewer=viewer,
+            header=header,
             form_token=self.auth.form_token(viewer) if viewer.known else "",
             path=request.path,
             **data,
@@ -189,7 +193,7 @@ class Console:
         colour = request.query.get("by", "temp")
         colour = colour if colour in COLOUR_BY else "temp"
         groups = ["all", *self.latest.groups]
-        return self._page(
+        return await self._page(
             "fleet.html", request, viewer, group=group, groups=groups, by=colour, count=len(nodes)
         )
 
@@ -263,7 +267,7 @@ class Console:
             entries = [e.for_anonymous() for e in entries]
         record = await self.commands.states.get(node)
         gpus = sorted(self.latest.gpus(node).items())
-        return self._page(
+        return await self._page(
             "node.html",
             request,
             viewer,
@@ -303,7 +307,7 @@ class Console:
         status = await self.commands.status()
         budgets = await self.budgets() if self.budgets is not None else None
         message = request.query.get("msg", "")[:600]
-        return self._page(
+        return await self._page(
             "now.html",
             request,
             viewer,
@@ -373,7 +377,7 @@ class Console:
     async def login_page(self, request: web.Request) -> web.Response:
         """The token form (a proxy's header needs none)."""
         viewer = self.auth.viewer(request)
-        return self._page(
+        return await self._page(
             "login.html", request, viewer, next=_next(request.query.get("next")), error=""
         )
 
@@ -385,7 +389,7 @@ class Console:
         user = self.auth.user_for_token(_field(form, "token", 512))
         if user is None or not self.auth.same_origin(request):
             self.auth.failed(request, Failure.FORM)
-            return self._page(
+            return await self._page(
                 "login.html", request, Viewer(), 401, next=target, error="unknown token"
             )
         response = web.HTTPSeeOther(target)
@@ -444,4 +448,7 @@ def _summary(status: Mapping[str, Any]) -> dict[str, Any]:
         "approvals": len(status["approvals"]),
         "episodes": len(status["episodes"]),
         "engine": status["engine"]["running"],
+        "engine_line": status["engine"]["line"],
+        "dry_run": status["dry_run"],
+        "dry_run_why": status.get("dry_run_why", ""),
     }

@@ -91,6 +91,7 @@
   function counts(summary) {
     const el = document.getElementById("counts");
     if (!summary) return;
+    window.gpuopsHeader(summary);
     const parts = Object.entries(summary.counts).filter(([, n]) => n).map(([s, n]) => `${s} ${n}`);
     el.textContent = `${parts.join(", ")} · breaker ${summary.breaker} · ` +
       `${summary.episodes} open episodes · ${summary.approvals} approvals` +
