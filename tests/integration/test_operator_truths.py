@@ -45,11 +45,15 @@ async def test_an_engine_started_with_dry_run_says_so_in_status_and_the_console(
             async with http.get("/console/fleet") as r:
                 html = await r.text()
             async with http.get("/console/api/fleet") as r:
-                summary = (await r.json())["summary"]
+                body = await r.json()
+                summary = body["summary"]
         badge = html[html.index('id="dry-run"') :].split(">", 1)
         assert "hidden" not in badge[0], "the header shows dry-run"
         assert badge[1].startswith("dry-run on (engine started with --dry-run")
         assert summary["dry_run"] is True and "--dry-run" in summary["dry_run_why"]
+        # The heatmap's threshold is the running rules' (no assumed 90 C in the page).
+        assert body["fields"][-1] == "temp_at"
+        assert body["temp_threshold"] == "gpu-overheat: temp_c >= temp_slowdown_c - 3"
 
 
 async def test_a_switched_dry_run_names_who_switched_it(

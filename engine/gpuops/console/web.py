@@ -29,9 +29,11 @@ from gpuops.act.evidence import Evidence
 from gpuops.clock import Clock
 from gpuops.console.auth import COOKIE, Auth, Viewer, anonymous_read
 from gpuops.console.latest import SIGNALS, Latest
+from gpuops.console.thresholds import TempThreshold, temp_threshold, with_threshold
 from gpuops.console.throttle import Failure
 from gpuops.console.views import CHART_FIELDS, Warned, telemetry, timeline
 from gpuops.errors import EngineError
+from gpuops.match.rules import RuleSet
 from gpuops.ops.cmdwire import CommandError
 from gpuops.ops.commands import Caller, Commands
 from gpuops.record.nodestate import NodeState
@@ -97,8 +99,12 @@ class Console:
         clock: Clock,
         registry: CollectorRegistry,
         budgets: BudgetSource | None = None,
+        rules: Callable[[], RuleSet] | None = None,
     ) -> None:
+        """`rules`: the engine's rules now (the heatmap's threshold is the overheat rule's)."""
         self.commands, self.settings, self.latest = commands, settings, latest
+        self.rules = rules
+        self._thresholds: tuple[RuleSet | None, TempThreshold | None] = (None, None)
         self.evidence, self.budgets = evidence, budgets
         self.auth = Auth(settings, clock, registry)
         self.anonymous_read = anonymous_read(settings, bind)
@@ -203,11 +209,13 @@ class Console:
         _, nodes = self._nodes(request)
         frame = self.latest.frame(nodes, time.time())
         status = await self.status.get()
+        threshold = self._threshold()
         body = {
-            "fields": ["node", "gpu", "age_s", *SIGNALS],
+            "fields": ["node", "gpu", "age_s", *SIGNALS, "temp_at"],
             "nodes": list(nodes),
             "seq": frame.seq,
-            "rows": frame.rows,
+            "rows": with_threshold(frame.rows, threshold),
+            "temp_threshold": threshold.text if threshold is not None else None,
             "states": _states(status, nodes),
             "summary": _summary(status),
         }
@@ -241,12 +249,21 @@ class Console:
         status = await self.status.get()
         data = {
             "seq": frame.seq,
-            "rows": frame.rows,
+            "rows": with_threshold(frame.rows, self._threshold()),
             "states": _states(status, nodes),
             "summary": _summary(status),
         }
         await response.write(f"event: frame\ndata: {_compact(data)}\n\n".encode())
         return frame.seq
+
+    def _threshold(self) -> TempThreshold | None:
+        """The overheat rule's threshold, found again only when the rules were reloaded."""
+        if self.rules is None:
+            return None
+        rules = self.rules()
+        if self._thresholds[0] is not rules:
+            self._thresholds = (rules, temp_threshold(rules))
+        return self._thresholds[1]
 
     # --- node -------------------------------------------------------------------------
 

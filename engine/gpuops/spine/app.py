@@ -423,6 +423,7 @@ class App:
             clock=self.clock,
             registry=self.engine.metrics.registry,
             budgets=self.power_budgets,
+            rules=lambda: self.rules,
         )
 
     async def power_budgets(self) -> list[dict[str, Any]]:
