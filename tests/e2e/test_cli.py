@@ -92,3 +92,21 @@ def test_help_of_a_subcommand_exits_0_without_an_error() -> None:
         done = _gpuops(*args)
         assert done.returncode == 0 and "Usage:" in done.stdout, (args, done.stderr)
         assert "Error" not in done.stderr, (args, done.stderr)
+
+
+def test_dash_h_is_help_on_every_command_and_subcommand() -> None:
+    import click
+    from click.testing import CliRunner
+    from gpuops.cli import main
+
+    runner = CliRunner()
+    paths: list[list[str]] = [[]]
+    for name, command in main.commands.items():
+        paths.append([name])
+        if isinstance(command, click.Group):
+            paths += [[name, sub] for sub in command.commands]
+    for path in paths:
+        if path[-1:] == ["soak"]:  # its arguments pass through to the soak, -h included
+            continue
+        done = runner.invoke(main, [*path, "-h"])
+        assert done.exit_code == 0 and done.output.startswith("Usage:"), (path, done.output)

@@ -69,7 +69,7 @@ def test_status_reads_a_stale_heartbeat_without_an_inventory_file(
         try:
             beat = this_process("all", time.time() - 3600, rules=24, hosts=16)
             await Heartbeats(NatsKV(bus.kv["control"])).beat(
-                beat.model_copy(update={"at": time.time() - 60})
+                beat.model_copy(update={"at": time.time() - 60, "wall": time.time() - 60})
             )
         finally:
             await bus.close()

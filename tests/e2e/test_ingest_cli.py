@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -134,3 +135,54 @@ async def test_ingest_publishes_every_interval_serves_metrics_and_stops_on_sigte
         ("gpu-node-07", "prometheus", 2)
     }
     assert set(signed) == {source("prometheus")}, "each sample is the source's, by its MAC"
+
+
+async def _once(tmp_path: Path, page: str, inventory: str | None = None) -> tuple[int, str, str]:
+    """`ingest prometheus --once` against one served page, on the checkout's rules."""
+    async with serve({"/metrics": page}) as port:
+        url = f"http://127.0.0.1:{port}/metrics"
+        args = ["--state-dir", str(tmp_path / "state"), "ingest", "prometheus", "--once"]
+        inv = inventory or _inventory(tmp_path)
+        return await _gpuops(*args, "--target", url, "--inventory", inv)
+
+
+async def test_a_feed_without_the_slowdown_field_names_the_rule_and_what_to_add(
+    tmp_path: Path,
+) -> None:
+    # dcgm-exporter's default counters leave DCGM_FI_DEV_SLOWDOWN_TEMP out.
+    page = "\n".join(
+        line for line in exposition().splitlines() if "DCGM_FI_DEV_SLOWDOWN_TEMP" not in line
+    )
+    rc, out, err = await _once(tmp_path, page + "\n")
+    assert rc == 0, err
+    assert [json.loads(line)["kind"] for line in out.splitlines()] == ["telemetry"]
+    (told,) = [line for line in err.splitlines() if "rule gpu-overheat" in line]
+    assert "reads temp_slowdown_c" in told and "the rule cannot fire" in told
+    assert "add DCGM_FI_DEV_SLOWDOWN_TEMP to dcgm-exporter's counters CSV" in told
+    assert "rule hbm-overheat" not in err, "a field the page has is not told"
+
+
+async def test_a_page_without_hostname_from_no_inventory_host_warns_and_fails(
+    tmp_path: Path,
+) -> None:
+    page = re.sub(r'Hostname="[^"]*",', "", exposition())
+    inventory = tmp_path / "other.yml"  # the node is elsewhere: 127.0.0.1 is no host
+    inventory.write_text("all:\n  hosts:\n    gpu-node-07: {ansible_host: 10.9.9.7}\n")
+    rc, out, err = await _once(tmp_path, page, str(inventory))
+    assert rc == 1 and out == ""
+    (told,) = [line for line in err.splitlines() if "placed no series" in line]
+    assert "the target is no inventory host" in told and "no Hostname label" in told
+    assert "(logged once while it lasts)" in err
+
+
+async def test_a_page_with_no_dcgm_series_says_nothing_matched_and_fails(tmp_path: Path) -> None:
+    rc, out, err = await _once(tmp_path, "# TYPE node_load1 gauge\nnode_load1 0.5\n")
+    assert rc == 1 and out == ""
+    assert "no series matched: the page has none of the DCGM fields gpuops maps" in err
+
+
+async def test_once_prints_an_xid_it_only_remembers(tmp_path: Path) -> None:
+    rc, out, err = await _once(tmp_path, exposition(overrides={3: {"DCGM_FI_DEV_XID_ERRORS": 79}}))
+    assert rc == 0, err
+    assert [json.loads(line)["kind"] for line in out.splitlines()] == ["telemetry"]
+    assert "gpu-node-07 GPU 3: last XID 79 (remembered, not an event" in err

@@ -7,14 +7,31 @@ imported by the CLI: without this folder the product runs and its CLI has no `be
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 
 import click
 
+PROGRESS_EVERY_S = 5.0
+
 
 @click.group()
-def bench() -> None:
+@click.pass_context
+def bench(ctx: click.Context) -> None:
     """Benchmarks that print figures (never timed tests)."""
+    # A bench prints its figures at the end: until then, a line on stderr every few
+    # seconds says it still runs (stdout stays the figures only).
+    done = threading.Event()
+    name = ctx.invoked_subcommand or "bench"
+    threading.Thread(target=_progress, args=(name, done), daemon=True).start()
+    ctx.call_on_close(done.set)
+
+
+def _progress(name: str, done: threading.Event) -> None:
+    started = time.monotonic()
+    while not done.wait(PROGRESS_EVERY_S):
+        click.echo(f"bench {name}: running, {time.monotonic() - started:.0f} s", err=True)
 
 
 @bench.command("windows")

@@ -61,7 +61,8 @@ class Gpuops(click.Group):
             ) from exc
 
 
-@click.group(cls=Gpuops)
+# -h as well as --help, on every command (click hands the names down to subcommands).
+@click.group(cls=Gpuops, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", type=click.Path(path_type=Path), help="settings YAML (or GPUOPS_CONFIG)")
 @click.option(
     "--state-dir", type=click.Path(path_type=Path), help="state dir (or GPUOPS_STATE_DIR)"

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -210,17 +212,32 @@ async def audit_records(settings: Settings, node: str | None) -> list[AuditRecor
 
 @click.command("drift-check")
 @click.option("--group", default="all", show_default=True, help="inventory group to check")
+@click.option(
+    "--inventory",
+    type=click.Path(path_type=Path, exists=True, dir_okay=True),
+    help="the hosts to check (default: the running engine's inventory, from its heartbeat)",
+)
 @click.option("--json", "as_json", is_flag=True, help="the report as one JSON object")
 @click.option("--nats", help=NATS_HELP)
 @click.option("--no-publish", is_flag=True, help="only report; send no drift events to the engine")
 @click.pass_context
 def drift_check(
-    ctx: click.Context, group: str, as_json: bool, nats: str | None, no_publish: bool
+    ctx: click.Context,
+    group: str,
+    inventory: Path | None,
+    as_json: bool,
+    nats: str | None,
+    no_publish: bool,
 ) -> None:
     """Run baseline.yml in check mode over a group now; print hosts x drifted settings."""
     from rich.progress import Progress
 
-    settings = settings_from(ctx, nats=nats)
+    settings = settings_from(ctx, nats=nats, inventory=inventory)
+    if inventory is None:
+        running = run_async(engine_inventory(settings))
+        if running is not None and running != settings.inventory:
+            click.echo(f"inventory: {running} (the running engine's)", err=True)
+            settings = settings.model_copy(update={"inventory": running})
     with Progress(console=err, transient=True) as progress:
         task = progress.add_task(cells(f"drift check of {group}")[0], total=None)
 
@@ -255,6 +272,30 @@ def _print_drift(report: DriftReport, group: str) -> None:
         f"{len(s['unreachable'])} unreachable, {s['duration_s']}s",
         markup=False,
     )
+
+
+async def engine_inventory(settings: Settings) -> Path | None:
+    """The running engine's inventory file, from its heartbeat; None when no engine runs,
+    its beat predates the field, or the file is not on this machine."""
+    from gpuops.bus.conn import open_bus
+    from gpuops.errors import EngineError
+    from gpuops.ops.heartbeat import Heartbeats, engine_state
+
+    try:
+        async with open_bus(
+            settings.nats, settings.state_dir, name="gpuops-cli", role="cli"
+        ) as bus:
+            state = engine_state(
+                await Heartbeats(bus.buckets.control).all(), time.time(), time.time()
+            )
+    except EngineError:
+        return None
+    path = (
+        Path(state.beat.inventory)
+        if state.running and state.beat and state.beat.inventory
+        else None
+    )
+    return path if path is not None and path.exists() else None
 
 
 async def run_drift_check(

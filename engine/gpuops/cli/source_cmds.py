@@ -53,8 +53,14 @@ def prometheus(ctx: click.Context, /, **opts: Any) -> None:
         sources={"prometheus": flags} if flags else None,
     )
     if opts["once"]:
-        for event in run_async(ingest_once(settings)):
+        once = run_async(ingest_once(settings))
+        for event in once.events:
             click.echo(json.dumps(event, sort_keys=True))
+        for line in once.remembered:  # not an event, so not on stdout (it pipes to `publish`)
+            click.echo(line, err=True)
+        quiet = once.quiet_error()
+        if quiet is not None:
+            raise quiet  # exit 1: a check that placed nothing did not pass
         return
     run_async(run_ingest(settings, opts["http"]))
 

@@ -29,9 +29,11 @@ from gpuops.act.evidence import Evidence
 from gpuops.clock import Clock
 from gpuops.console.auth import COOKIE, Auth, Viewer, anonymous_read
 from gpuops.console.latest import SIGNALS, Latest
+from gpuops.console.thresholds import TempThreshold, temp_threshold, with_threshold
 from gpuops.console.throttle import Failure
 from gpuops.console.views import CHART_FIELDS, Warned, telemetry, timeline
 from gpuops.errors import EngineError
+from gpuops.match.rules import RuleSet
 from gpuops.ops.cmdwire import CommandError
 from gpuops.ops.commands import Caller, Commands
 from gpuops.record.nodestate import NodeState
@@ -97,8 +99,12 @@ class Console:
         clock: Clock,
         registry: CollectorRegistry,
         budgets: BudgetSource | None = None,
+        rules: Callable[[], RuleSet] | None = None,
     ) -> None:
+        """`rules`: the engine's rules now (the heatmap's threshold is the overheat rule's)."""
         self.commands, self.settings, self.latest = commands, settings, latest
+        self.rules = rules
+        self._thresholds: tuple[RuleSet | None, TempThreshold | None] = (None, None)
         self.evidence, self.budgets = evidence, budgets
         self.auth = Auth(settings, clock, registry)
         self.anonymous_read = anonymous_read(settings, bind)
@@ -158,11 +164,15 @@ class Console:
             raise web.HTTPFound("/console/login?next=" + quote(request.path_qs, safe=""))
         return viewer
 
-    def _page(
+    async def _page(
         self, name: str, request: web.Request, viewer: Viewer, status: int = 200, **data: Any
     ) -> web.Response:
+        # The header says what every page is under: the engine, and whether it only records.
+        readable = viewer.known or self.anonymous_read
+        header = _summary(await self.status.get()) if readable else None
         html = self.env.get_template(name).render(
             viewer=viewer,
+            header=header,
             form_token=self.auth.form_token(viewer) if viewer.known else "",
             path=request.path,
             **data,
@@ -189,7 +199,7 @@ class Console:
         colour = request.query.get("by", "temp")
         colour = colour if colour in COLOUR_BY else "temp"
         groups = ["all", *self.latest.groups]
-        return self._page(
+        return await self._page(
             "fleet.html", request, viewer, group=group, groups=groups, by=colour, count=len(nodes)
         )
 
@@ -199,11 +209,13 @@ class Console:
         _, nodes = self._nodes(request)
         frame = self.latest.frame(nodes, time.time())
         status = await self.status.get()
+        threshold = self._threshold()
         body = {
-            "fields": ["node", "gpu", "age_s", *SIGNALS],
+            "fields": ["node", "gpu", "age_s", *SIGNALS, "temp_at"],
             "nodes": list(nodes),
             "seq": frame.seq,
-            "rows": frame.rows,
+            "rows": with_threshold(frame.rows, threshold),
+            "temp_threshold": threshold.text if threshold is not None else None,
             "states": _states(status, nodes),
             "summary": _summary(status),
         }
@@ -237,12 +249,21 @@ class Console:
         status = await self.status.get()
         data = {
             "seq": frame.seq,
-            "rows": frame.rows,
+            "rows": with_threshold(frame.rows, self._threshold()),
             "states": _states(status, nodes),
             "summary": _summary(status),
         }
         await response.write(f"event: frame\ndata: {_compact(data)}\n\n".encode())
         return frame.seq
+
+    def _threshold(self) -> TempThreshold | None:
+        """The overheat rule's threshold, found again only when the rules were reloaded."""
+        if self.rules is None:
+            return None
+        rules = self.rules()
+        if self._thresholds[0] is not rules:
+            self._thresholds = (rules, temp_threshold(rules))
+        return self._thresholds[1]
 
     # --- node -------------------------------------------------------------------------
 
@@ -263,7 +284,7 @@ class Console:
             entries = [e.for_anonymous() for e in entries]
         record = await self.commands.states.get(node)
         gpus = sorted(self.latest.gpus(node).items())
-        return self._page(
+        return await self._page(
             "node.html",
             request,
             viewer,
@@ -303,7 +324,7 @@ class Console:
         status = await self.commands.status()
         budgets = await self.budgets() if self.budgets is not None else None
         message = request.query.get("msg", "")[:600]
-        return self._page(
+        return await self._page(
             "now.html",
             request,
             viewer,
@@ -373,7 +394,7 @@ class Console:
     async def login_page(self, request: web.Request) -> web.Response:
         """The token form (a proxy's header needs none)."""
         viewer = self.auth.viewer(request)
-        return self._page(
+        return await self._page(
             "login.html", request, viewer, next=_next(request.query.get("next")), error=""
         )
 
@@ -385,7 +406,7 @@ class Console:
         user = self.auth.user_for_token(_field(form, "token", 512))
         if user is None or not self.auth.same_origin(request):
             self.auth.failed(request, Failure.FORM)
-            return self._page(
+            return await self._page(
                 "login.html", request, Viewer(), 401, next=target, error="unknown token"
             )
         response = web.HTTPSeeOther(target)
@@ -444,4 +465,7 @@ def _summary(status: Mapping[str, Any]) -> dict[str, Any]:
         "approvals": len(status["approvals"]),
         "episodes": len(status["episodes"]),
         "engine": status["engine"]["running"],
+        "engine_line": status["engine"]["line"],
+        "dry_run": status["dry_run"],
+        "dry_run_why": status.get("dry_run_why", ""),
     }

@@ -25,7 +25,7 @@ from gpuops.bus.conn import Bus
 from gpuops.bus.identity import ENGINE_ONLY_KINDS
 from gpuops.bus.publish import JetStreamPublisher
 from gpuops.bus.store import Store
-from gpuops.clock import Clock, rfc3339
+from gpuops.clock import Clock, SystemClock, rfc3339
 from gpuops.decide.breaker import BreakerState
 from gpuops.decide.silence import parse_target, silence_span
 from gpuops.decide.stores import Stores
@@ -150,8 +150,10 @@ class Commands:
         power: PowerSettings | None = None,
         density: Callable[[float], str] | None = None,
         model_of: ModelOf | None = None,
+        wall: Clock | None = None,
     ) -> None:
-        """`inventory` None: the CLI's read-only use (status), which needs no inventory file."""
+        """`inventory` None: the CLI's read-only use (status), which needs no inventory file.
+        `wall`: the wall clock heartbeats are aged by (`clock` may run scaled, as the demo's)."""
         self.bus, self.clock, self.inventory, self.settings = bus, clock, inventory, settings
         self.power = power or PowerSettings()
         # The engine's own stores when it serves the commands; the CLI's over the same buckets.
@@ -164,6 +166,7 @@ class Commands:
         self.drift_check = drift_check
         self.density = density
         self.model_of = model_of  # the engine's: which record each stored key holds
+        self.wall = wall or SystemClock()
 
     @classmethod
     def over_bus(
@@ -312,7 +315,7 @@ class Commands:
             if s.ends > now
         ]
         await self._readable(self.episodes, unreadable)  # named below; read_open skips them
-        dry_run = await self.stores.dry_run.read()
+        dry_run, dry_run_why = await self._dry_run(engine)
         return {
             "at": now,
             "engine": {
@@ -330,9 +333,22 @@ class Commands:
                 for ep in await read_open(self.episodes)
             ],
             "dry_run": dry_run,
+            "dry_run_why": dry_run_why,
             "unreadable": self._unreadable_lines(unreadable, engine),
             "scale": await self._replicas(),
         }
+
+    async def _dry_run(self, engine: EngineState) -> tuple[bool, str]:
+        """Whether every decision is a dry run, and why: the engine was started so (this
+        process's own settings, or the running engine's heartbeat), or a person's switch."""
+        switch = self.stores.dry_run
+        flipped = switch.flipped if await switch.read() else None
+        started = switch.configured or bool(engine.running and engine.beat and engine.beat.dry_run)
+        why = ["engine started with --dry-run (settings dry_run)"] if started else []
+        if flipped is not None and flipped.on:
+            by = flipped.by or "someone"
+            why.append(by if by.startswith("unreadable") else f"switched on by {by}")
+        return bool(why), "; ".join(why)
 
     async def _readable(self, store: Store[T], unreadable: list[StateUnreadable]) -> list[T]:
         """The records of `store` that decode; those that do not go to `unreadable`."""
@@ -368,7 +384,7 @@ class Commands:
 
     async def engine(self, now: float) -> EngineState:
         """Whether an engine runs, from the heartbeats."""
-        return engine_state(await self.heartbeats.all(), now)
+        return engine_state(await self.heartbeats.all(), now, self.wall.now())
 
     async def do_history(self, args: list[str], caller: Caller) -> str:
         node = self._node(args)
@@ -590,7 +606,7 @@ def render_status(s: dict[str, Any]) -> str:
     episodes = s.get("episodes", [])
     lines.append(f"open episodes: {len(episodes)}")
     lines += [f"  {ep['line']}" for ep in episodes[:20]]
-    lines.append(f"dry-run: {'on' if s['dry_run'] else 'off'}")
+    lines.append(dry_run_line(s))
     for line in s.get("unreadable", [])[:SHOWN]:
         lines.append(f"unreadable state: {line}")
     scale = s.get("scale", {})
@@ -599,3 +615,11 @@ def render_status(s: dict[str, Any]) -> str:
     elif scale:
         lines += render_replicas(scale)
     return "\n".join(lines)
+
+
+def dry_run_line(s: dict[str, Any]) -> str:
+    """`dry-run: on (why)` or `dry-run: off`, from a status."""
+    if not s["dry_run"]:
+        return "dry-run: off"
+    why = s.get("dry_run_why")
+    return f"dry-run: on ({why})" if why else "dry-run: on"

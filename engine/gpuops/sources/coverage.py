@@ -11,8 +11,9 @@ source's concern.
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from gpuops.match.expr import parse_condition
 from gpuops.match.rules import Rule, RuleSet
@@ -98,3 +99,52 @@ def _gap(rule: Rule) -> tuple[Level, str] | None:
             "CSV (its default-counters.csv leaves them out, and the rule cannot fire without)"
         )
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Unserved:
+    """A rule that reads telemetry fields a feed did not publish: it cannot fire there."""
+
+    rule: str
+    file: str
+    line: int
+    fields: tuple[str, ...]
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The DCGM fields that would fill them (the first the mapping reads)."""
+        return tuple(m.metrics[0] for m in dcgm.MAPPING if m.field in self.fields)
+
+    def __str__(self) -> str:
+        fields = ", ".join(self.fields)
+        where = f"rule {self.rule} ({self.file}:{self.line}) reads {fields}"
+        if not self.metrics:
+            return f"{where}, which no DCGM field gives: the rule cannot fire on this feed"
+        return (
+            f"{where}, which this feed does not publish, so the rule cannot fire: add "
+            f"{', '.join(self.metrics)} to dcgm-exporter's counters CSV (-f / "
+            "DCGM_EXPORTER_COLLECTORS)"
+        )
+
+
+def fields_seen(events: Iterable[dict[str, Any]]) -> frozenset[str]:
+    """The GpuSample fields the telemetry events carry on at least one GPU."""
+    seen: set[str] = set()
+    for event in events:
+        if event.get("kind") == "telemetry":
+            for gpu in event.get("data", {}).get("gpus", ()):
+                seen.update(k for k, v in gpu.items() if v is not None)
+    return frozenset(seen)
+
+
+def unserved(rules: RuleSet, seen: Collection[str]) -> list[Unserved]:
+    """Enabled telemetry rules reading a field no GPU of a feed carried (`seen`, e.g.
+    `fields_seen` of a scrape or of recorded events), in file order."""
+    out = []
+    for rule in rules.rules:
+        if not rule.enabled or rule.on != "telemetry":
+            continue
+        lacking = tuple(sorted(rule_fields(rule) - set(seen) - _ALWAYS))
+        if lacking:
+            out.append(Unserved(rule.name, rule.file, rule.line, lacking))
+    return out

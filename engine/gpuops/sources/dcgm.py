@@ -54,7 +54,8 @@ class FieldMap:
     sum_optional: tuple[str, ...] = ()
     # Summed over the series of distinct NVLink links, when an exporter publishes per link.
     per_link: bool = False
-    # Published by dcgm-exporter's shipped etc/default-counters.csv without editing it.
+    # Published by dcgm-exporter's shipped etc/default-counters.csv (3.x) without editing
+    # it: its DCP block lists GR_ENGINE, PIPE_TENSOR and DRAM_ACTIVE, not SM_ACTIVE/OCCUPANCY.
     default: bool = False
 
 
@@ -124,10 +125,10 @@ MAPPING: tuple[FieldMap, ...] = (
     F("ecc_mode", ("DCGM_FI_DEV_ECC_CURRENT",), "0/1", _bool),
     F("mig_mode", ("DCGM_FI_DEV_MIG_MODE",), "0/1", _bool),
     F("compute_mode", ("DCGM_FI_DEV_COMPUTE_MODE",), "mode", _int),
-    F("dram_bw_util", ("DCGM_FI_PROF_DRAM_ACTIVE",), "ratio", _percent),
+    F("dram_bw_util", ("DCGM_FI_PROF_DRAM_ACTIVE",), "ratio", _percent, default=True),
     F("sm_active", ("DCGM_FI_PROF_SM_ACTIVE",), "ratio", _percent),
     F("sm_occupancy", ("DCGM_FI_PROF_SM_OCCUPANCY",), "ratio", _percent),
-    F("tensor_active", ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",), "ratio", _percent),
+    F("tensor_active", ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",), "ratio", _percent, default=True),
     F("nvlink_rx_bytes_s", ("DCGM_FI_PROF_NVLINK_RX_BYTES",), "B/s", per_link=True),
     F("nvlink_tx_bytes_s", ("DCGM_FI_PROF_NVLINK_TX_BYTES",), "B/s", per_link=True),
     F(

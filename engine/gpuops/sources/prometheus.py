@@ -44,10 +44,12 @@ from gpuops.agent.spool import Spool, Spooled
 from gpuops.bus.publish import Publisher
 from gpuops.clock import Clock
 from gpuops.errors import ConfigError, SourceError
+from gpuops.match.rules import RuleSet
 from gpuops.models import subject_for
 from gpuops.settings import PrometheusSourceSettings
 from gpuops.sources import dcgm
 from gpuops.sources.binding import Binding, Bound, Refusals, Refused, letter
+from gpuops.sources.quiet import Read, Told, quiet_targets
 from gpuops.sources.readings import Series, XidWatch, group, telemetry_event
 
 log = logging.getLogger(__name__)
@@ -212,10 +214,13 @@ _Parsed = tuple[list[Series], Tally[str], str | None]
 
 @dataclass
 class ScrapeReport:
-    """What one scrape did: targets that failed (and why), the events it built, and the
-    series it placed under each node (`forwarded`) or dropped (by reason)."""
+    """What one scrape did: targets that failed (and why), the events it built, the
+    series it placed under each node (`forwarded`) or dropped (by reason), and targets
+    that answered but placed nothing (`quiet`, with why)."""
 
     failed: dict[str, str] = field(default_factory=dict)
+    reads: list[Read] = field(default_factory=list)
+    quiet: dict[str, str] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
     dropped: Tally[str] = field(default_factory=Tally)
     forwarded: Tally[str] = field(default_factory=Tally)
@@ -233,7 +238,9 @@ class PromSource:
         spool: Spool,
         metrics: SourceMetrics | None = None,
         connected: Callable[[], bool] = lambda: True,
+        rules: RuleSet | None = None,
     ) -> None:
+        """`rules`: the rules the engine runs, for the fields a feed lacks (told once)."""
         check_targets(settings)
         self.s = settings
         self.binding = binding
@@ -244,6 +251,7 @@ class PromSource:
         self.metrics = metrics or SourceMetrics()
         self.connected = connected
         self.xids = XidWatch()
+        self.told = Told(rules)
 
     async def scrape_once(self) -> ScrapeReport:
         """Read every target, publish one telemetry event per node and any XID changes."""
@@ -260,6 +268,15 @@ class PromSource:
                 report.events.append(telemetry)
         for reason, n in report.dropped.items():
             self.metrics.dropped.labels(reason).inc(n)
+        report.quiet = quiet_targets(
+            report.reads,
+            bound.refused.values(),
+            report.dropped,
+            report.events,
+            self.s.node_label,
+            self.s.selector,
+        )
+        self.told.scrape(report.quiet, report.events)
         await self.publish(report.events)
         await self.dead_letters(self.refusals.news(bound.refused, report.failed), now)
         return report
@@ -276,11 +293,14 @@ class PromSource:
         # before it starts, so no target's timeout runs while another one is parsed, and
         # it runs off the event loop (binding each series to its target's node too).
         answers, bound = await asyncio.to_thread(self._digest, bodies)
-        for target, (_, over, why) in zip(self._names(self.s), answers, strict=True):
+        for b, (got, over, why) in zip(bodies, answers, strict=True):
             report.dropped.update(over)
-            self.metrics.scrapes.labels(target, why or "ok").inc()
+            self.metrics.scrapes.labels(b.url, why or "ok").inc()
             if why is not None:
-                report.failed[target] = why
+                report.failed[b.url] = why
+                continue
+            node = None if b.query else self.binding.node_of_url(b.url)
+            report.reads.append(Read(b.url, b.query, len(got), node))
         return bound
 
     def _digest(self, bodies: list[_Body]) -> tuple[list[_Parsed], Bound]:
@@ -289,10 +309,6 @@ class PromSource:
         for b, (got, _, _) in zip(bodies, answers, strict=True):
             self.binding.bind(b.url, b.query, got, bound)
         return answers, bound
-
-    @staticmethod
-    def _names(s: PrometheusSourceSettings) -> list[str]:
-        return [*s.targets, *([s.prometheus] if s.prometheus else [])]
 
     async def _fetch(
         self, session: aiohttp.ClientSession, gate: asyncio.Semaphore, url: str, query: bool

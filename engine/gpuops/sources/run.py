@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,36 +18,83 @@ from gpuops.bus.embedded import publisher_signer
 from gpuops.bus.identity import source as source_identity
 from gpuops.bus.publish import JetStreamPublisher, MemoryPublisher
 from gpuops.clock import SystemClock
-from gpuops.errors import SourceError
+from gpuops.errors import EngineError, SourceError
 from gpuops.http.server import HttpServer
-from gpuops.inventory.hosts import load_inventory
+from gpuops.inventory.hosts import Inventory, load_inventory
+from gpuops.match.loader import load_rules
+from gpuops.match.rules import RuleSet
 from gpuops.settings import Settings
 from gpuops.sources.binding import Binding
-from gpuops.sources.prometheus import PromSource, SourceMetrics, check_targets
+from gpuops.sources.prometheus import PromSource, ScrapeReport, SourceMetrics, check_targets
 
 log = logging.getLogger(__name__)
 SPOOL = "prometheus-source-spool.jsonl"
 
 
-def binding(settings: Settings) -> Binding:
-    """Targets to the inventory's nodes (read once: restart the source after changing it)."""
+def binding(settings: Settings) -> tuple[Binding, RuleSet | None]:
+    """Targets to the inventory's nodes (read once: restart the source after changing it),
+    and the rules the engine runs, to tell which fields they read that the feed lacks."""
     cfg = settings.sources.prometheus
     check_targets(cfg)  # what to give first: without a target, no inventory helps
-    return Binding(load_inventory(settings.inventory), cfg.node_label, cfg.target_label)
+    inventory = load_inventory(settings.inventory)
+    bound = Binding(inventory, cfg.node_label, cfg.target_label)
+    return bound, engine_rules(settings, inventory)
 
 
-async def ingest_once(settings: Settings) -> list[dict[str, Any]]:
-    """One scrape without NATS: the events it would publish (checks, debugging); a
-    SourceError when every target failed."""
+def engine_rules(settings: Settings, inventory: Inventory) -> RuleSet | None:
+    """The rules of `settings.rules_dir`; None, said once, where they do not load."""
+    try:
+        return load_rules([settings.rules_dir], settings.playbooks_dir, inventory)
+    except EngineError as exc:
+        first = str(exc).splitlines()[0]
+        log.warning(
+            "rules in %s not read (%s): fields the feed lacks are not told",
+            settings.rules_dir,
+            first,
+        )
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Once:
+    """One scrape's events, the XIDs it only remembered (the first value seen is never an
+    event), and the targets that answered and placed nothing (with why)."""
+
+    events: list[dict[str, Any]]
+    remembered: list[str]
+    quiet: dict[str, str]
+
+    def quiet_error(self) -> SourceError | None:
+        """What `--once` exits with when a target placed nothing (None when all did)."""
+        if not self.quiet:
+            return None
+        what = "; ".join(f"{t}: {why}" for t, why in self.quiet.items())
+        return SourceError("no_series", f"a target answered and placed no series: {what}")
+
+
+async def ingest_once(settings: Settings) -> Once:
+    """One scrape without NATS (checks, debugging); a SourceError when every target failed."""
     with tempfile.TemporaryDirectory() as held:  # a memory publisher never spools
         spool = Spool(Path(held) / "spool.jsonl")
         cfg, publisher = settings.sources.prometheus, MemoryPublisher()
-        source = PromSource(cfg, binding(settings), publisher, SystemClock(), spool)
+        bound, rules = binding(settings)
+        source = PromSource(cfg, bound, publisher, SystemClock(), spool, rules=rules)
         report = await source.scrape_once()
     if report.failed and not report.events:
         what = ", ".join(f"{t} ({why})" for t, why in report.failed.items())
         raise SourceError("down", f"no target answered: {what}")
-    return report.events
+    return Once(report.events, remembered(source, report), report.quiet)
+
+
+def remembered(source: PromSource, report: ScrapeReport) -> list[str]:
+    """The XIDs DCGM holds that this scrape only remembered, one line each."""
+    sent = {(e["node"], e["data"]["gpu"]) for e in report.events if e["kind"] == "xid"}
+    return [
+        f"{node} GPU {gpu}: last XID {xid} (remembered, not an event: DCGM keeps the last XID "
+        "while the driver runs, so it may be old; a change while the source runs is one)"
+        for (node, gpu), xid in sorted(source.xids.last.items())
+        if xid and (node, gpu) not in sent
+    ]
 
 
 async def run_ingest(settings: Settings, http: str | None) -> None:
@@ -64,14 +112,16 @@ async def run_ingest(settings: Settings, http: str | None) -> None:
         connect_forever(nc, url, settings.nats, credentials, name="gpuops-ingest-prometheus")
     )
     metrics = SourceMetrics()
+    bound, rules = binding(settings)
     source = PromSource(
         cfg,
-        binding(settings),
+        bound,
         JetStreamPublisher(nc.jetstream(timeout=5), signer),
         SystemClock(),
         Spool(settings.state_dir / SPOOL, cfg.spool_max),
         metrics,
         connected=lambda: nc.is_connected,
+        rules=rules,
     )
     server = HttpServer(metrics.registry, lambda: (nc.is_connected, {"nats": nc.is_connected}))
     try:

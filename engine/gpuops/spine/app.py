@@ -310,7 +310,12 @@ class App:
         a last beat says it stopped."""
         beats = Heartbeats(self.lane.control)
         beat = this_process(
-            self.settings.role, self.started, len(self.rules.rules), len(self.inventory.hosts)
+            self.settings.role,
+            self.started,
+            len(self.rules.rules),
+            len(self.inventory.hosts),
+            dry_run=self.settings.dry_run,
+            inventory=str(self.settings.inventory.resolve()),
         )
         unreadable = self.engine.stores.unreadable
         while not self.stop.is_set():
@@ -320,6 +325,7 @@ class App:
             beat = beat.model_copy(
                 update={
                     "at": self.clock.now(),
+                    "wall": time.time(),  # what `status` ages it by (the clock may be scaled)
                     "rules": len(self.rules.rules),
                     "unreadable": tuple(u.line() for u in unreadable.entries()[:SHOWN]),
                 }
@@ -438,6 +444,7 @@ class App:
             clock=self.clock,
             registry=self.engine.metrics.registry,
             budgets=self.power_budgets,
+            rules=lambda: self.rules,
         )
 
     async def power_budgets(self) -> list[dict[str, Any]]:

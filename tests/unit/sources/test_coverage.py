@@ -91,7 +91,7 @@ def test_window_functions_and_derived_facts_are_judged_by_the_fields_they_read(
   - name: bandwidth
     on: telemetry
     group_by: [node, gpu]
-    when: dram_bw_util < dram_bw_util_peer_median / 2
+    when: dram_bw_util < dram_bw_util_peer_median / 2 and sm_active > 50
 """
     assert _rules(tmp_path, body) == [
         ("hot-for-a-day", "needs-counters"),

@@ -11,15 +11,17 @@
     healthy: "#4caf50", suspect: "#e6b800", quarantined: "#7b3fb5",
     remediating: "#1f77b4", validating: "#17becf", needs_human: "#c2185b",
   };
-  // A cell's level: 1 (and more) is the rule's threshold, drawn in the hot colour.
+  // A cell's level: 1 (and more) is the rule's threshold, drawn in the hot colour. The
+  // temperature's is the overheat rule's for that GPU (`temp_at`, from the server); a GPU
+  // without one (no slowdown threshold published) has no level, and is drawn as such.
   const LEVEL = {
-    temp: (r) => (r.temp_c == null ? null : (r.temp_c - 30) / ((r.temp_slowdown_c || 90) - 3 - 30)),
+    temp: (r) => (r.temp_c == null || r.temp_at == null ? null : (r.temp_c - 30) / (r.temp_at - 30)),
     power: (r) => (r.power_w == null || !r.power_limit_w ? null : r.power_w / r.power_limit_w),
     util: (r) => (r.util_gpu == null ? null : r.util_gpu / 100),
     membw: (r) => (r.dram_bw_util == null ? null : r.dram_bw_util / 100),
   };
   let by = canvas.dataset.by;
-  let fields = [], nodes = [], states = {}, cells = new Map(), gpus = 1, seq = 0;
+  let fields = [], nodes = [], states = {}, cells = new Map(), gpus = 1, seq = 0, threshold = null;
   let layout = { cell: 8, perRow: 1, blockW: 1, blockH: 1 };
   const started = performance.now();
 
@@ -91,6 +93,7 @@
   function counts(summary) {
     const el = document.getElementById("counts");
     if (!summary) return;
+    window.gpuopsHeader(summary);
     const parts = Object.entries(summary.counts).filter(([, n]) => n).map(([s, n]) => `${s} ${n}`);
     el.textContent = `${parts.join(", ")} · breaker ${summary.breaker} · ` +
       `${summary.episodes} open episodes · ${summary.approvals} approvals` +
@@ -101,7 +104,7 @@
     const el = document.getElementById("legend");
     el.replaceChildren();
     const items = by === "state" ? Object.entries(STATES) :
-      [["low", colour(0)], ["half", colour(0.5)], ["near", colour(0.9)], ["at threshold", colour(1)], ["no data", GREY]];
+      [["low", colour(0)], ["half", colour(0.5)], ["near", colour(0.9)], ["at the rule's threshold", colour(1)], ["no data or no threshold", GREY]];
     for (const [text, fill] of items) {
       const s = document.createElement("span");
       const box = document.createElement("i");
@@ -143,7 +146,8 @@
     const name = nodes[hit.pos];
     const r = hit.gpu == null ? null : cells.get(hit.pos * 64 + hit.gpu);
     let text = `${name} (${states[name] || "healthy"})`;
-    if (r) text += ` GPU ${hit.gpu}: ${r.temp_c ?? "-"} C of ${r.temp_slowdown_c ?? "-"}, ` +
+    if (r) text += ` GPU ${hit.gpu}: ${r.temp_c ?? "-"} C, slowdown ${r.temp_slowdown_c ?? "none"}, ` +
+      `rule at ${r.temp_at ?? "none"} (${threshold || "no overheat rule"}), ` +
       `${r.power_w ?? "-"} W of ${r.power_limit_w ?? "-"}, util ${r.util_gpu ?? "-"}%, ` +
       `mem bw ${r.dram_bw_util ?? "-"}%, ${r.age_s}s old`;
     tip.textContent = text;
@@ -187,6 +191,7 @@
     .then((r) => r.json())
     .then((data) => {
       fields = data.fields;
+      threshold = data.temp_threshold;
       nodes = data.nodes;
       states = data.states;
       seq = data.seq;

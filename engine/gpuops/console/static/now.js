@@ -15,6 +15,7 @@
   source.onerror = () => dot.classList.remove("on");
   source.addEventListener("frame", (ev) => {
     const s = JSON.parse(ev.data).summary;
+    window.gpuopsHeader(s);
     const now = rendered();
     const changed = String(s.approvals) !== now.approvals || String(s.episodes) !== now.episodes ||
       s.breaker !== now.breaker;
