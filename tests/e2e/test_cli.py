@@ -81,7 +81,7 @@ def test_help_lists_every_command() -> None:
     assert listed == {
         *("run", "validate", "test-rules", "replay", "schema", "bench"),
         *("status", "history", "silence", "unsilence", "approve", "deny", "breaker"),
-        *("drain", "undrain", "dry-run", "drift-check", "publish"),
+        *("drain", "undrain", "dry-run", "drift-check", "publish", "state"),
         *("simulate", "sim-fault", "demo", "agent"),
         *("init", "export", "ingest", "power", "report", "identity"),
     }
