@@ -1,10 +1,11 @@
 """`gpuops replay` as a site runs it: under the site's settings, with the live intake's
 future check on the recording's own clock, every drop reported (identical ones folded),
-unknown nodes named; `gpuops test-rules` under the site's settings too."""
+unknown nodes named, and `--against` / `diff-rules` as a CI gate on a rule change."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -139,6 +140,110 @@ def test_an_inventory_lacking_the_recordings_nodes_names_them(tmp_path: Path) ->
     table = _gpuops("replay", recording, "--inventory", inventory, cwd=tmp_path)
     assert "nodes not in the inventory" in table.stdout
     assert "n2" in table.stdout and "n3" in table.stdout and "2 unknown nodes" in table.stderr
+
+
+def _lowered(rules: Path, into: Path) -> Path:
+    """The rules with gpu-overheat's threshold lowered from 3 C to 8 C below slowdown."""
+    shutil.copytree(rules, into)
+    path = into / "overheat.yml"
+    text = path.read_text()
+    assert text.count("temp_c >= temp_slowdown_c - 3") == 1
+    path.write_text(text.replace("temp_c >= temp_slowdown_c - 3", "temp_c >= temp_slowdown_c - 8"))
+    return into
+
+
+def _hot(tmp_path: Path) -> Path:
+    """n1 at 88 C (hot under either rule), n2 at 83 C (only under the lowered one)."""
+    return _write(tmp_path / "hot.jsonl", _fleet(300, {"n1": {"temp_c": 88}, "n2": {"temp_c": 83}}))
+
+
+def test_a_lowered_threshold_shows_the_added_actions_and_fails_the_gate(tmp_path: Path) -> None:
+    base = ROOT / "rules"
+    head = _lowered(base, tmp_path / "head")
+    config = _config(tmp_path, {"breaker_share": 1.0})  # both drains go through
+    args = ("--config", config, "replay", _hot(tmp_path), "--rules", head, "--against", base)
+
+    done = _gpuops(*args, "--fail-on", "new-actions", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    at = rfc3339(T0 + 60)
+    assert lines[1:] == [
+        "n2",
+        f"  + {at} gpu-overheat gpu 0: drain.yml",
+        f"  + {at} gpu-overheat gpu 0: notify:chatops",
+        "breaker trips with the old rules: none",
+        "breaker trips with the new rules: none",
+    ]
+    assert "2 added, 0 removed, 0 changed; --fail-on new-actions: FAIL" in done.stderr
+
+    rows = _json(_gpuops(*args, "--json", cwd=tmp_path))
+    assert {(r["kind"], r["node"], r["head"]["action"]) for r in rows} == {
+        ("added", "n2", "drain.yml"),
+        ("added", "n2", "notify:chatops"),
+    }
+
+    # Under the default breaker (one node of two), n2's drain trips it instead of running:
+    # no action is added, and the new trip fails the gate all the same.
+    tripped = _gpuops(*args[2:], "--fail-on", "new-actions", cwd=tmp_path)
+    assert tripped.returncode == 1, tripped.stdout + tripped.stderr
+    assert "n2\n" not in tripped.stdout
+    assert (
+        f"breaker trips with the new rules: {at}: 2 nodes would lose capacity within 10m "
+        "(limit 1)" in tripped.stdout
+    )
+    assert "0 added, 0 removed, 0 changed; --fail-on new-actions: FAIL" in tripped.stderr
+
+
+def test_an_unchanged_rule_set_shows_no_difference_and_passes(tmp_path: Path) -> None:
+    rules = ROOT / "rules"
+    done = _gpuops(
+        "replay",
+        _hot(tmp_path),
+        "--rules",
+        rules,
+        "--against",
+        rules,
+        "--fail-on",
+        "any-change",
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no difference in what the engine would do" in done.stdout
+    assert "0 added, 0 removed, 0 changed; --fail-on any-change: pass" in done.stderr
+
+
+def _git(site: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=site,
+        check=True,
+        capture_output=True,
+    )
+
+
+def test_diff_rules_reads_two_revisions_from_git(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "rules", site / "rules")
+    (site / "gpuops.yml").write_text(yaml.safe_dump({"safety": {"breaker_share": 1.0}}))
+    _git(site, "init", "-q")
+    _git(site, "add", "-A")
+    _git(site, "commit", "-qm", "rules as shipped")
+    shutil.rmtree(site / "rules")
+    _lowered(ROOT / "rules", site / "rules")
+    recording = _hot(tmp_path)
+
+    dirty = _gpuops("diff-rules", "HEAD", recording, "--fail-on", "new-actions", cwd=site)
+    assert dirty.returncode == 1, dirty.stdout + dirty.stderr
+    assert "rules at the work tree against HEAD" in dirty.stdout
+    assert "2 added, 0 removed, 0 changed" in dirty.stderr
+    _git(site, "commit", "-qam", "overheat: drain 8 C below slowdown")
+    committed = _gpuops("diff-rules", "HEAD~1..HEAD", recording, "--json", cwd=site)
+    assert {(r["kind"], r["node"]) for r in _json(committed)} == {("added", "n2")}
+    same = _gpuops("diff-rules", "HEAD", recording, "--fail-on", "any-change", cwd=site)
+    assert same.returncode == 0, same.stdout + same.stderr
+    missing = _gpuops("diff-rules", "no-such-rev", recording, cwd=site)
+    assert missing.returncode == 1
+    assert "cannot read rules at revision no-such-rev: fatal: Not a valid object" in missing.stderr
 
 
 def test_rule_tests_run_under_the_sites_settings(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
 """`gpuops` commands that try rules on events through the live engine, acting on nothing:
-test-rules (YAML cases) and replay (a recording).
+test-rules (YAML cases), replay (a recording; `--against` old rules: the difference) and
+diff-rules (two git revisions of the rules on a recording).
 
 Each takes the site's settings as `run` does (--config, GPUOPS_CONFIG, ./gpuops.yml),
 so the breaker, cooldowns, attempt cap and stale and future cutoffs are the site's.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,9 +25,16 @@ if TYPE_CHECKING:
     from gpuops.match.rules import RuleSet
     from gpuops.settings import Settings
     from gpuops.spine.report import Report
+    from gpuops.spine.rulediff import RuleDiff
 
 _rules_option = click.option(
     "--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/"
+)
+_fail_on_option = click.option(
+    "--fail-on",
+    type=click.Choice(["new-actions", "any-change"]),  # gpuops.spine.rulediff.FailOn
+    help="exit 1 when the new rules would run something the old would not or trip the "
+    "breaker where they would not (new-actions), or when anything differs (any-change)",
 )
 
 
@@ -108,6 +117,12 @@ def _replayed(file: Path, rules: RuleSet, settings: Settings) -> Report:
 @click.option(
     "--json", "as_json", is_flag=True, help="one JSON line per action, drop, trip, refusal"
 )
+@click.option(
+    "--against",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="old rules: print what the rules would do differently, node by node",
+)
+@_fail_on_option
 @click.pass_context
 def replay(
     ctx: click.Context,
@@ -115,10 +130,104 @@ def replay(
     rules_dir: Path | None,
     inventory: Path | None,
     as_json: bool,
+    against: Path | None,
+    fail_on: str | None,
 ) -> None:
     """Shadow mode: recorded events through the live engine's stages, acting on nothing."""
     settings = settings_from(ctx, rules_dir=rules_dir, inventory=inventory)
-    _show_report(_replayed(file, _rules(settings), settings), as_json)
+    if fail_on and against is None:
+        raise click.UsageError("--fail-on compares rules: give the old ones with --against DIR")
+    head = _replayed(file, _rules(settings), settings)
+    if against is None:
+        _show_report(head, as_json)
+        return
+    base = _replayed(file, _rules(settings, against), settings)
+    _gate(_diffed(base, head, f"{settings.rules_dir} against {against}", as_json), fail_on)
+
+
+@click.command("diff-rules")
+@click.argument("revisions", metavar="BASE[..HEAD]")
+@click.argument("file", type=click.Path(exists=True, path_type=Path))
+@_rules_option
+@click.option("--inventory", type=click.Path(path_type=Path), help="as for replay")
+@click.option("--json", "as_json", is_flag=True, help="one JSON line per difference and trip")
+@_fail_on_option
+@click.pass_context
+def diff_rules(
+    ctx: click.Context,
+    revisions: str,
+    file: Path,
+    rules_dir: Path | None,
+    inventory: Path | None,
+    as_json: bool,
+    fail_on: str | None,
+) -> None:
+    """Replay FILE under the rules of two git revisions (HEAD left out: the rules as they
+    are in the work tree) and print what the engine would do differently, node by node."""
+    from gpuops.ops.revisions import rules_at
+
+    settings = settings_from(ctx, rules_dir=rules_dir, inventory=inventory)
+    old, _, new = revisions.partition("..")
+    with tempfile.TemporaryDirectory(prefix="gpuops-rules-") as tmp:
+        base_dir = rules_at(old, settings.rules_dir, Path(tmp) / "base")
+        head_dir = rules_at(new, settings.rules_dir, Path(tmp) / "head") if new else None
+        base = _replayed(file, _rules(settings, base_dir), settings)
+        head = _replayed(file, _rules(settings, head_dir), settings)
+    _gate(_diffed(base, head, f"rules at {new or 'the work tree'} against {old}", as_json), fail_on)
+
+
+def _diffed(base: Report, head: Report, title: str, as_json: bool) -> RuleDiff:
+    from gpuops.spine.rulediff import diff
+
+    found = diff(base, head)
+    if as_json:
+        for d in found.differences:
+            click.echo(json.dumps(d.as_dict(), sort_keys=True))
+        for side, trips in (("base", found.base_trips), ("head", found.head_trips)):
+            for t in trips:
+                click.echo(json.dumps({**t.as_dict(), "side": side}, sort_keys=True))
+    else:
+        _show_diff(found, title)
+    return found
+
+
+def _gate(found: RuleDiff, fail_on: str | None) -> None:
+    from gpuops.spine.rulediff import FailOn
+
+    counts = found.counts()
+    verdict = ""
+    failed = fail_on is not None and found.fails(FailOn(fail_on))
+    if fail_on:
+        verdict = f"; --fail-on {fail_on}: {'FAIL' if failed else 'pass'}"
+    click.echo(
+        f"{counts['added']} added, {counts['removed']} removed, {counts['changed']} changed"
+        + verdict,
+        err=True,
+    )
+    if failed:
+        sys.exit(1)
+
+
+def _show_diff(found: RuleDiff, title: str) -> None:
+    from gpuops.spine.rulediff import Change, describe
+
+    click.echo(title)
+    if not found.differences:
+        click.echo("no difference in what the engine would do")
+    node = None
+    for d in found.differences:
+        if d.node != node:
+            node = d.node
+            click.echo(node)
+        if d.change is Change.CHANGED and d.base is not None and d.head is not None:
+            click.echo(f"  ~ {describe(d.base)}  ->  {describe(d.head)}")
+        elif d.head is not None:
+            click.echo(f"  + {describe(d.head)}")
+        elif d.base is not None:
+            click.echo(f"  - {describe(d.base)}")
+    for side, trips in (("old rules", found.base_trips), ("new rules", found.head_trips)):
+        shown = "; ".join(f"{t.as_dict()['at']}: {t.why}" for t in trips) or "none"
+        click.echo(f"breaker trips with the {side}: {shown}")
 
 
 def _show_report(report: Report, as_json: bool) -> None:
@@ -188,4 +297,4 @@ def _tables(report: Report) -> list[Table]:
     return [t for t in tables if t.row_count or t is actions]
 
 
-COMMANDS = [test_rules, replay]
+COMMANDS = [test_rules, replay, diff_rules]
