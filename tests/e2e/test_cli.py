@@ -79,9 +79,9 @@ def test_help_lists_every_command() -> None:
     assert done.returncode == 0, done.stderr
     listed = {line.split()[0] for line in done.stdout.split("Commands:")[1].splitlines() if line}
     assert listed == {
-        *("run", "validate", "test-rules", "replay", "schema", "bench"),
+        *("run", "validate", "test-rules", "replay", "diff-rules", "schema", "bench"),
         *("status", "history", "silence", "unsilence", "approve", "deny", "breaker"),
-        *("drain", "undrain", "dry-run", "drift-check", "publish"),
+        *("drain", "undrain", "dry-run", "drift-check", "publish", "state"),
         *("simulate", "sim-fault", "demo", "agent"),
         *("init", "export", "ingest", "power", "report", "identity", "state"),
     }

@@ -99,7 +99,8 @@ def test_init_then_validate_test_rules_and_replay_in_the_site(
     assert tests.stdout.splitlines()[-1].endswith(" passed, 0 failed")
     replay = _run([gpuops, "replay", "recordings/example.jsonl", "--json"], site)
     assert replay.returncode == 0, replay.stderr
-    actions = {(a["node"], a["action"]) for a in map(json.loads, replay.stdout.splitlines())}
+    rows = [json.loads(line) for line in replay.stdout.splitlines()]
+    actions = {(a["node"], a["action"]) for a in rows if a["kind"] == "action"}
     assert {("gpu-a01-01", "power_limit.yml"), ("gpu-a01-02", "reboot.yml")} <= actions
     assert "31 events, 0 unreadable" in replay.stderr
 

@@ -101,6 +101,7 @@ def test_replay_prints_would_be_actions_as_json(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     lines = [json.loads(line) for line in done.stdout.splitlines()]
     assert {
+        "kind": "action",
         "rule": "power-limit-below-policy",
         "node": "node-001",
         "gpu": 2,
@@ -109,5 +110,9 @@ def test_replay_prints_would_be_actions_as_json(tmp_path: Path) -> None:
         "ts": "2027-01-15T08:00:30.000Z",
         "dry_run": False,
     } in lines
-    assert any(a["rule"] == "xid-79-gpu-lost" and a["action"] == "reboot.yml" for a in lines)
+    assert any(
+        a.get("rule") == "xid-79-gpu-lost" and a.get("action") == "reboot.yml" for a in lines
+    )
+    [broken] = [a for a in lines if a["kind"] == "refused"]
+    assert (broken["reason"], broken["first_line"]) == ("json", 11)
     assert "10 events, 1 unreadable" in done.stderr

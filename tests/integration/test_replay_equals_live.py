@@ -205,8 +205,8 @@ async def test_replay_of_the_recorded_stream_decides_like_the_live_engine(
     live = _audit_decisions([r.body async for r in read_audit(bus.js) if r.type == "decision"])
 
     rules = load_rules([settings.rules_dir], settings.playbooks_dir)
-    shadow, _, stats = await replay(rec.save(), rules, fleet.root / "inventory", settings)
-    assert stats["bad"] == 0
+    shadow, report = await replay(rec.save(), rules, fleet.root / "inventory", settings)
+    assert report.refusals() == 0, report.refused
     audit = [json.loads(p) for s, p in shadow.publisher.messages if s.startswith("gpuops.audit.")]
     replayed = _audit_decisions([r["body"] for r in audit if r["type"] == "decision"])
 

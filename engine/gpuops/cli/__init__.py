@@ -1,7 +1,8 @@
 """The `gpuops` command. Results go to stdout, logs to stderr, so `--json` output pipes.
 
 The commands live in modules by audience, each a list of click commands added here:
-engine_cmds (run the engine, check and try rules), operator_cmds (status, history,
+engine_cmds (run the engine, check rules), shadow_cmds (try rules on events: test-rules,
+replay, diff-rules), operator_cmds (status, history,
 approvals, silences, the breaker, drains, drift checks, publishing events),
 sim_cmds (the simulated fleet and the demo), agent_cmds (the node agent), source_cmds
 (ingest from dcgm-exporter / Prometheus) and site_cmds (init a site, export events, --version).
@@ -26,6 +27,7 @@ from gpuops.cli import (
     engine_cmds,
     operator_cmds,
     power_cmds,
+    shadow_cmds,
     sim_cmds,
     site_cmds,
     source_cmds,
@@ -84,6 +86,7 @@ def main(
 
 for _module in (
     engine_cmds,
+    shadow_cmds,
     operator_cmds,
     power_cmds,
     sim_cmds,

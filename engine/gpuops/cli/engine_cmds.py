@@ -1,9 +1,8 @@
-"""`gpuops` commands about the engine itself: run it, check rules, try them on events
-(test-rules, replay), print schemas."""
+"""`gpuops` commands about the engine itself: run it, check rules, print schemas (trying
+rules on events is shadow_cmds)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import sys
@@ -11,14 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.table import Table
 
-from gpuops.cli.terminal import cells, err, out, run_async, settings_from
-from gpuops.errors import EngineError, RuleError
+from gpuops.cli.terminal import run_async, settings_from
+from gpuops.errors import EngineError
 
 if TYPE_CHECKING:
     from gpuops.clock import Clock
-    from gpuops.match.rules import RuleSet
     from gpuops.settings import Settings
 
 
@@ -154,89 +151,6 @@ def validate(
         click.echo(f"{source}: {len(found)} of {len(rules.rules)} rules not fully served")
 
 
-def _rules(rules_dir: Path | None, inventory: Path | None = None) -> RuleSet:
-    from gpuops.inventory.hosts import load_inventory
-    from gpuops.match.loader import load_rules
-    from gpuops.shipped import locate
-
-    books = locate("playbooks").path
-    try:
-        inv = load_inventory(inventory) if inventory is not None else None
-        return load_rules(
-            [rules_dir or locate("rules").path], books if books.is_dir() else None, inv
-        )
-    except EngineError as exc:
-        click.echo(str(exc), err=True)
-        sys.exit(2)
-
-
-@click.command("test-rules")
-@click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
-@click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/")
-@click.option(
-    "--inventory",
-    type=click.Path(path_type=Path),
-    help="check rules that read the inventory against it (cases give hosts' variables)",
-)
-def test_rules(paths: tuple[Path, ...], rules_dir: Path | None, inventory: Path | None) -> None:
-    """Run rule tests (YAML cases of events and expected actions; default: the site's
-    tests/rules/, else the shipped ones); exit 1 on any failure."""
-    from gpuops.shipped import locate
-    from gpuops.spine.ruletest import load_cases, run_cases
-
-    rules = _rules(rules_dir, inventory)
-    if not paths:
-        click.echo(f"running {locate('tests/rules').describe()}")
-    paths = paths or (locate("tests/rules").path,)
-    files = [f for p in paths for f in (sorted(p.rglob("*.y*ml")) if p.is_dir() else [p])]
-    failed = total = 0
-    for file in files:
-        try:
-            results = asyncio.run(run_cases(str(file), load_cases(file), rules))
-        except RuleError as exc:
-            click.echo(f"FAIL {exc}")
-            failed += 1
-            continue
-        for result in results:
-            total += 1
-            click.echo(f"{'PASS' if result.passed else 'FAIL'} {file}: {result.name}")
-            for failure in result.failures:
-                click.echo(f"     {failure}")
-            failed += 0 if result.passed else 1
-    click.echo(f"{total - failed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
-
-
-@click.command()
-@click.argument("file", type=click.Path(exists=True, path_type=Path))
-@click.option("--rules", "rules_dir", type=click.Path(path_type=Path), help="default: rules/")
-@click.option(
-    "--inventory", type=click.Path(path_type=Path), help="only these hosts may be acted on"
-)
-@click.option("--json", "as_json", is_flag=True, help="one JSON line per would-be action")
-def replay(file: Path, rules_dir: Path | None, inventory: Path | None, as_json: bool) -> None:
-    """Shadow mode: recorded events through matching and safety stages, acting on nothing."""
-    from gpuops.clock import rfc3339
-    from gpuops.spine.replay import replay_file
-
-    rules = _rules(rules_dir)
-    actions, stats = run_async(replay_file(file, rules, inventory))
-    if as_json:
-        for action in actions:
-            click.echo(json.dumps(action.as_dict(), sort_keys=True))
-    else:
-        table = Table("ts", "rule", "node", "gpu", "would run")
-        for a in actions:
-            would = a.action + (" (dry-run rule)" if a.dry_run else "")
-            gpu = ",".join(map(str, a.gpus)) if a.gpus else ""
-            table.add_row(*cells(rfc3339(a.ts), a.rule, a.node, gpu, would))
-        out.print(table)
-    err.print(
-        f"{stats['events']} events, {stats['bad']} unreadable, {len(actions)} would-be actions",
-        highlight=False,
-    )
-
-
 @click.command()
 @click.argument("what", type=click.Choice(["events", "rules"]))
 def schema(what: str) -> None:
@@ -248,4 +162,4 @@ def schema(what: str) -> None:
     click.echo(json.dumps(doc, indent=2, sort_keys=True))
 
 
-COMMANDS = [run, validate, test_rules, replay, schema]
+COMMANDS = [run, validate, schema]

@@ -46,13 +46,20 @@ def decode(
         raise EventError(_reason(exc), _summary(exc)) from exc
     if subject is not None:
         _check_subject(event, subject)
-    if now is not None and event.epoch - now > max_future_s:
+    if now is not None:
+        check_future(event, now, max_future_s)
+    return event
+
+
+def check_future(event: Event, now: float, max_future_s: float = MAX_FUTURE_S) -> None:
+    """Refuse, as `future`, an event dated more than `max_future_s` after `now` (the
+    intake's clock live, the recording's own time in `gpuops replay`)."""
+    if event.epoch - now > max_future_s:
         raise EventError(
             "future",
             f"ts {event.ts.isoformat()} is {event.epoch - now:.0f} s after the engine's clock "
             f"(limit {max_future_s:.0f} s): check the sender's clock (NTP)",
         )
-    return event
 
 
 def decode_intake(

@@ -1,61 +1,108 @@
-"""`gpuops replay`: a JSON-lines file of recorded events through the shadow pipeline."""
+"""`gpuops replay`: a JSON-lines file of recorded events through the shadow engine.
+
+The engine is the live one (`Shadow`, built by `build_engine`) under the site's
+settings, and each line meets the live intake's checks first: what does not decode is
+refused by reason, and an event dated more than `max_future_skew_s` after the replay's
+clock is refused as `future`, as the intake would have dead-lettered it. The clock is
+the recording's own time: the latest event fed so far, or, when the events just after
+this one are later still (the recording resumes after a quiet hour), the earliest of
+those, since the live engine's clock had reached them by the time they came. So one
+event dated a year ahead neither moves the clock nor makes every `absent` rule fire,
+and a gap in the recording is not mistaken for a future date. Events older than
+`stale_after_s` against that clock are stale, as live.
+"""
 
 from __future__ import annotations
 
-import logging
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpuops.errors import EventError
-from gpuops.intake.decode import decode
+from gpuops.intake.decode import check_future, decode
 from gpuops.inventory.hosts import load_inventory
 from gpuops.match.rules import RuleSet
+from gpuops.models import Event, Reason
 from gpuops.settings import Settings
+from gpuops.spine.report import Report
 from gpuops.spine.shadow import Shadow, WouldRun
 
-log = logging.getLogger(__name__)
+# Events read ahead of the one judged: the earliest of them bounds the live clock when
+# it came (an agent's clock a year ahead among a fleet's honest samples is outvoted).
+LOOKAHEAD = 8
 
 
 async def replay_file(
     path: Path, rules: RuleSet, inventory: Path | None, settings: Settings | None = None
 ) -> tuple[list[WouldRun], dict[str, int]]:
-    """Would-be actions, in event order, and counts of events read and unreadable."""
-    _, actions, stats = await replay(path, rules, inventory, settings)
-    return actions, stats
+    """Would-be actions, in event order, and counts of events fed and refused."""
+    _, report = await replay(path, rules, inventory, settings)
+    return report.actions, {"events": report.events, "bad": report.refusals()}
 
 
 async def replay(
     path: Path, rules: RuleSet, inventory: Path | None, settings: Settings | None = None
-) -> tuple[Shadow, list[WouldRun], dict[str, int]]:
-    """The shadow engine after the recording, its would-be actions, and the counts."""
-    nodes = load_inventory(inventory).hosts if inventory is not None else _nodes_in(path)
-    # Recorded events are old by now: replay judges them at their own time, never stale.
-    base = settings or Settings()
-    safety = base.safety.model_copy(update={"stale_after_s": float("inf")})
-    shadow = Shadow(rules, nodes, base.model_copy(update={"safety": safety}))
-    actions: list[WouldRun] = []
-    stats = {"events": 0, "bad": 0}
+) -> tuple[Shadow, Report]:
+    """The shadow engine after the recording, and the report of what it did."""
+    settings = settings or Settings()
+    shadow = _shadow(path, rules, inventory, settings)
+    report = Report()
+    ahead: deque[tuple[int, Event]] = deque()
+    for number, read in _lines(path):
+        if isinstance(read, EventError):
+            report.refuse(number, read.reason, read.message)
+            continue
+        ahead.append((number, read))
+        if len(ahead) > LOOKAHEAD:
+            await _judge(shadow, report, ahead, settings.max_future_skew_s)
+    while ahead:
+        await _judge(shadow, report, ahead, settings.max_future_skew_s)
+    return shadow, report
+
+
+async def _judge(
+    shadow: Shadow, report: Report, ahead: deque[tuple[int, Event]], max_future_s: float
+) -> None:
+    """The first event read ahead: refused as the intake would, or fed to the engine."""
+    number, event = ahead.popleft()
+    later = min((e.epoch for _, e in ahead), default=None)
+    known = [t for t in (shadow.now, later) if t is not None]
+    try:
+        if known:
+            check_future(event, max(known), max_future_s)
+    except EventError as exc:
+        report.refuse(number, exc.reason, exc.message, event.node)
+        return
+    report.events += 1
+    if event.node not in shadow.hosts:
+        report.unknown[event.node] += 1
+    decisions = await shadow.feed(event)
+    report.decided(decisions)
+    if any(d.reason is Reason.BREAKER_OPEN for d in decisions):
+        record, _ = await shadow.engine.breaker.get()
+        report.breaker(record)
+
+
+def _shadow(path: Path, rules: RuleSet, inventory: Path | None, settings: Settings) -> Shadow:
+    """The live engine over the inventory (its groups and variables too); with none,
+    every node the recording names is taken as known."""
+    if inventory is None:
+        return Shadow(rules, _nodes_in(path), settings)
+    inv = load_inventory(inventory)
+    return Shadow(rules, inv.hosts, settings, hostvars=inv.hostvars, groups=inv.groups)
+
+
+def _lines(path: Path) -> Iterator[tuple[int, Event | EventError]]:
+    """Each non-blank line's number and its event, or why the intake refuses it."""
     with path.open("rb") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                event = decode(line)
+                yield number, decode(line)
             except EventError as exc:
-                stats["bad"] += 1
-                log.warning("%s:%d: skipped (%s)", path, number, exc)
-                continue
-            stats["events"] += 1
-            actions += await shadow.feed(event)
-    return shadow, actions, stats
+                yield number, exc
 
 
 def _nodes_in(path: Path) -> set[str]:
-    """With no inventory, every node the recording names is taken as known."""
-    nodes: set[str] = set()
-    with path.open("rb") as lines:
-        for line in lines:
-            try:
-                nodes.add(decode(line).node)
-            except EventError:
-                continue
-    return nodes
+    return {e.node for _, e in _lines(path) if not isinstance(e, EventError)}

@@ -38,7 +38,8 @@ from gpuops.errors import RuleError
 from gpuops.match.durations import parse_duration
 from gpuops.match.rules import RuleSet
 from gpuops.models import EVENT_ADAPTER
-from gpuops.spine.shadow import Shadow, WouldRun
+from gpuops.settings import Settings
+from gpuops.spine.shadow import Shadow, WouldRun, would_run
 
 T0 = 1_800_000_000.0
 
@@ -144,18 +145,22 @@ def _matches(action: WouldRun, want: dict[str, Any]) -> bool:
     return all(same(k, v) for k, v in want.items() if k != "count")
 
 
-async def run_case(file: str, case: dict[str, Any], rules: RuleSet) -> CaseResult:
-    """Feed a case's events through the shadow pipeline and check its expectations."""
+async def run_case(
+    file: str, case: dict[str, Any], rules: RuleSet, settings: Settings | None = None
+) -> CaseResult:
+    """Feed a case's events through the shadow pipeline, under the site's settings (its
+    breaker, cooldowns' stores, attempt cap, stale cutoff), and check its expectations."""
     result = CaseResult(file=file, name=str(case.get("name", "unnamed")))
     steps = sorted((p for s in case.get("events", []) for p in _expand(s)), key=lambda p: p[0])
     hosts = case.get("hosts") or {}
     nodes = case.get("nodes") or sorted({e["node"] for _, e in steps if e is not None} | set(hosts))
-    shadow = Shadow(rules, nodes, hostvars=hosts)
+    shadow = Shadow(rules, nodes, settings, hostvars=hosts)
     for offset, raw in steps:
         if raw is None:
-            result.actions += await shadow.advance(T0 + offset)
+            decisions = await shadow.advance(T0 + offset)
         else:
-            result.actions += await shadow.feed(EVENT_ADAPTER.validate_python(raw))
+            decisions = await shadow.feed(EVENT_ADAPTER.validate_python(raw))
+        result.actions += [a for d in decisions for a in would_run(d)]
     for want in case.get("expect", []):
         found = [a for a in result.actions if _matches(a, want)]
         if not found or ("count" in want and len(found) != want["count"]):
@@ -185,12 +190,14 @@ def load_cases(path: Path) -> list[dict[str, Any]]:
     return list(doc["cases"])
 
 
-async def run_cases(file: str, cases: list[dict[str, Any]], rules: RuleSet) -> list[CaseResult]:
+async def run_cases(
+    file: str, cases: list[dict[str, Any]], rules: RuleSet, settings: Settings | None = None
+) -> list[CaseResult]:
     """Every case of one test file; a malformed case fails with what is wrong."""
     results = []
     for case in cases:
         try:
-            results.append(await run_case(file, case, rules))
+            results.append(await run_case(file, case, rules, settings))
         except (KeyError, ValueError, TypeError) as exc:
             results.append(CaseResult(file, str(case.get("name", "?")), [f"bad case: {exc}"]))
     return results

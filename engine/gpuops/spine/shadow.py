@@ -39,6 +39,8 @@ from gpuops.spine.build import build_engine
 
 # Decisions that say what the engine would do; the other drops say why it would not.
 WOULD = (Reason.ACCEPTED, Reason.DRY_RUN, Reason.NO_ACTION, Reason.APPROVAL_PENDING)
+# Drops that hand the node to a person: replay shows them as `needs-human`.
+ESCALATES = (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +71,7 @@ class WouldRun:
 def would_run(d: Decision) -> list[WouldRun]:
     """What a decision amounts to, as replay reports it."""
     m = d.match
-    if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
+    if d.reason in ESCALATES:
         return [WouldRun(m.rule, m.node, m.gpu, "needs-human", m.event_ts, False, m.gpus)]
     if d.reason not in WOULD:
         return []
@@ -83,7 +85,7 @@ def would_run(d: Decision) -> list[WouldRun]:
 
 
 class Shadow:
-    """The engine on in-memory stores and a manual clock, collecting decisions.
+    """The engine on in-memory stores and a manual clock, handing back its decisions.
 
     Events go through `Pipeline.handle`, silence and people's answers through the live
     tick, the power controller polls as the clock moves, and every intent "runs" at once
@@ -117,12 +119,17 @@ class Shadow:
             signing_key=secrets.token_bytes(32),
         )
         self.completion = Completion(self.engine.recorder, self.engine.locks, self._probe)
-        self.decisions: list[Decision] = []
         self._seeded = False
         self._ran = 0
 
-    async def feed(self, event: Event) -> list[WouldRun]:
-        """Evaluate one event at its own time (ticking `absent` rules up to it first)."""
+    @property
+    def now(self) -> float | None:
+        """The replay's clock: the latest time fed, None before the first."""
+        return self.clock.now() if self._seeded else None
+
+    async def feed(self, event: Event) -> list[Decision]:
+        """Evaluate one event at its own time (ticking `absent` rules up to it first); the
+        decisions made, the ticks' first."""
         out = await self.advance(event.epoch)
         if isinstance(event, ChatopsEvent):
             await self._command(event)
@@ -132,7 +139,7 @@ class Shadow:
         await self._run_intents()
         return out
 
-    async def advance(self, t: float) -> list[WouldRun]:
+    async def advance(self, t: float) -> list[Decision]:
         """Move the clock to `t`; run what the live engine's loops would have run by then
         (silence, answered approvals, the power controller)."""
         if not self._seeded:
@@ -156,13 +163,9 @@ class Shadow:
         except (ValueError, EngineError):
             return  # the live command refused it too
 
-    def _seen(self, decisions: list[Decision]) -> list[WouldRun]:
-        out: list[WouldRun] = []
-        for d in decisions:
-            if d.reason is not Reason.NOT_APPLICABLE:
-                self.decisions.append(d)
-            out += would_run(d)
-        return out
+    def _seen(self, decisions: list[Decision]) -> list[Decision]:
+        """The decisions the audit holds (a built-in rule for another state is not one)."""
+        return [d for d in decisions if d.reason is not Reason.NOT_APPLICABLE]
 
     async def _probe(self, node: str, nonce: str) -> None:
         """Live, the agent is asked to probe; its answer is an event, which the recording

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -34,6 +35,9 @@ def test_init_writes_a_site_with_every_part(tmp_path: Path) -> None:
     ci = yaml.safe_load((site / ".github" / "workflows" / "gpuops.yml").read_text())
     steps = [s.get("run") for s in ci["jobs"]["rules"]["steps"]]
     assert "gpuops validate" in steps and "gpuops test-rules" in steps
+    [gate] = [s for s in ci["jobs"]["rules"]["steps"] if s.get("name") == "gpuops diff-rules"]
+    assert 'gpuops diff-rules "$base" "$recording" --fail-on new-actions' in gate["run"]
+    assert ci["jobs"]["rules"]["steps"][0]["with"] == {"fetch-depth": 0}, "the base is read"
     assert f'pip install "gpuops=={shipped.version()}"' in steps
     assert "gpuops init" in (site / "README.md").read_text()
     assert "$" not in (site / "README.md").read_text(), "every template value was filled in"
@@ -42,8 +46,53 @@ def test_init_writes_a_site_with_every_part(tmp_path: Path) -> None:
 def test_gitlab_ci_is_written_on_request(tmp_path: Path) -> None:
     site = init_site(tmp_path / "site", ci="gitlab").root
     job = yaml.safe_load((site / ".gitlab-ci.yml").read_text())["gpuops-rules"]
-    assert job["script"][1:] == ["gpuops validate", "gpuops test-rules"]
+    assert job["script"][1:3] == ["gpuops validate", "gpuops test-rules"]
+    assert 'gpuops diff-rules "$base" "$recording" --fail-on new-actions' in job["script"][3]
+    assert job["variables"] == {"GIT_DEPTH": 0}
     assert not (site / ".github").exists()
+
+
+def _git(site: Path, *args: str) -> None:
+    who = ["-c", "user.name=site", "-c", "user.email=site@example.com"]
+    subprocess.run(["git", *who, *args], cwd=site, check=True, capture_output=True, timeout=60)
+
+
+def test_the_ci_gate_fails_a_rule_change_that_would_act_more_on_the_kept_recording(
+    tmp_path: Path,
+) -> None:
+    site = init_site(tmp_path / "site").root
+    _git(site, "init", "-q")
+    _git(site, "add", "-A")
+    _git(site, "commit", "-qm", "the site as init wrote it")
+    ci = yaml.safe_load((site / ".github" / "workflows" / "gpuops.yml").read_text())
+    [gate] = [
+        s["run"] for s in ci["jobs"]["rules"]["steps"] if s.get("name") == "gpuops diff-rules"
+    ]
+    # The job as GitHub runs it (bash -e), the base revision the expression would give,
+    # and `gpuops` this checkout's.
+    script = (
+        "gpuops() { "
+        + shlex.join(GPUOPS)
+        + ' "$@"; }\n'
+        + gate.replace("${{ github.event.pull_request.base.sha || github.event.before }}", "HEAD~1")
+    )
+    overheat = site / "rules" / "overheat.yml"
+    hot = overheat.read_text().replace("temp_c >= temp_slowdown_c - 3", "temp_c >= 20")
+    for change, rules in (
+        ("reword a comment", "# reworded\n" + overheat.read_text()),
+        ("drain at 20 C", hot),
+    ):
+        overheat.write_text(rules)
+        _git(site, "commit", "-qam", change)
+        done = subprocess.run(
+            ["bash", "-e", "-c", script], cwd=site, capture_output=True, text=True, timeout=120
+        )
+        if change == "reword a comment":
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "no difference in what the engine would do" in done.stdout
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "gpu-a01-02\n  + 2027-01-15T08:01:00.000Z gpu-overheat gpu 5: drain.yml" in done.stdout
+    assert "--fail-on new-actions: FAIL" in done.stderr
 
 
 def test_init_refuses_a_non_empty_directory_and_leaves_it_alone(tmp_path: Path) -> None:

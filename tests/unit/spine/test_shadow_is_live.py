@@ -6,21 +6,28 @@ poll, the executor's `Completion`), on in-memory stores, decides the same.
 The recording holds a power budget the rack's draw is over (the controller's requests),
 a drift that needs approval (a person approves it; the next tick decides it again), a
 lost GPU that is reset and validated by a probe, and a silent agent.
+
+`gpuops replay` under a site's settings file (a wider breaker) decides as the live engine
+under the same settings, cooldowns and breaker trip included, and not as under the defaults.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import secrets
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import yaml
 from gpuops import subjects
 from gpuops.act.completion import Completion
 from gpuops.bus.buckets import Buckets
 from gpuops.bus.publish import MemoryPublisher
 from gpuops.catalog import load_catalog
 from gpuops.clock import ManualClock
-from gpuops.inventory.hosts import Inventory
+from gpuops.inventory.hosts import Inventory, load_inventory
 from gpuops.match.loader import load_rules
 from gpuops.models import (
     EVENT_ADAPTER,
@@ -35,9 +42,11 @@ from gpuops.models import (
 from gpuops.settings import Settings
 from gpuops.sim.fleet import SimFleet, envelope
 from gpuops.spine.build import Engine, build_engine
+from gpuops.spine.report import Report
 from gpuops.spine.shadow import Shadow
 
 from tests.conftest import ROOT
+from tests.support import gpuops_argv
 
 T0 = 1_900_000_000.0
 STEP_S = 10.0
@@ -94,13 +103,14 @@ def _recording(tmp_path: Path) -> list[Event]:
 class Live:
     """The live engine's parts on memory stores, driven as App's loops drive them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, inventory: Inventory | None = None) -> None:
         self.clock = ManualClock(0.0)
         self.publisher = MemoryPublisher()
+        self.inventory = inventory or Inventory(Path("<live>"), frozenset(NODES), RACK, {})
         self.engine: Engine = build_engine(
             settings,
             rules=load_rules([settings.rules_dir], settings.playbooks_dir),
-            inventory=Inventory(Path("<live>"), frozenset(NODES), RACK, {}),
+            inventory=self.inventory,
             catalog=load_catalog(settings.playbooks_dir),
             buckets=Buckets.memory(),
             publisher=self.publisher,
@@ -111,6 +121,7 @@ class Live:
         self.ran = 0
         self.seeded = False
         self.asked: dict[str, str] = {}  # node -> the nonce its validation request carried
+        self.decisions: list[Decision] = []  # what the loops and the entry decided, in order
 
     async def _probe(self, node: str, nonce: str) -> None:
         self.asked[node] = nonce
@@ -120,18 +131,21 @@ class Live:
         the power controller's poll, the runs."""
         if not self.seeded:  # a partition's takeover seeds its nodes' windows
             self.seeded = True
-            self.engine.matcher.seed(frozenset(NODES), t)
+            self.engine.matcher.seed(self.inventory.hosts, t)
         elif t <= self.clock.now():
             return
         self.clock.set(t)
-        await self.engine.tick()
-        await self.engine.power.poll()
+        self._decided(await self.engine.tick())
+        self._decided(await self.engine.power.poll())
         await self.runs()
 
     async def handle(self, event: Event) -> None:
         await self.at(event.epoch)
-        await self.engine.pipeline.handle(event)
+        self._decided(await self.engine.pipeline.handle(event))
         await self.runs()
+
+    def _decided(self, decisions: list[Decision]) -> None:
+        self.decisions += [d for d in decisions if d.reason.value != "not_applicable"]
 
     async def runs(self) -> None:
         """The executor: each new intent started and ended (the run itself succeeds)."""
@@ -215,3 +229,68 @@ async def test_shadow_decides_and_moves_every_node_as_the_live_engine(tmp_path: 
     )
     assert any(rule == "validation-passed" for _, _, rule, *_ in mine), "validation"
     assert any(rule == "agent-silent" for _, _, rule, *_ in mine), "a match from silence"
+
+
+SITE = {"breaker_share": 0.5, "breaker_absolute": 2}
+
+
+def _site_recording(tmp_path: Path) -> tuple[Path, Path]:
+    """Four nodes; lost GPUs on three of them one after another (each a reboot, counted
+    by the breaker), one of them lost again within its cooldown; a power limit held low on
+    the fourth (its cooldown drops every sample). The recording, and the inventory."""
+    fleet = SimFleet.create(tmp_path / "sim", nodes=4, gpus=2)
+    fleet.inject("node-001", "power_limit", 0, watts=400)
+    lost = {3: "node-002", 6: "node-003", 9: "node-004", 14: "node-002"}
+    lines: list[dict[str, Any]] = []
+    for step in range(24):
+        t = T0 + step * STEP_S
+        if step in lost:
+            fleet.inject(lost[step], "xid", gpu=1, at=t, xid=79)
+        for node in sorted(fleet.nodes):
+            sample = fleet.telemetry(node, t)
+            if sample is not None:
+                lines.append(sample)
+            lines += [envelope(e["kind"], node, t, e["data"]) for e in fleet.take_events(node)]
+            lines.append(envelope("heartbeat", node, t, {"seq": step}))
+    path = tmp_path / "site.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path, fleet.root / "inventory"
+
+
+async def _live_rows(settings: Settings, recording: list[str], inventory: Path) -> list[Any]:
+    """The live engine's decisions on the recording, as `replay --json` shows decisions."""
+    live = Live(settings, load_inventory(inventory))
+    for line in recording:
+        await live.handle(EVENT_ADAPTER.validate_json(line))
+    report = Report()
+    report.decided(live.decisions)
+    report.breaker((await live.engine.breaker.get())[0])
+    return [r for r in report.lines() if r["kind"] in ("action", "escalation", "drop", "trip")]
+
+
+def test_replay_under_the_sites_settings_decides_as_the_live_engine(tmp_path: Path) -> None:
+    recording, inventory = _site_recording(tmp_path)
+    config = tmp_path / "gpuops.yml"
+    paths = {"rules_dir": str(ROOT / "rules"), "playbooks_dir": str(ROOT / "playbooks")}
+    config.write_text(yaml.safe_dump({**paths, "safety": SITE}))
+    args = ["--config", str(config), "replay", str(recording), "--inventory", str(inventory)]
+    replayed = subprocess.run(
+        [*gpuops_argv(), *args, "--json"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert replayed.returncode == 0, replayed.stderr
+    rows = [json.loads(line) for line in replayed.stdout.splitlines()]
+    shown = [r for r in rows if r["kind"] in ("action", "escalation", "drop", "trip")]
+
+    lines = recording.read_text().splitlines()
+    site = Settings.model_validate({**paths, "safety": SITE})
+    live = asyncio.run(_live_rows(site, lines, inventory))
+    assert shown == live
+    # The recording exercised what the settings change:
+    defaults = asyncio.run(_live_rows(Settings.model_validate(paths), lines, inventory))
+    assert defaults != live
+    reboots = {r["node"] for r in live if r["kind"] == "action" and r["action"] == "reboot.yml"}
+    assert reboots == {"node-002", "node-003"}, "two nodes of four within the breaker's window"
+    [trip] = [r for r in live if r["kind"] == "trip"]
+    assert "3 nodes would lose capacity" in trip["why"] and "(limit 2)" in trip["why"]
+    cooldowns = {r["node"] for r in live if r["kind"] == "drop" and r["reason"] == "cooldown"}
+    assert cooldowns >= {"node-001", "node-002"}, "a held power limit, a GPU lost again"
