@@ -14,7 +14,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
@@ -28,6 +28,7 @@ from gpuops.bus.conn import AUDIT, TELEMETRY
 from gpuops.bus.reader import one_read
 from gpuops.clock import rfc3339
 from gpuops.models import EVENT_ADAPTER, AuditRecord, RunOutcome, TelemetryEvent
+from gpuops.record.nodestate import gpu_names
 
 log = logging.getLogger(__name__)
 
@@ -115,20 +116,30 @@ class Entry:
     run_id: str | None = None
     revision: str | None = None
     outcome: str | None = None
+    gpus: tuple[int, ...] = ()  # the GPUs a decision was about (none: the node)
 
     @property
     def when(self) -> str:
         """UTC time to the second ("?" for a time no calendar has)."""
-        try:
-            return rfc3339(self.at)[:19].replace("T", " ")
-        except (ValueError, OverflowError, OSError):
-            return "?"
+        return _when(self.at)
+
+    @property
+    def where(self) -> str:
+        """The GPUs the line is about, as people name them ("GPU 3", "GPUs 1,4")."""
+        return gpu_names(self.gpus)
 
     def for_anonymous(self) -> Entry:
         """This entry as someone not logged in sees it: a run's failure without its text."""
         if self.kind == "run" and self.detail:
             return replace(self, detail=LOGIN_TO_SEE)
         return self
+
+
+def _when(at: float) -> str:
+    try:
+        return rfc3339(at)[:19].replace("T", " ")
+    except (ValueError, OverflowError, OSError):
+        return "?"
 
 
 def unreadable(at: float, why: str) -> Entry:
@@ -164,7 +175,24 @@ def entry(record: AuditRecord) -> Entry:
     else:
         kind = "drop"
     why = f"{reason}: {detail}" if detail else reason
-    return Entry(record.at, kind, record.rule, record.summary, why, facts)
+    gpus = _gpus(_mapping(d, "match"), _mapping(record.body, "facts"))
+    return Entry(record.at, kind, record.rule, record.summary, why, facts, gpus=gpus)
+
+
+def _gpus(match: Mapping[str, Any], facts: Mapping[str, Any]) -> tuple[int, ...]:
+    """The GPUs of a decision: its match's (several for a per-node rule), else its one
+    GPU, else the fact's index (a record written before matches carried them)."""
+    found = match.get("gpus")
+    if isinstance(found, list) and found and all(_is_index(g) for g in found):
+        return tuple(sorted(set(found)))
+    for one in (match.get("gpu"), facts.get("index")):
+        if _is_index(one):
+            return (one,)
+    return ()
+
+
+def _is_index(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _run_entry(record: AuditRecord) -> Entry:

@@ -124,6 +124,20 @@ def after_decision(
     return None
 
 
+def gpu_names(gpus: Iterable[int]) -> str:
+    """ "GPU 3", "GPUs 1,4", or "" for none."""
+    found = sorted(set(gpus))
+    if not found:
+        return ""
+    return ("GPU " if len(found) == 1 else "GPUs ") + ",".join(map(str, found))
+
+
+def fault_name(rule: str, gpus: Iterable[int]) -> str:
+    """A rule's fault as people name it: the rule and the GPUs it is about."""
+    named = gpu_names(gpus)
+    return f"{rule} on {named}" if named else rule
+
+
 def after_run_started(record: NodeRecord, playbook: str, at: float) -> NodeRecord | None:
     """A playbook began on the node."""
     return moved(record, S.REMEDIATING, f"{playbook} running", at)

@@ -45,3 +45,15 @@ def test_a_run_links_its_output_and_names_its_revision_and_failed_task() -> None
     assert "drain" not in hidden.detail and hidden.outcome == "failed"
     note = entry(AuditRecord(type="note", at=3.0, node="n", summary="episode resolved"))
     assert (note.kind, note.title) == ("note", "episode resolved")
+
+
+def test_a_decision_line_names_the_gpus_it_is_about() -> None:
+    record = _decision("xid-79-gpu-lost", "accepted", True)
+    record.body["decision"]["match"] = {"gpu": None, "gpus": [4, 1]}
+    assert entry(record).where == "GPUs 1,4", "a per-node match on several GPUs"
+    record.body["decision"]["match"] = {"gpu": 3, "gpus": [3]}
+    assert entry(record).where == "GPU 3"
+    del record.body["decision"]["match"]
+    assert entry(record).where == "GPU 3", "an older record: the fact's index"
+    note = entry(AuditRecord(type="note", at=3.0, node="n", summary="episode resolved"))
+    assert note.where == ""
