@@ -3,6 +3,7 @@ fault is about, repeated drops folded into one line, the strongest fault first."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -11,6 +12,8 @@ import aiohttp
 import pytest
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
+from gpuops.clock import ScaledClock
+from gpuops.decide.breaker import BreakerState
 from gpuops.models import new_event, subject_for
 from gpuops.record.audit import read_audit
 from gpuops.sim.fleet import SimFleet
@@ -22,12 +25,16 @@ from tests.support import as_node
 pytestmark = pytest.mark.integration
 
 
-async def _xid(app: App, bus: Bus, node: str, gpu: int, xid: int = 79) -> None:
-    """An XID as the node's agent reports it (signed as that node)."""
-    event = new_event("xid", node, app.clock.now(), {"gpu": gpu, "xid": xid}, "agent")
+async def _report(app: App, bus: Bus, node: str, kind: str, data: dict[str, object]) -> None:
+    """An event as the node's agent reports it (signed as that node)."""
+    event = new_event(kind, node, app.clock.now(), data, "agent")
     payload = json.dumps(event).encode()
-    subject = subject_for("xid", node)
+    subject = subject_for(kind, node)
     await bus.js.publish(subject, payload, headers=as_node(app.keys, subject, payload))
+
+
+async def _xid(app: App, bus: Bus, node: str, gpu: int, xid: int = 79) -> None:
+    await _report(app, bus, node, "xid", {"gpu": gpu, "xid": xid})
 
 
 async def _decisions(bus: Bus, node: str, rule: str) -> int:
@@ -57,3 +64,31 @@ async def test_a_fault_line_names_the_gpu_it_is_about(
             html = await r.text()
     [fault] = [line for line in _lines(html, "fault") if 'data-rule="xid-79-gpu-lost"' in line]
     assert '<span class="gpus">GPU 3</span>' in fault, fault
+
+
+async def test_the_same_drop_again_and_again_is_one_line_of_the_timeline(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    # A clock 30 times the wall's: the recorder writes a repeated drop once a minute of it,
+    # so four XIDs 2.2 s (66 s of the clock) apart are four drop records in a row. The
+    # agent beats with each, so its silence is no line between them.
+    settings = engine_settings(tmp_path, fleet, nats_server.url, http="127.0.0.1:0")
+    async with running_engine(settings, bus, ScaledClock(30.0)) as app:
+        await wait_for(lambda: app.http_port, 30)
+        await app.engine.breaker.set_state(BreakerState.OPEN, "test storm", app.clock.now(), "t")
+        for n in range(1, 5):
+            await _report(app, bus, "node-001", "heartbeat", {"seq": n})
+            await _xid(app, bus, "node-001", 3)
+
+            async def recorded(n: int = n) -> bool:
+                return await _decisions(bus, "node-001", "xid-79-gpu-lost") >= n
+
+            await wait_for(recorded, 30)
+            await asyncio.sleep(2.2)
+        url = f"http://127.0.0.1:{app.http_port}/console/node/node-001"
+        async with aiohttp.ClientSession() as http, http.get(url) as r:
+            html = await r.text()
+    drops = [line for line in _lines(html, "drop") if 'data-rule="xid-79-gpu-lost"' in line]
+    assert len(drops) == 1, drops
+    assert "&times;4" in drops[0] and "dropped 4 times, first " in drops[0], drops[0]
+    assert "breaker_open" in drops[0] and "GPU 3" in drops[0], drops[0]

@@ -117,11 +117,21 @@ class Entry:
     revision: str | None = None
     outcome: str | None = None
     gpus: tuple[int, ...] = ()  # the GPUs a decision was about (none: the node)
+    reason: str = ""  # a decision's reason (a drop's stage)
+    count: int = 1  # the drops this line stands for, from the first to the last
+    # Drops the recorder did not write one by one before this record (one per period).
+    repeats: int = 0
+    last_at: float | None = None  # the newest of them, where there are several
 
     @property
     def when(self) -> str:
         """UTC time to the second ("?" for a time no calendar has)."""
         return _when(self.at)
+
+    @property
+    def last_when(self) -> str:
+        """UTC time of the newest drop this line stands for."""
+        return _when(self.at if self.last_at is None else self.last_at)
 
     @property
     def where(self) -> str:
@@ -133,6 +143,18 @@ class Entry:
         if self.kind == "run" and self.detail:
             return replace(self, detail=LOGIN_TO_SEE)
         return self
+
+
+def folded(last: Entry, new: Entry) -> Entry | None:
+    """`last` and `new` as one line when both are the same drop (rule, reason, GPUs), so a
+    rule held true under a cooldown is one line with a count, not a page of them."""
+    if not (last.kind == new.kind == "drop"):
+        return None
+    if (last.rule, last.reason, last.gpus) != (new.rule, new.reason, new.gpus):
+        return None
+    # The drops the recorder left out before `new` fell between the two: they count.
+    count = last.count + new.repeats + new.count
+    return replace(last, count=count, last_at=new.last_at or new.at)
 
 
 def _when(at: float) -> str:
@@ -176,7 +198,18 @@ def entry(record: AuditRecord) -> Entry:
         kind = "drop"
     why = f"{reason}: {detail}" if detail else reason
     gpus = _gpus(_mapping(d, "match"), _mapping(record.body, "facts"))
-    return Entry(record.at, kind, record.rule, record.summary, why, facts, gpus=gpus)
+    repeats = record.body.get("repeats_suppressed")
+    return Entry(
+        record.at,
+        kind,
+        record.rule,
+        record.summary,
+        why,
+        facts,
+        gpus=gpus,
+        reason=reason,
+        repeats=repeats if _is_index(repeats) else 0,
+    )
 
 
 def _gpus(match: Mapping[str, Any], facts: Mapping[str, Any]) -> tuple[int, ...]:
@@ -266,11 +299,17 @@ def _read(stored: Stored, node: str, warned: Warned) -> Entry:
 async def timeline(
     js: JetStreamContext, node: str, since: float, warned: Warned | None = None
 ) -> list[Entry]:
-    """The node's audit records after `since` as entries, oldest first (the newest few hundred)."""
+    """The node's audit records after `since` as entries, oldest first (the newest few
+    hundred lines), the same drop in a row folded into one line."""
     warned = warned or Warned()
     newest: deque[Entry] = deque(maxlen=MAX_TIMELINE)
     async for stored in read_stored(js, AUDIT, subjects.audit(node), since, 100_000):
-        newest.append(_read(stored, node, warned))
+        line = _read(stored, node, warned)
+        both = folded(newest[-1], line) if newest else None
+        if both is None:
+            newest.append(line)
+        else:
+            newest[-1] = both
     return list(newest)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuops.console.views import entry
+from gpuops.console.views import Entry, entry, folded
 from gpuops.models import AuditRecord
 
 
@@ -57,3 +57,19 @@ def test_a_decision_line_names_the_gpus_it_is_about() -> None:
     assert entry(record).where == "GPU 3", "an older record: the fact's index"
     note = entry(AuditRecord(type="note", at=3.0, node="n", summary="episode resolved"))
     assert note.where == ""
+
+
+def test_the_same_drop_in_a_row_is_one_line_with_a_count_and_its_first_and_last_time() -> None:
+    def drop(at: float, reason: str = "cooldown", repeats: int = 0, rule: str = "r") -> Entry:
+        record = _decision(rule, reason, False)
+        body = {**record.body, "repeats_suppressed": repeats}
+        return entry(record.model_copy(update={"at": at, "body": body}))
+
+    first = drop(60.0, repeats=7)  # its repeats came before it: not this line's
+    both = folded(first, drop(120.0, repeats=4))
+    assert both is not None and (both.count, both.at, both.last_at) == (6, 60.0, 120.0)
+    assert (both.when, both.last_when) == ("1970-01-01 00:01:00", "1970-01-01 00:02:00")
+    assert folded(both, drop(180.0, "locked")) is None, "another reason: another line"
+    assert folded(both, drop(180.0, rule="other")) is None, "another rule: another line"
+    fault = entry(_decision("r", "accepted", True))
+    assert folded(fault, entry(_decision("r", "accepted", True))) is None, "faults stay"
