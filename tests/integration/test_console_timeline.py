@@ -16,6 +16,7 @@ from gpuops.clock import ScaledClock
 from gpuops.decide.breaker import BreakerState
 from gpuops.models import new_event, subject_for
 from gpuops.record.audit import read_audit
+from gpuops.record.episodes import read_open
 from gpuops.sim.fleet import SimFleet
 from gpuops.spine.app import App
 
@@ -92,3 +93,34 @@ async def test_the_same_drop_again_and_again_is_one_line_of_the_timeline(
     assert len(drops) == 1, drops
     assert "&times;4" in drops[0] and "dropped 4 times, first " in drops[0], drops[0]
     assert "breaker_open" in drops[0] and "GPU 3" in drops[0], drops[0]
+
+
+async def test_a_node_whose_gpu_fell_off_the_bus_says_so_before_its_silent_agent(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    # node-002 loses GPU 1 (XID 79) while the breaker holds every reboot back, and its
+    # agent goes silent (90 s of a clock 30 times the wall's): the silence moved the node
+    # to suspect, the XID is the fault.
+    settings = engine_settings(tmp_path, fleet, nats_server.url, http="127.0.0.1:0")
+    async with running_engine(settings, bus, ScaledClock(30.0)) as app:
+        await wait_for(lambda: app.http_port, 30)
+        await app.engine.breaker.set_state(BreakerState.OPEN, "test storm", app.clock.now(), "t")
+        await _xid(app, bus, "node-002", 1)
+
+        async def silent_and_lost() -> bool:
+            record = await app.engine.stores.states.get("node-002")
+            rules = {ep.rule for ep in await read_open(app.engine.stores.episodes)}
+            return record.why.startswith("agent-silent") and "xid-79-gpu-lost" in rules
+
+        await wait_for(silent_and_lost, 30)
+        base = f"http://127.0.0.1:{app.http_port}/console"
+        async with aiohttp.ClientSession(base + "/") as http:
+            async with http.get("node/node-002") as r:
+                node_page = await r.text()
+            async with http.get("now") as r:
+                now_page = await r.text()
+    why = re.search(r'<p class="why">(.*?)</p>', node_page, re.S)
+    assert why is not None
+    assert ": xid-79-gpu-lost on GPU 1 (critical); also agent-silent" in why.group(1), why.group(1)
+    row = re.search(r'<tr><td><a href="/console/node/node-002">.*?</tr>', now_page, re.S)
+    assert row is not None and "xid-79-gpu-lost on GPU 1 (critical)" in row.group(0), now_page

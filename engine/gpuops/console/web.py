@@ -36,6 +36,7 @@ from gpuops.errors import EngineError
 from gpuops.match.rules import RuleSet
 from gpuops.ops.cmdwire import CommandError
 from gpuops.ops.commands import Caller, Commands
+from gpuops.record.episodes import node_reason, read_open
 from gpuops.record.nodestate import NodeState
 from gpuops.settings import ConsoleSettings
 
@@ -283,6 +284,7 @@ class Console:
         if not viewer.known:  # a run's failed task and message are as private as its output
             entries = [e.for_anonymous() for e in entries]
         record = await self.commands.states.get(node)
+        reason = node_reason(record, await read_open(self.commands.episodes))
         gpus = sorted(self.latest.gpus(node).items())
         return await self._page(
             "node.html",
@@ -290,6 +292,7 @@ class Console:
             viewer,
             node=node,
             record=record,
+            reason=reason,
             entries=list(reversed(entries)),
             days=days,
             gpus=gpus,

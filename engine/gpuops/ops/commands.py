@@ -48,7 +48,7 @@ from gpuops.ops.staterepair import do_state
 from gpuops.power.config import PowerSettings
 from gpuops.record.approvals import ApprovalStatus
 from gpuops.record.audit import read_audit
-from gpuops.record.episodes import episode_line, read_open
+from gpuops.record.episodes import episode_line, node_reason, read_open
 from gpuops.record.nodestate import NodeState
 from gpuops.record.unreadable import SHOWN, ModelOf
 from gpuops.scale.lag import render_replicas, replica_view
@@ -296,9 +296,10 @@ class Commands:
         if hosts is None and engine.beat is not None:
             hosts = engine.beat.hosts
         counts[NodeState.HEALTHY.value] += max((hosts or 0) - len(records), 0)
+        episodes = await read_open(self.episodes)
         unhealthy = sorted(
             (
-                r.model_dump(mode="json")
+                {**r.model_dump(mode="json"), "reason": node_reason(r, episodes)}
                 for r in records.values()
                 if r.state is not NodeState.HEALTHY
             ),
@@ -330,7 +331,7 @@ class Commands:
             "silences": silences,
             "episodes": [
                 {**ep.model_dump(mode="json"), "id": ep.id, "line": episode_line(ep, now)}
-                for ep in await read_open(self.episodes)
+                for ep in episodes
             ],
             "dry_run": dry_run,
             "dry_run_why": dry_run_why,

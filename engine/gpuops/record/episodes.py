@@ -25,6 +25,7 @@ per-sample touches stay in memory and are written with the next change or the sw
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
@@ -35,6 +36,7 @@ from gpuops.clock import Clock
 from gpuops.models import NOT_FAULT_KINDS, STATEFUL_KINDS, Decision, Intent, Reason, RunOutcome
 from gpuops.record.audit import Auditor
 from gpuops.record.metrics import Metrics
+from gpuops.record.nodestate import NodeRecord, fault_name
 from gpuops.record.outbox import Outbox, Tell
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,10 @@ NOT_FAULTS = frozenset(
 )
 VALIDATION_PASSED = "validation-passed"
 QUIET_FACTOR = 12  # with resolve_after_s 5 min: an hour without a match
+# Which open fault leads a node's reason when it has several: the severest, since one
+# fault often brings the others (a GPU off the bus, critical, can stop the node's agent:
+# the silent agent, a warning, is then its symptom); between equals, the first to open.
+SEVERITY_RANK = {"critical": 0, "warning": 1, "info": 2}
 
 
 class Episode(BaseModel):
@@ -334,3 +340,22 @@ async def read_open(store: Store[Episode]) -> list[Episode]:
     readable, _ = await store.readable()
     found = [ep for _, ep in readable if ep.resolved_at is None]
     return sorted(found, key=lambda ep: ep.opened_at)
+
+
+def strongest(episodes: Iterable[Episode]) -> Episode | None:
+    """The open episode that leads a node's reason (SEVERITY_RANK, then the oldest)."""
+    return min(
+        episodes,
+        key=lambda ep: (SEVERITY_RANK.get(ep.severity, len(SEVERITY_RANK)), ep.opened_at),
+        default=None,
+    )
+
+
+def node_reason(record: NodeRecord, episodes: Iterable[Episode]) -> str:
+    """The reason people see for a node's state: its `why`, led by the strongest fault
+    open on the node (with its GPUs and severity) where the state came from another."""
+    top = strongest(ep for ep in episodes if ep.node == record.node)
+    if top is None or top.rule == record.rule:
+        return record.why
+    lead = f"{fault_name(top.rule, top.gpus)} ({top.severity})"
+    return f"{lead}; also {record.why}" if record.why else lead

@@ -55,6 +55,7 @@ class NodeRecord(BaseModel):
     state: NodeState = NodeState.HEALTHY
     since: float = 0.0
     why: str = ""
+    rule: str = ""  # the rule whose decision put the node here (its fault)
     quarantined: bool = False
     previous: NodeState | None = None
     # The last decision applied: the same decision (made again after a crash, or seen
@@ -79,6 +80,7 @@ def moved(
     at: float,
     quarantined: bool | None = None,
     cause: str = "",
+    rule: str = "",
 ) -> NodeRecord | None:
     """The record after moving to `to`, or None when the machine does not allow it (or
     `cause` already moved it: a decision made again after a crash changes nothing)."""
@@ -94,6 +96,7 @@ def moved(
         state=to,
         since=at,
         why=why,
+        rule=rule or record.rule,
         quarantined=flag,
         previous=record.state,
         cause=cause or record.cause,
@@ -106,21 +109,18 @@ def after_decision(
     """What a decision does to the node's state."""
     m = d.match
     plays = [a.playbook for a in d.actions]
-    cause = f"decision:{m.rule}:{m.key}:{m.event_id}"
+    cause, rule = f"decision:{m.rule}:{m.key}:{m.event_id}", m.rule
+    fault = fault_name(m.rule, m.gpus or ((m.gpu,) if m.gpu is not None else ()))
+    doing = f"{fault}: {', '.join(plays)}" if plays else fault
     if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
-        return moved(record, S.NEEDS_HUMAN, d.detail, at, cause=cause)
+        return moved(record, S.NEEDS_HUMAN, d.detail, at, cause=cause, rule=rule)
     if d.accepted and catalog.takes_out(plays):
-        why = f"{m.rule}: {', '.join(plays)}"
-        return moved(record, S.QUARANTINED, why, at, quarantined=True, cause=cause)
+        return moved(record, S.QUARANTINED, doing, at, quarantined=True, cause=cause, rule=rule)
     returning = any((s := catalog.get(p)) is not None and s.effect is Effect.RETURN for p in plays)
     if d.accepted and not returning:
-        return (
-            moved(record, S.SUSPECT, f"{m.rule}: {', '.join(plays)}", at)
-            if record.state is S.HEALTHY
-            else None
-        )
+        return moved(record, S.SUSPECT, doing, at, rule=rule) if record.state is S.HEALTHY else None
     if d.reason is Reason.NO_ACTION and record.state is S.HEALTHY:
-        return moved(record, S.SUSPECT, m.rule, at)
+        return moved(record, S.SUSPECT, fault, at, rule=rule)
     return None
 
 
