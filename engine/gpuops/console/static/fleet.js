@@ -22,7 +22,7 @@
   };
   let by = canvas.dataset.by;
   let fields = [], nodes = [], states = {}, cells = new Map(), gpus = 1, seq = 0, threshold = null;
-  let layout = { cell: 8, perRow: 1, blockW: 1, blockH: 1 };
+  let layout = { cell: 8, perRow: 1, blockW: 1, blockH: 1, gpus: 1 };
   const started = performance.now();
 
   function colour(level) {
@@ -45,33 +45,28 @@
     }
   }
 
+  const geo = window.gpuopsGeometry;
+
   function place() {
     const width = Math.max(300, canvas.parentElement.clientWidth - 16);
-    const want = Math.max(1, nodes.length) * gpus;
-    for (const cell of [16, 12, 9, 7, 5, 4, 3]) {
-      const blockW = gpus * cell + 6, blockH = cell + 6;
-      const perRow = Math.max(1, Math.floor(width / blockW));
-      layout = { cell, perRow, blockW, blockH };
-      if (Math.ceil(nodes.length / perRow) * blockH <= 900 || want < 64) break;
-    }
+    layout = geo.place(width, nodes.length, gpus);
     canvas.width = layout.perRow * layout.blockW;
     canvas.height = Math.max(1, Math.ceil(nodes.length / layout.perRow)) * layout.blockH;
   }
 
   function origin(pos) {
-    return [(pos % layout.perRow) * layout.blockW + 3, Math.floor(pos / layout.perRow) * layout.blockH + 3];
+    return geo.origin(layout, pos);
   }
 
   function draw() {
     const ctx = canvas.getContext("2d");
     ctx.clearRect(0, 0, canvas.width, canvas.height);
-    const c = layout.cell, hot = [];
+    const hot = [];
     nodes.forEach((name, pos) => {
-      const [x, y] = origin(pos);
       const state = states[name] || "healthy";
-      if (state !== "healthy") {
+      if (state !== "healthy") {  // this node's frame only: a gap keeps it off the next
         ctx.fillStyle = STATES[state] || "#000";
-        ctx.fillRect(x - 3, y - 3, gpus * c + 6, c + 6);
+        ctx.fillRect(...geo.frame(layout, pos));
       }
       for (let g = 0; g < gpus; g++) {
         const r = cells.get(pos * 64 + g);
@@ -83,7 +78,7 @@
           if (level != null && level >= 1) hot.push(`${name}/${g}`);
         }
         ctx.fillStyle = fill;
-        ctx.fillRect(x + g * c, y, c - 1, c - 1);
+        ctx.fillRect(...geo.square(layout, pos, g));
       }
     });
     canvas.dataset.hot = hot.join(",");
@@ -133,11 +128,7 @@
     const box = canvas.getBoundingClientRect();
     const x = (ev.clientX - box.left) * (canvas.width / box.width);
     const y = (ev.clientY - box.top) * (canvas.height / box.height);
-    const col = Math.floor(x / layout.blockW), row = Math.floor(y / layout.blockH);
-    const pos = row * layout.perRow + col;
-    if (col >= layout.perRow || pos >= nodes.length) return null;
-    const g = Math.floor((x - col * layout.blockW - 3) / layout.cell);
-    return { pos, gpu: g >= 0 && g < gpus ? g : null };
+    return geo.hit(layout, nodes.length, x, y);
   }
 
   canvas.addEventListener("mousemove", (ev) => {
