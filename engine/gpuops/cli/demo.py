@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import shutil
 import tempfile
 import time
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
@@ -29,7 +31,13 @@ from gpuops.models import AuditRecord, Reason
 from gpuops.ops.commands import Caller
 from gpuops.power.units import format_watts, parse_watts
 from gpuops.record.metrics import by_label, total
-from gpuops.settings import NatsSettings, SafetySettings, Settings
+from gpuops.settings import (
+    ConsoleSettings,
+    ConsoleToken,
+    NatsSettings,
+    SafetySettings,
+    Settings,
+)
 from gpuops.sim.driver import SimDriver
 from gpuops.sim.fleet import SimFleet, racks
 from gpuops.sim.scenario import Fault, Said, Scenario, load_scenario
@@ -48,6 +56,7 @@ RULE_FOR = {
 DRIFT_CHECK_AT = 40.0
 NOT_FAULTS = frozenset({"load", "job", "pod"})  # work the scenario starts, not faults
 POWER_EVERY_S = 10.0  # how often the timeline shows a budgeted rack's power
+DEMO_USER = "demo"  # who the demo's console login is (it reads; the ChatOps table grants no acts)
 
 
 @dataclass
@@ -275,6 +284,7 @@ async def run_demo(
     # validation an hour of it, so a slow run is not taken for a probe that never answered.
     share = 0.2 if scenario == "demo" else SafetySettings().breaker_share
     safety = SafetySettings(breaker_share=share, validation_timeout_s=3600.0)
+    console_settings, token = demo_console()
     settings = Settings(
         state_dir=root,
         rules_dir=here / "rules",
@@ -283,6 +293,7 @@ async def run_demo(
         tick_s=0.2,
         safety=safety,
         http=http,
+        console=console_settings,
     )
     rules, inventory = load_world(settings)
     plan = load_scenario(scenario, fleet.nodes)
@@ -303,7 +314,11 @@ async def run_demo(
         feeder = asyncio.create_task(driver.run(app.stop))
         url = await _console_url(app, http)
         if not json_summary:
-            console.print(f"console: {url} (served while the demo runs)", highlight=False)
+            console.print(
+                f"console: {url} (served while the demo runs; run output needs a login: "
+                f"token {token})",
+                highlight=False,
+            )
         checked = await _until_done(
             demo,
             clock,
@@ -351,6 +366,14 @@ async def _say(app: App, demo: _Demo, plan: Scenario, clock: ScaledClock) -> Non
             demo.budget(said, reply, now)
         else:
             demo.say(now, "command", f"{said.command}: {reply.splitlines()[0]}")
+
+
+def demo_console() -> tuple[ConsoleSettings, str]:
+    """The demo's console: open to read on loopback, and a login made for this run (its
+    token printed with the URL) so a run's output, which needs one, can be read."""
+    token = secrets.token_hex(24)
+    login = ConsoleToken(user=DEMO_USER, token=SecretStr(token))
+    return ConsoleSettings(tokens=(login,)), token
 
 
 async def _console_url(app: App, http: str) -> str:

@@ -25,7 +25,7 @@ import jinja2
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from gpuops.act.evidence import Evidence
+from gpuops.act.evidence import RUN_ID, Evidence
 from gpuops.clock import Clock
 from gpuops.console.auth import COOKIE, Auth, Viewer, anonymous_read
 from gpuops.console.latest import SIGNALS, Latest
@@ -395,10 +395,26 @@ class Console:
     # --- login ------------------------------------------------------------------------
 
     async def login_page(self, request: web.Request) -> web.Response:
-        """The token form (a proxy's header needs none)."""
+        """The token form (a proxy's header needs none), saying why a login is asked."""
         viewer = self.auth.viewer(request)
+        target = _next(request.query.get("next"))
+        return await self._login(request, viewer, 200, target, "")
+
+    async def _login(
+        self, request: web.Request, viewer: Viewer, status: int, target: str, error: str
+    ) -> web.Response:
+        run_id = target.removeprefix("/console/runs/")
         return await self._page(
-            "login.html", request, viewer, next=_next(request.query.get("next")), error=""
+            "login.html",
+            request,
+            viewer,
+            status,
+            next=target,
+            error=error,
+            run_id=run_id if RUN_ID.match(run_id) else "",
+            open_to_read=self.anonymous_read,
+            tokens=bool(self.settings.tokens),
+            proxy=bool(self.settings.user_header),
         )
 
     async def login(self, request: web.Request) -> web.Response:
@@ -409,9 +425,7 @@ class Console:
         user = self.auth.user_for_token(_field(form, "token", 512))
         if user is None or not self.auth.same_origin(request):
             self.auth.failed(request, Failure.FORM)
-            return await self._page(
-                "login.html", request, Viewer(), 401, next=target, error="unknown token"
-            )
+            return await self._login(request, Viewer(), 401, target, "unknown token")
         response = web.HTTPSeeOther(target)
         response.set_cookie(
             COOKIE,
