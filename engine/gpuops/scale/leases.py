@@ -266,11 +266,13 @@ class Ownership:
                     await self.on_gain(p)
                     break
                 except Exception as exc:
-                    # NATS away halfway through: start it again once it is back, while the
-                    # lease holds; giving it back would only move the same work elsewhere.
-                    if not away(exc) or not self.holds(p) or self.closing.is_set():
+                    # NATS away or too slow halfway through (a restart's backlog, every
+                    # partition taken over at once): start it again while the lease
+                    # holds; giving it back would only move the same work elsewhere.
+                    again = away(exc) or isinstance(exc, TimeoutError)
+                    if not again or not self.holds(p) or self.closing.is_set():
                         raise
-                    log.info("starting partition %d: NATS away; starting it again", p)
+                    log.info("starting partition %d: %s; starting it again", p, _why(exc))
                     await self.on_lose(p)  # what the half-made start warmed is forgotten
                     await asyncio.sleep(AWAY_PAUSE_S)
         except Exception:
@@ -363,6 +365,10 @@ async def read_replicas(kv: KV) -> dict[str, ReplicaRecord]:
             record = ReplicaRecord.model_validate_json(entry.value)
             out[record.id] = record
     return out
+
+
+def _why(exc: BaseException) -> str:
+    return "NATS away" if away(exc) else f"NATS too slow ({type(exc).__name__})"
 
 
 async def read_leases(kv: KV, partitions: int) -> dict[int, tuple[LeaseRecord, int]]:

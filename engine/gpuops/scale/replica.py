@@ -38,7 +38,7 @@ from gpuops.intake.consumer import Intake
 from gpuops.match.matcher import Matcher
 from gpuops.record.metrics import Metrics
 from gpuops.scale.leases import AWAY_PAUSE_S, Ownership, read_leases
-from gpuops.scale.takeover import take_over
+from gpuops.scale.takeover import Takeover, take_over
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 STOP_WAIT_S = 10.0
 # Telemetry is kept for minutes: a takeover replays at most what the stream still has.
 TELEMETRY_SPAN_MAX_S = 600.0
+# Streams taken over at once (two per partition): after a restart every partition is
+# taken over together, each replaying thousands of samples; all at once on a small host,
+# their JetStream calls time out and every takeover starts again.
+TAKEOVERS_AT_ONCE = 4
 
 MakeIntake = Callable[[str, bool, int, str], Intake]  # (stream, telemetry?, partition, durable)
 
@@ -79,6 +83,9 @@ class Partitions:
     names: dict[tuple[bool, int], str] = field(init=False, default_factory=dict)
     _releasing: set[asyncio.Task[None]] = field(init=False, default_factory=set)
     _nodes: dict[int, frozenset[str]] = field(init=False, default_factory=dict)
+    _takeovers: asyncio.Semaphore = field(
+        init=False, default_factory=lambda: asyncio.Semaphore(TAKEOVERS_AT_ONCE)
+    )
     _partition: dict[str, int] = field(init=False, default_factory=dict)  # node -> partition
 
     def __post_init__(self) -> None:
@@ -139,7 +146,15 @@ class Partitions:
     async def _take(self, p: int, epoch: int, telemetry: bool) -> None:
         stream = TELEMETRY if telemetry else EVENTS
         probe = self.make_intake(stream, telemetry, p, durable(telemetry, p, epoch))
-        done = await take_over(
+        async with self._takeovers:
+            done = await self._take_over(p, epoch, telemetry, stream, probe)
+        self.names[(telemetry, p)] = done.durable
+        self._log_takeover(p, telemetry, done)
+
+    async def _take_over(
+        self, p: int, epoch: int, telemetry: bool, stream: str, probe: Intake
+    ) -> Takeover:
+        return await take_over(
             self.js,
             stream=stream,
             telemetry=telemetry,
@@ -152,7 +167,8 @@ class Partitions:
             lease_epoch=lambda: self._lease_epoch(p),
             verifier=probe.identity,  # what the intake would have refused is not warmed
         )
-        self.names[(telemetry, p)] = done.durable
+
+    def _log_takeover(self, p: int, telemetry: bool, done: Takeover) -> None:
         log.info(
             "partition %d %s: from seq %d, %d events replayed into the windows",
             p,
