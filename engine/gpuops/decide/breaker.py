@@ -18,9 +18,10 @@ from pydantic import BaseModel, ConfigDict
 from gpuops.bus.store import KV, Read, Store
 from gpuops.catalog import Catalog
 from gpuops.decide.stage import BaseStage, Drop, Proposal
-from gpuops.errors import BusError
+from gpuops.errors import BusError, StateUnreadable
 from gpuops.match.durations import format_duration
 from gpuops.models import Reason
+from gpuops.record.unreadable import UnreadableState
 
 # Compare-and-set tries before a decision gives up and its event is decided again later.
 CAS_TRIES = 16
@@ -78,6 +79,16 @@ class BreakerStore:
         """The state and its revision (closed and empty when never written)."""
         value, rev = await self.store.get(FLEET)
         return value or BreakerRecord(), rev
+
+    async def shown(self, unreadable: UnreadableState) -> tuple[BreakerRecord, bool]:
+        """The state as people and metrics see it, and whether its record is unreadable:
+        one that does not decode reads as open (the stage stops what counts for it)."""
+        try:
+            return (await self.get())[0], False
+        except StateUnreadable as exc:
+            unreadable.note(exc)
+            why = f"its record is unreadable ({exc.detail}): automation that counts stops"
+            return BreakerRecord(state=BreakerState.OPEN, why=why), True
 
     async def set_state(self, state: BreakerState, why: str, at: float, by: str = "") -> None:
         """A person resets (closed), half-opens, or the engine trips (open) the breaker."""

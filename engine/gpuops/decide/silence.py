@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpuops.bus.store import KV, Store
 from gpuops.decide.stage import BaseStage, Drop, Proposal
-from gpuops.errors import ConfigError
+from gpuops.errors import ConfigError, StateUnreadable
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.durations import parse_duration
 from gpuops.models import Reason
@@ -116,14 +116,21 @@ class Silences(BaseStage):
         self.store = store
         self.inventory = inventory
         self.refresh_s = refresh_s
-        self._cache: list[Silence] = []
+        self._cache: list[Silence] | StateUnreadable = []
         self._read_at = float("-inf")
 
     async def _current(self, now: float) -> list[Silence]:
         # Read the bucket at most every few seconds: silences change by hand, not per event.
+        # A silence that does not decode is kept as the answer as long (every proposal
+        # stops on it), not listed again for each one.
         if now - self._read_at >= self.refresh_s or now < self._read_at:
-            self._cache = await self.store.all()
+            try:
+                self._cache = await self.store.all()
+            except StateUnreadable as exc:
+                self._cache = exc
             self._read_at = now
+        if isinstance(self._cache, StateUnreadable):
+            raise self._cache
         return self._cache
 
     async def check(self, p: Proposal) -> Drop | None:

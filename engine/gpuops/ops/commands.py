@@ -359,13 +359,9 @@ class Commands:
 
     async def _breaker(self) -> dict[str, Any]:
         """The breaker as stored; one that does not decode shows as what it means: open."""
-        try:
-            breaker, _ = await self.breaker.get()
-        except StateUnreadable as exc:
-            self.stores.unreadable.note(exc)
-            why = f"its record is unreadable ({exc.detail}): automation that counts stops"
-            return {"state": BreakerState.OPEN.value, "why": why, "unreadable": True}
-        return breaker.model_dump(mode="json")
+        breaker, unreadable = await self.breaker.shown(self.stores.unreadable)
+        shown = breaker.model_dump(mode="json")
+        return {**shown, "unreadable": True} if unreadable else shown
 
     def _unreadable_lines(self, met: list[StateUnreadable], engine: EngineState) -> list[str]:
         """What this read met, what this process met before, and the engine's, once each."""

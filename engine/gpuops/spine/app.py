@@ -37,7 +37,7 @@ from gpuops.clock import Clock
 from gpuops.console import Console, Latest
 from gpuops.console.latest import SIGNALS
 from gpuops.decide.breaker import BreakerState
-from gpuops.errors import ConfigError, EngineError, StateUnreadable
+from gpuops.errors import ConfigError, EngineError
 from gpuops.http import HttpServer
 from gpuops.intake.alertmanager import AlertmanagerReceiver
 from gpuops.intake.consumer import Intake, Priority
@@ -562,11 +562,7 @@ class App:
         m = self.engine.metrics
         m.nats_connected.set(1.0 if self.bus.nc.is_connected else 0.0)
         await self._observe_partitions()
-        try:
-            breaker = (await self.engine.breaker.get())[0].state
-        except StateUnreadable as exc:  # it stops what it would stop open: it reads open
-            self.engine.stores.unreadable.note(exc)
-            breaker = BreakerState.OPEN
+        breaker = (await self.engine.breaker.shown(self.engine.stores.unreadable))[0].state
         m.breaker_open.set(1.0 if breaker is BreakerState.OPEN else 0.0)
         m.set_one_of(m.breaker_state, breaker.value, (b.value for b in BreakerState))
         counts = node_counts(await self.engine.states.all(), self.inventory.hosts)
