@@ -244,6 +244,7 @@ async def _big_console(live: LiveEngine) -> tuple[HttpServer, int]:
         bind="127.0.0.1:0",
         clock=SystemClock(),
         registry=registry,
+        rules=lambda: live.app.rules,  # the heatmap's "at threshold" is the overheat rule's
     )
     server = HttpServer(registry, lambda: (True, {}), [console.mount])
     return server, await server.start("127.0.0.1:0")
