@@ -26,8 +26,19 @@ from typing import Literal
 from gpuops.settings import Settings
 
 # Shell patterns of the executor's variables a run keeps. ANSIBLE_PRIVATE_KEY_FILE is how
-# the shipped units hand ansible the SSH key's path (deploy/systemd, deploy/k8s).
-ALLOWED = ("PATH", "HOME", "LANG", "LC_*", "TMPDIR", "SSH_AUTH_SOCK", "ANSIBLE_PRIVATE_KEY_FILE")
+# the shipped units hand ansible the SSH key's path (deploy/systemd, deploy/k8s);
+# GPUOPS_BMC_* hold the BMC credentials the playbooks read (playbooks/tasks/bmc.yml), and
+# the evidence masks their values (a name with PASS in it is a secret's).
+ALLOWED = (
+    "PATH",
+    "HOME",
+    "LANG",
+    "LC_*",
+    "TMPDIR",
+    "SSH_AUTH_SOCK",
+    "ANSIBLE_PRIVATE_KEY_FILE",
+    "GPUOPS_BMC_*",
+)
 # ansible's own default ssh_args, which ANSIBLE_SSH_ARGS replaces: kept in front.
 _SSH_DEFAULTS = "-C -o ControlMaster=auto -o ControlPersist=60s"
 _STRICT = {"strict": "yes", "accept-new": "accept-new"}
