@@ -7,6 +7,11 @@
 #                             to check gpuops's own alert rules
 #   prometheus-alertmanager   a real Alertmanager delivering webhooks to gpuops
 #   chromium, chromium-driver headless browser tests of the web console
+#   slurmctld, slurmd,        a real Slurm controller and nodes on loopback, with munge,
+#   slurm-client, munge       for the playbooks' drains, resumes and reboots (tests/peers/slurm.py)
+#   openipmi, ipmitool        OpenIPMI's BMC simulator (ipmi_sim) and the real ipmitool that
+#                             the playbooks drive it with (tests/peers/ipmi.py)
+# sushy-tools (the Redfish emulator) comes from PyPI with the venv's dev extras.
 # kubectl (with kustomize) for the manifest checks comes with the machine; Debian's
 # kubernetes-client is too old for kustomize's current syntax, so without kubectl those
 # tests skip and say why. Everything else (nats-server, ansible, molecule) comes from the
@@ -21,6 +26,12 @@ need promtool prometheus
 need prometheus-alertmanager prometheus-alertmanager
 need chromium chromium
 need chromedriver chromium-driver
+need slurmctld slurmctld
+need slurmd slurmd
+need sbatch slurm-client
+need munged munge
+need ipmi_sim openipmi
+need ipmitool ipmitool
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
@@ -38,7 +49,7 @@ install() {
 # Debian's prometheus packages start their services on install where an init system
 # runs; the tests start their own on random ports, so stop the packaged ones.
 stop_services() {
-  for unit in prometheus prometheus-alertmanager prometheus-node-exporter; do
+  for unit in prometheus prometheus-alertmanager prometheus-node-exporter slurmctld slurmd munge openipmi; do
     $sudo systemctl stop "$unit" >/dev/null 2>&1 || true
   done
 }
