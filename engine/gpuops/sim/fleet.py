@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+import gpuops
 from gpuops.match.durations import parse_duration
 from gpuops.models import new_event
 from gpuops.sim import interconnect, work
@@ -356,9 +357,13 @@ def _gpu_sample(
 def _write_shims(node_dir: Path) -> None:
     bin_dir = node_dir / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
+    # The gpuops that wrote the shims answers in them: a run's environment has no
+    # PYTHONPATH (gpuops.act.runenv), and a checkout beside an installed one is its own.
+    source = Path(gpuops.__file__).resolve().parent.parent
     for tool in TOOLS:
         script = bin_dir / tool
         script.write_text(
-            f'#!/bin/sh\nexec "{sys.executable}" -m gpuops.sim.shims {tool} "{node_dir}" "$@"\n'
+            f'#!/bin/sh\nPYTHONPATH="{source}" exec "{sys.executable}" -m gpuops.sim.shims '
+            f'{tool} "{node_dir}" "$@"\n'
         )
         script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
