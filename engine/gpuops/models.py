@@ -683,6 +683,7 @@ class Intent(_Frozen):
     event_ts: float
     decided_at: float
     decision: Decision | None = None  # the accepted decision, so the intent is its record too
+    episode: str = ""  # the episode it remediates (`rule@node:opened`), for people's tools
     signature: str = ""  # HMAC of the engine over everything above (gpuops/signing.py)
 
     @property

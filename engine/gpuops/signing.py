@@ -26,7 +26,10 @@ def same_secret(given: str, expected: str) -> bool:
 
 
 def _body(intent: Intent) -> bytes:
-    return intent.model_copy(update={"signature": ""}).model_dump_json().encode()
+    # An intent without an episode signs as it did before intents named one, so those an
+    # older engine queued still verify after an upgrade.
+    unnamed = {"episode"} if not intent.episode else None
+    return intent.model_copy(update={"signature": ""}).model_dump_json(exclude=unnamed).encode()
 
 
 def sign(intent: Intent, key: bytes) -> Intent:

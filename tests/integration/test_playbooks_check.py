@@ -54,7 +54,8 @@ def _healthy(fleet: SimFleet, node: str) -> None:
 
 
 def _drained(fleet: SimFleet, node: str) -> None:
-    fleet.inject(node, "drained", reason="fan swap")
+    """Drained by gpuops earlier (its reason): what gpuops may resume or drain again."""
+    fleet.inject(node, "drained", reason="gpuops gpu-xid-79 gpu-xid-79@node-002:1700000000: XID 79")
 
 
 def _both(first: Setup, second: Setup) -> Setup:

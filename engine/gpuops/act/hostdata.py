@@ -1,6 +1,6 @@
 """What a playbook sees of an intent: the `gpuops` namespace, per host, as `!unsafe` data.
 
-Rule, node, gpu, event id, intent key, the rendered reason and the rule's vars are event
+Rule, node, gpu, event id, intent key, episode, the rendered reason and the rule's vars are event
 data: every string is tagged `!unsafe` so Ansible never templates what an agent sent.
 The engine writes them per host, as a host_vars file of an inventory source of their
 own (declaring no host: the site inventory alone says which hosts exist), so one run
@@ -20,7 +20,7 @@ import yaml
 from gpuops.errors import ActionError
 from gpuops.models import NODE_PATTERN, Intent
 
-RESERVED = frozenset({"rule", "node", "gpu", "gpus", "event_id", "intent_key"})
+RESERVED = frozenset({"rule", "node", "gpu", "gpus", "event_id", "intent_key", "episode"})
 # Rendered per match ("GPU 3 at 91 C"): each host's own, so not part of a batch's identity.
 # The power controller's per-GPU limits are each node's own too.
 PER_HOST_VARS = frozenset({"reason", "limits"})
@@ -67,6 +67,7 @@ def host_data(intent: Intent) -> dict[str, Any]:
         gpus=list(intent.gpus) or ([] if intent.gpu is None else [intent.gpu]),
         event_id=intent.event_id,
         intent_key=intent.key,
+        episode=intent.episode,
     )
     return ns
 

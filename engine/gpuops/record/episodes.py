@@ -86,13 +86,18 @@ class Episode(BaseModel):
     @property
     def id(self) -> str:
         """Stable name for people: rule, node and the second it opened."""
-        return f"{self.rule}@{self.node}:{int(self.opened_at)}"
+        return episode_id(self.rule, self.node, self.opened_at)
 
     @property
     def recovered(self) -> bool:
         """The fault condition is gone and, where needed, the probe passed."""
         cleared = self.cleared_at is not None or not self.on_telemetry
         return cleared and (not self.probed or self.validated_at is not None)
+
+
+def episode_id(rule: str, node: str, opened_at: float) -> str:
+    """An episode's name: what Slurm's drain reason and people's tools show."""
+    return f"{rule}@{node}:{int(opened_at)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +136,16 @@ class Episodes:
         self.open: dict[tuple[str, str], Episode] = {}
         self._loaded = False  # the episodes a previous run left open are read on first sweep
 
-    async def decided(self, d: Decision) -> None:
-        """Fold one decision into its episode (opening one on the first)."""
+    async def id_for(self, rule: str, node: str, now: float) -> str:
+        """The name of the episode a decision at `now` folds into: the open one's, or the
+        one it opens (`decided` with `opened_at=now` opens it under that name)."""
+        key = (rule, node)
+        ep = self.open.get(key) or await self._load(key)
+        return ep.id if ep is not None else episode_id(rule, node, now)
+
+    async def decided(self, d: Decision, opened_at: float | None = None) -> None:
+        """Fold one decision into its episode (opening one on the first, at `opened_at`
+        where its intents already name it, else now)."""
         m = d.match
         if d.reason in NOT_FAULTS:
             return
@@ -154,7 +167,7 @@ class Episodes:
                 on_telemetry=m.kind in STATEFUL_KINDS,
                 gpus=m.gpus,
                 detected_at=m.event_ts,
-                opened_at=now,
+                opened_at=now if opened_at is None else opened_at,
                 last_seen=now,
             )
         else:

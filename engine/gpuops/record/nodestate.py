@@ -22,6 +22,10 @@ from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog, Effect
 from gpuops.models import Decision, Reason, RunStatus
 
+# What a playbook's failure says when a person holds the node (Slurm drained for a reason
+# that is not gpuops's: playbooks/tasks/drain.yml, return_to_service.yml).
+HELD_BY_PERSON = "is held by a person"
+
 
 class NodeState(StrEnum):
     """Where a node is in its remediation."""
@@ -158,6 +162,9 @@ def after_run(
     if status is RunStatus.INTERRUPTED:
         why = f"{playbook} was interrupted (engine or executor died mid-run): check the node"
         return moved(record, S.NEEDS_HUMAN, why, at)
+    if status is not RunStatus.SUCCESSFUL and error and HELD_BY_PERSON in error:
+        # A person drained the node for their own reason; gpuops acts no further on it.
+        return moved(record, S.NEEDS_HUMAN, f"{playbook} {status.value}: {error}", at)
     if status is not RunStatus.SUCCESSFUL and record.quarantined and spec and spec.validate_after:
         # Drained and not fixed (its work would not leave, the GPU did not come back): no
         # probe follows and nothing else returns it to service, so a person must look.

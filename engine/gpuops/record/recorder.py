@@ -115,7 +115,8 @@ class Recorder:
                 self._or_told(
                     self.states.apply(m.node, lambda r: ns.after_decision(r, d, self.catalog, now))
                 ),
-                self._or_told(self.episodes.decided(d)),
+                # Opened at its intents' time, so it has the name they carry.
+                self._or_told(self.episodes.decided(d, intents[0].decided_at if intents else None)),
             ]
         repeats = self._repeated(d, now)
         if repeats is not None:

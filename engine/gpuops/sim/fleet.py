@@ -98,16 +98,19 @@ class SimFleet:
 
     def write_inventory(self, target: Path, group_vars: dict[str, Any] | None = None) -> Path:
         """An Ansible inventory (hosts.yml) for this fleet: local connection, shims as tools;
-        `group_vars` add to or override the fleet-wide variables (e.g. drain_timeout_s)."""
+        `group_vars` add to or override the fleet-wide variables (e.g. drain_timeout_s), the
+        per-node ones too (`scontrol_bin: /usr/bin/scontrol`: a real Slurm's tools)."""
+        given = group_vars or {}
         hosts = {}
         for name in self.nodes:
             bin_dir = self.node_dir(name) / "bin"
-            hosts[name] = {
+            own = {
                 "sim_node_dir": str(self.node_dir(name)),
                 "gpuops_marker_dir": str(self.node_dir(name) / "done"),
                 "workload_manager": node_state.read(self.node_dir(name))["workload_manager"],
                 **{f"{tool.replace('-', '_')}_bin": str(bin_dir / tool) for tool in TOOLS},
             }
+            hosts[name] = {k: v for k, v in own.items() if k not in given}
         doc = {
             "all": {
                 "vars": {
@@ -121,7 +124,7 @@ class SimFleet:
                     # Simulated work ends in seconds: look often, give up after two minutes.
                     "drain_poll_s": 1,
                     "drain_timeout_s": 120,
-                    **(group_vars or {}),
+                    **given,
                 },
                 "children": {
                     "sim": {"hosts": hosts},
@@ -159,7 +162,8 @@ class SimFleet:
                 )
             elif fault == "drained":  # taken out of service earlier (Slurm and Kubernetes)
                 s["drained"], s["cordoned"] = True, True
-                s["drain_reason"] = str(params.get("reason", "earlier remediation"))
+                # gpuops's own drain unless told whose: a person's reason is left alone.
+                s["drain_reason"] = str(params.get("reason", "gpuops earlier: remediation"))
             elif fault == "busy":  # a job holds the GPU (for MIG and reset refusals)
                 g["processes"] = [int(params.get("pid", 4242))]
             elif fault == "load":  # steady work on the GPU(s), on the power model

@@ -9,6 +9,7 @@ periods, and exits non-zero at its --timeout with kubectl's own messages.
 
 from __future__ import annotations
 
+import getpass
 import json
 import re
 import sys
@@ -32,18 +33,36 @@ def _slurm_state(s: dict[str, Any], now: float) -> str:
 
 
 def scontrol(node_dir: Path, argv: list[str]) -> int:
-    """`scontrol update nodename=N state=drain|resume reason=...` and `scontrol show node N`."""
+    """`scontrol update nodename=N state=drain|resume reason=...`, `scontrol show node [-o] N`."""
     if argv[:2] == ["show", "node"]:
         s = read(node_dir)
-        state = _slurm_state(s, time.time())
-        print(f"NodeName={s['node']} State={state} Reason={s['drain_reason'] or '(null)'}")
+        print(_show_node(s, _slurm_state(s, time.time()), one_line="-o" in argv))
         return 0
+    if argv[:1] == ["reboot"]:  # what Slurm says where no RebootProgram is configured
+        print("scontrol: error: RebootProgram isn't defined", file=sys.stderr)
+        return 1
     if argv and argv[0] == "update":
         opts = {k.lower(): v for k, v in (a.split("=", 1) for a in argv[1:] if "=" in a)}
         with locked(node_dir) as s:
             return _update(s, opts)
     print(f"scontrol: invalid command {argv}", file=sys.stderr)
     return 1
+
+
+def _show_node(s: dict[str, Any], state: str, one_line: bool) -> str:
+    """`scontrol show node [-o]` as Slurm 22.05 prints it (captured from Debian's slurmctld
+    on loopback, tests/peers/slurm.py), with the fields the playbooks read: State, and the
+    Reason last, "TEXT [USER@TIME]", only while one is set."""
+    fields = [
+        f"NodeName={s['node']} Arch=x86_64 CoresPerSocket=1",
+        f"CPUAlloc=0 CPUTot={max(1, len(s['gpus']))}",
+        f"State={state} ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A",
+        "Partitions=gpu",
+    ]
+    if s["drain_reason"]:
+        by, at = s.get("drain_by") or "root", s.get("drain_at", "")
+        fields.append(f"Reason={s['drain_reason']} [{by}@{at}]")
+    return " ".join(fields) if one_line else "\n   ".join(fields) + "\n"
 
 
 def _update(s: dict[str, Any], opts: dict[str, str]) -> int:
@@ -56,6 +75,8 @@ def _update(s: dict[str, Any], opts: dict[str, str]) -> int:
             print("You must specify a reason when DOWNING or DRAINING a node. Request denied")
             return 1
         s["drained"], s["drain_reason"] = True, opts["reason"]
+        s["drain_by"] = getpass.getuser()
+        s["drain_at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     elif target in ("resume", "idle"):
         s["drained"], s["drain_reason"] = False, ""
     return 0

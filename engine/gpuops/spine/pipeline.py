@@ -168,7 +168,10 @@ class Pipeline:
 
         async def write(d: Decision) -> None:
             self._fence(match.node)  # the lease may have run out while the stages read KV
-            intents.extend(self._intents(d) if d.accepted else [])
+            if d.accepted:
+                now = self.clock.now()
+                episode = await self.recorder.episodes.id_for(match.rule, match.node, now)
+                intents.extend(self._intents(d, now, episode))
             # Each intent is stored once by its key, so they go together: a crash half-way
             # lets the redelivered event store them all again, the stored ones as no-ops.
             await together(*(self._store(intent) for intent in intents))
@@ -193,7 +196,7 @@ class Pipeline:
         if not self.owner.owns(node):
             raise LeaseLost(f"partition of {node} is not held by this replica")
 
-    def _intents(self, d: Decision) -> list[Intent]:
+    def _intents(self, d: Decision, now: float, episode: str) -> list[Intent]:
         m = d.match
         return [
             sign(
@@ -206,8 +209,9 @@ class Pipeline:
                     action=action,
                     event_id=m.event_id,
                     event_ts=m.event_ts,
-                    decided_at=self.clock.now(),
+                    decided_at=now,
                     decision=d,
+                    episode=episode,
                 ),
                 self.signing_key,
             )

@@ -36,3 +36,15 @@ def test_other_failures_still_step_back() -> None:
     assert drain is not None and drain.state is NodeState.QUARANTINED
     power = after_run(IN_SERVICE, "power_limit.yml", RunStatus.FAILED, CATALOG, "r", 10.0, "x")
     assert power is not None and power.state is NodeState.SUSPECT
+
+
+@pytest.mark.parametrize("playbook", ["drain.yml", "return_to_service.yml", "reboot.yml"])
+def test_a_node_a_person_holds_goes_to_a_person_whatever_the_playbook(playbook: str) -> None:
+    held = (
+        'n1 is held by a person: IDLE+DRAIN in Slurm for "alice: fan swap" (set by alice), '
+        "not a reason of gpuops's; gpuops leaves it alone"
+    )
+    for record in (TAKEN_OUT, IN_SERVICE):
+        moved = after_run(record, playbook, RunStatus.FAILED, CATALOG, "r", 10.0, held)
+        assert moved is not None and moved.state is NodeState.NEEDS_HUMAN
+        assert moved.why == f"{playbook} failed: {held}"
