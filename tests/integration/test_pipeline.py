@@ -80,13 +80,17 @@ async def test_overheat_and_low_power_limit_run_their_playbooks(
         )
 
     notes = [r.summary async for r in read_audit(bus.js, "node-001") if r.type == "note"]
-    assert any(n.startswith("episode gpu-overheat@node-001") and "resolved" in n for n in notes)
+    [resolved] = [
+        n for n in notes if n.startswith("episode gpu-overheat@node-001") and "resolved" in n
+    ]
+    episode = resolved.split()[1]  # "episode RULE@NODE:OPENED resolved: ..."
     drains = calls(fleet, "node-001", "scontrol")
+    # Slurm's reason names gpuops, the rule and the very episode the engine recorded.
     assert [
         "update",
         "nodename=node-001",
         "state=drain",
-        "reason=gpuops gpu-overheat: GPU 3 at 88.0 C",
+        f"reason=gpuops gpu-overheat {episode}: GPU 3 at 88.0 C",
     ] in drains
     assert ["-i", "1", "-pl", "700.0"] in calls(fleet, "node-002", "nvidia-smi")
     assert fleet.state("node-001")["drained"] is True

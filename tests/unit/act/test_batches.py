@@ -60,6 +60,7 @@ def test_each_host_sees_its_own_intent_and_the_rules_vars() -> None:
         "gpus": [3, 5],
         "event_id": "e-node-007",
         "intent_key": "k-node-007",
+        "episode": "",
     }
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from gpuops.bus.buckets import Buckets
+from gpuops.bus.publish import MemoryPublisher
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
-from gpuops.models import EVENT_ADAPTER, Reason
+from gpuops.models import EVENT_ADAPTER, Intent, Reason
 from gpuops.record.metrics import Metrics
 from gpuops.record.notify import Notifier
 from gpuops.record.outbox import Grouping, Outbox, Tell
+from gpuops.signing import sign, verify
 from gpuops.spine.build import Engine
 from gpuops.spine.ruletest import T0, case_event
 
@@ -169,3 +171,32 @@ def test_a_storm_still_names_every_node_that_needs_a_person() -> None:
     [human] = [m["text"] for m in notifier.sent if m["topic"] == "needs-human"]
     assert all(f"node-{i:03d}" in human for i in range(12))
     assert any(m["topic"] == "storm" for m in notifier.sent)
+
+
+async def test_an_intent_names_the_episode_its_decision_opened_and_later_ones_join() -> None:
+    clock, published = ManualClock(T0), MemoryPublisher()
+    rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
+    engine = engine_on(clock, rules=rules, publisher=published, equivalence_window_s=0)
+    xid = {"kind": "xid", "node": "node-003", "data": {"xid": 79, "gpu": 1}}
+    await engine.pipeline.handle(EVENT_ADAPTER.validate_python(case_event(xid, 0)))
+    [intent] = [Intent.model_validate_json(p) for s, p in published.messages if ".actions." in s]
+    [opened] = await engine.recorder.episodes.all_open()
+    assert intent.episode == opened.id == f"{intent.rule}@node-003:{int(T0)}"
+    assert verify(intent, engine.pipeline.signing_key), "signed with its episode"
+    clock.advance(30)  # the same fault again: the open episode's name, not a new one
+    assert await engine.recorder.episodes.id_for(intent.rule, "node-003", clock.now()) == opened.id
+    fresh = await engine.recorder.episodes.id_for(intent.rule, "node-004", clock.now())
+    assert fresh == f"{intent.rule}@node-004:{int(T0 + 30)}"
+
+
+def test_an_intent_without_an_episode_verifies_as_before_intents_named_one() -> None:
+    key = b"k" * 32
+    base = {"key": "k1", "rule": "r", "node": "node-001", "event_id": "e", "event_ts": 1.0}
+    spec = {"playbook": "drain.yml"}
+    old = Intent.model_validate({**base, "action": spec, "decided_at": 2.0})
+    signed = sign(old, key)
+    body = signed.model_dump(exclude={"episode"})  # as an older engine wrote it
+    assert verify(Intent.model_validate(body), key)
+    named = sign(old.model_copy(update={"episode": "r@node-001:2"}), key)
+    assert verify(named, key)
+    assert not verify(named.model_copy(update={"episode": "r@node-001:3"}), key)
