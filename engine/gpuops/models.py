@@ -668,6 +668,7 @@ class Decision(_Frozen):
     holds_lock: bool = False  # the node's lock is held for this decision's run
     closes_breaker: bool = False  # the half-open breaker closes when this runs
     approved_by: str | None = None
+    episode: str = ""  # the open episode it folds into, when an acting proposal found one
 
 
 class Intent(_Frozen):

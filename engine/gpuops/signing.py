@@ -15,6 +15,7 @@ import hmac
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 
 from gpuops.errors import ConfigError
 from gpuops.models import Intent
@@ -28,8 +29,11 @@ def same_secret(given: str, expected: str) -> bool:
 def _body(intent: Intent) -> bytes:
     # An intent without an episode signs as it did before intents named one, so those an
     # older engine queued still verify after an upgrade.
-    unnamed = {"episode"} if not intent.episode else None
-    return intent.model_copy(update={"signature": ""}).model_dump_json(exclude=unnamed).encode()
+    unnamed: dict[str, Any] = {"episode": True} if not intent.episode else {}
+    if intent.decision is not None and not intent.decision.episode:
+        unnamed["decision"] = {"episode"}
+    body = intent.model_copy(update={"signature": ""})
+    return body.model_dump_json(exclude=unnamed or None).encode()
 
 
 def sign(intent: Intent, key: bytes) -> Intent:

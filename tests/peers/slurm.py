@@ -144,7 +144,7 @@ def parse_node(line: str) -> dict[str, str]:
     return fields
 
 
-def _config(root: Path, nodes: tuple[str, ...]) -> str:
+def _config(root: Path, nodes: tuple[str, ...], health_check: str | None) -> str:
     ctld, slurmd = _free_port(), _free_port()
     lines = [
         "ClusterName=gpuops",
@@ -179,6 +179,11 @@ def _config(root: Path, nodes: tuple[str, ...]) -> str:
         # Finished jobs stay listed long enough for a test to read how they ended.
         "MinJobAge=600",
     ]
+    if health_check is not None:  # run by each slurmd at its start, then every 2 s
+        program = root / "health-check"
+        program.write_text(f"#!/bin/sh\n{health_check}\n")
+        program.chmod(0o755)
+        lines += [f"HealthCheckProgram={program}", "HealthCheckInterval=2"]
     for node in nodes:
         lines.append(
             f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} "
@@ -188,8 +193,11 @@ def _config(root: Path, nodes: tuple[str, ...]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def start(root: Path, nodes: tuple[str, ...] = ("node-001",)) -> Slurm:
-    """munged, slurmctld and a slurmd per node, all answering; raises PeerMissing here."""
+def start(
+    root: Path, nodes: tuple[str, ...] = ("node-001",), health_check: str | None = None
+) -> Slurm:
+    """munged, slurmctld and a slurmd per node, all answering; raises PeerMissing here.
+    `health_check`: a shell command line each slurmd runs as its HealthCheckProgram."""
     why = missing()
     if why is not None:
         raise PeerMissing(why)
@@ -201,7 +209,7 @@ def start(root: Path, nodes: tuple[str, ...] = ("node-001",)) -> Slurm:
     key.write_bytes(os.urandom(1024))
     key.chmod(0o600)
     cluster = Slurm(root, nodes)
-    cluster.conf.write_text(_config(root, nodes))
+    cluster.conf.write_text(_config(root, nodes, health_check))
     # slurm.conf takes a program without arguments: this one names the cluster's directory.
     program = root / "reboot-program"
     program.write_text(f'#!/bin/sh\nexec "{REBOOT_SCRIPT}" "{root}"\n')
@@ -216,8 +224,8 @@ def start(root: Path, nodes: tuple[str, ...] = ("node-001",)) -> Slurm:
     _daemon(root, "slurmctld", [SLURMCTLD, "-c", "-i", "-f", str(cluster.conf)])
     for node in nodes:
         start_slurmd(cluster, node)
-    for node in nodes:
-        cluster.wait(f"{node} idle", lambda n=node: cluster.state(n) == "IDLE")
+    for node in nodes:  # a failing health check may drain a node as it comes up
+        cluster.wait(f"{node} up", lambda n=node: cluster.state(n).startswith("IDLE"))
     return cluster
 
 
@@ -268,10 +276,12 @@ def _signal(pid: int, sig: int) -> bool:
 
 
 @contextlib.contextmanager
-def slurm(root: Path, nodes: tuple[str, ...] = ("node-001",)) -> Iterator[Slurm]:
+def slurm(
+    root: Path, nodes: tuple[str, ...] = ("node-001",), health_check: str | None = None
+) -> Iterator[Slurm]:
     """A cluster for the `with` block; its daemons stopped after, even when it failed."""
     try:
-        cluster = start(root, nodes)
+        cluster = start(root, nodes, health_check)
     except BaseException:
         stop(root)
         raise

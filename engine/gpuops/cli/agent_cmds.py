@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,18 @@ from gpuops.errors import ConfigError, EngineError
     "backend sim: the node's kmsg file]",
 )
 @click.option("--once", is_flag=True, help="one telemetry event and probe results, no NATS")
+@click.option(
+    "--health-check",
+    is_flag=True,
+    help="one reading checked, as Slurm's HealthCheckProgram: exit 1 and say why when unfit",
+)
+@click.option("--expect-gpus", type=int, help="with --health-check: the GPUs the node must have")
+@click.option(
+    "--drain-in-slurm",
+    is_flag=True,
+    help="with --health-check: drain an unfit node in Slurm (never over another drain)",
+)
+@click.option("--scontrol", default="scontrol", show_default=True, help="with --drain-in-slurm")
 @click.option("--json", "as_json", is_flag=True, help="with --once: JSON lines on stdout")
 @click.pass_context
 def agent(ctx: click.Context, /, **opts: Any) -> None:
@@ -43,6 +56,8 @@ def agent(ctx: click.Context, /, **opts: Any) -> None:
     from gpuops.agent.run import agent_once, run_agent
 
     settings = settings_from(ctx, nats=opts.pop("nats"))
+    if opts["health_check"]:
+        sys.exit(_health_check(opts))
     if opts["once"]:
         try:
             lines = agent_once(opts, make_backend(opts))
@@ -53,6 +68,25 @@ def agent(ctx: click.Context, /, **opts: Any) -> None:
             click.echo(json.dumps(line, sort_keys=True) if opts["as_json"] else str(line))
         return
     run_async(run_agent(settings, opts, make_backend(opts)))
+
+
+def _health_check(opts: dict[str, Any]) -> int:
+    """Slurm's (or NHC's) node health check: its findings on stdout, exit 0 fit, 1 unfit,
+    2 when the check itself could not run (NVML missing, scontrol refused)."""
+    from gpuops.agent.agent import default_node
+    from gpuops.agent.healthcheck import check
+
+    node = opts.get("node") or os.environ.get("SLURMD_NODENAME") or default_node()
+    try:
+        lines, status = check(
+            make_backend(opts), node, opts["expect_gpus"], opts["drain_in_slurm"], opts["scontrol"]
+        )
+    except EngineError as exc:
+        err.print(f"ERROR: gpuops: health check could not run: {exc}", markup=False)
+        return 2
+    for line in lines:
+        click.echo(line)
+    return status
 
 
 def make_backend(opts: dict[str, Any]) -> GpuBackend:

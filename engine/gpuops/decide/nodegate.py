@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gpuops.bus.store import Read
+from gpuops.bus.store import Read, Store
 from gpuops.decide.stage import BaseStage, Drop, Proposal
+from gpuops.errors import StateUnreadable
 from gpuops.match.expr import render
 from gpuops.models import Reason
+from gpuops.record.episodes import Episode
 from gpuops.record.nodestate import NodeRecord, NodeState, NodeStates, validation_nonce
 
 
@@ -55,6 +57,32 @@ class NodeReadable(BaseStage):
     async def check(self, p: Proposal) -> Drop | None:
         if p.acts:
             await p.reads.get(self.states.store, p.node)
+        return None
+
+
+class EpisodeName(BaseStage):
+    """An acting proposal names the episode it remediates (Slurm's drain reason shows it):
+    the rule's open episode on the node, read with the node's record; none open, the
+    decision opens one and the pipeline names it. Never a drop: an episode record that
+    does not decode leaves the name to the new one, and the recorder tells of it."""
+
+    name = "episode"
+
+    def __init__(self, episodes: Store[Episode]) -> None:
+        self.episodes = episodes
+
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        return (self.episodes.read(p.rule.name, p.node),) if p.acts else ()
+
+    async def check(self, p: Proposal) -> Drop | None:
+        if not p.acts:
+            return None
+        try:
+            found, _ = await p.reads.get(self.episodes, p.rule.name, p.node)
+        except StateUnreadable:
+            return None
+        if found is not None and found.resolved_at is None:
+            p.episode = found.id
         return None
 
 

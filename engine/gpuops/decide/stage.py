@@ -64,6 +64,7 @@ class Proposal:
     rung: int | None = None
     notes: list[str] = field(default_factory=list)
     reads: Reads = field(default_factory=Reads)  # what the stages read from KV
+    episode: str = ""  # the rule's open episode on the node (EpisodeName), for its intents
 
     @property
     def node(self) -> str:
@@ -228,6 +229,7 @@ def decision(p: Proposal, accepted: bool, reason: Reason, detail: str) -> Decisi
         holds_lock=p.holds_lock and accepted,
         closes_breaker=p.closes_breaker,
         approved_by=p.approved_by,
+        episode=p.episode,
     )
 
 

@@ -136,13 +136,6 @@ class Episodes:
         self.open: dict[tuple[str, str], Episode] = {}
         self._loaded = False  # the episodes a previous run left open are read on first sweep
 
-    async def id_for(self, rule: str, node: str, now: float) -> str:
-        """The name of the episode a decision at `now` folds into: the open one's, or the
-        one it opens (`decided` with `opened_at=now` opens it under that name)."""
-        key = (rule, node)
-        ep = self.open.get(key) or await self._load(key)
-        return ep.id if ep is not None else episode_id(rule, node, now)
-
     async def decided(self, d: Decision, opened_at: float | None = None) -> None:
         """Fold one decision into its episode (opening one on the first, at `opened_at`
         where its intents already name it, else now)."""

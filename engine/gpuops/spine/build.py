@@ -23,7 +23,7 @@ from gpuops.decide.gates import DryRun, RecordOnly
 from gpuops.decide.known_node import KnownNode
 from gpuops.decide.ladder import LadderStage
 from gpuops.decide.lock import NodeLock, NodeLocks
-from gpuops.decide.nodegate import Escalate, NodeReadable, NodeStateGate
+from gpuops.decide.nodegate import EpisodeName, Escalate, NodeReadable, NodeStateGate
 from gpuops.decide.silence import Silences, SilenceStore
 from gpuops.decide.stage import Decider, Stage
 from gpuops.decide.stale import StaleCutoff
@@ -47,7 +47,7 @@ from gpuops.power.engine import (
 from gpuops.power.guard import YieldToBudget
 from gpuops.record.approvals import ApprovalStore
 from gpuops.record.audit import Auditor
-from gpuops.record.episodes import Episodes, EpisodeTimes
+from gpuops.record.episodes import Episodes, EpisodeTimes, episode_records
 from gpuops.record.metrics import Metrics
 from gpuops.record.nodestate import NodeStates
 from gpuops.record.notify import Notifier
@@ -161,6 +161,7 @@ def build_engine(
         LadderStage(buckets.history),  # picks the rung: the stages below judge its playbook
         Equivalence(buckets.history, catalog, s.equivalence_window_s),
         NodeReadable(stores.states),  # whatever acts reads its node's state record
+        EpisodeName(episode_records(buckets.nodes)),  # read with it: the episode acted on
         NodeLock(stores.locks, s.lock_lease_s),
         AttemptCap(buckets.history, catalog, s.attempt_cap, s.attempt_window_s),
         FleetBreaker(

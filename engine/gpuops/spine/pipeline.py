@@ -32,6 +32,7 @@ from gpuops.match.rules import Rule
 from gpuops.models import Decision, Event, Intent, Match, Request, action_subject
 from gpuops.record.audit import Auditor
 from gpuops.record.density import DensityTracker
+from gpuops.record.episodes import episode_id
 from gpuops.record.metrics import Metrics
 from gpuops.record.recorder import Recorder
 from gpuops.signing import sign
@@ -170,7 +171,8 @@ class Pipeline:
             self._fence(match.node)  # the lease may have run out while the stages read KV
             if d.accepted:
                 now = self.clock.now()
-                episode = await self.recorder.episodes.id_for(match.rule, match.node, now)
+                # The open episode the stages found, or the one this decision opens now.
+                episode = d.episode or episode_id(match.rule, match.node, now)
                 intents.extend(self._intents(d, now, episode))
             # Each intent is stored once by its key, so they go together: a crash half-way
             # lets the redelivered event store them all again, the stored ones as no-ops.

@@ -148,6 +148,7 @@ async def test_an_accepted_decision_reads_together_and_commits_together() -> Non
         "history:attempts.node-001",
         "control:breaker.fleet",
         "nodes:state.node-001",  # read by whatever acts: an unreadable one stops it
+        "nodes:episode.xid-48-dbe.node-001",  # and the episode its intents name
     }
     assert [(c.op, c.where) for c in lock] == [("cas", "locks:node.node-001")]
     # The breaker counts the node in at check, once the stages above it let it through.
@@ -209,6 +210,7 @@ async def test_stages_below_the_ladder_read_after_it_picked_the_rung() -> None:
     assert _wheres(second) == {
         "history:heavy.node-001",
         "nodes:state.node-001",
+        "nodes:episode.xid-79-gpu-lost.node-001",  # the episode its intent names
         "locks:node.node-001",
         "history:attempts.node-001",
         "control:breaker.fleet",

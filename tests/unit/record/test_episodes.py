@@ -183,10 +183,14 @@ async def test_an_intent_names_the_episode_its_decision_opened_and_later_ones_jo
     [opened] = await engine.recorder.episodes.all_open()
     assert intent.episode == opened.id == f"{intent.rule}@node-003:{int(T0)}"
     assert verify(intent, engine.pipeline.signing_key), "signed with its episode"
-    clock.advance(30)  # the same fault again: the open episode's name, not a new one
-    assert await engine.recorder.episodes.id_for(intent.rule, "node-003", clock.now()) == opened.id
-    fresh = await engine.recorder.episodes.id_for(intent.rule, "node-004", clock.now())
-    assert fresh == f"{intent.rule}@node-004:{int(T0 + 30)}"
+    # The fault again, once the node is free: its intent names the same, still open episode.
+    await engine.locks.release("node-003", intent.event_id)
+    clock.advance(7200)
+    await engine.pipeline.handle(EVENT_ADAPTER.validate_python(case_event(xid, 7200)))
+    later = [Intent.model_validate_json(p) for s, p in published.messages if ".actions." in s]
+    assert len(later) == 2 and later[1].key != intent.key, later
+    assert later[1].episode == opened.id
+    assert later[1].decision is not None and later[1].decision.episode == opened.id
 
 
 def test_an_intent_without_an_episode_verifies_as_before_intents_named_one() -> None:
