@@ -98,7 +98,8 @@ class SimFleet:
 
     def write_inventory(self, target: Path, group_vars: dict[str, Any] | None = None) -> Path:
         """An Ansible inventory (hosts.yml) for this fleet: local connection, shims as tools;
-        `group_vars` add to or override the fleet-wide variables (e.g. drain_timeout_s)."""
+        `group_vars` add to or override the fleet-wide variables (e.g. drain_timeout_s); a
+        tool's `*_bin` among them replaces that shim on every node."""
         hosts = {}
         for name in self.nodes:
             bin_dir = self.node_dir(name) / "bin"
@@ -106,7 +107,12 @@ class SimFleet:
                 "sim_node_dir": str(self.node_dir(name)),
                 "gpuops_marker_dir": str(self.node_dir(name) / "done"),
                 "workload_manager": node_state.read(self.node_dir(name))["workload_manager"],
-                **{f"{tool.replace('-', '_')}_bin": str(bin_dir / tool) for tool in TOOLS},
+                **{
+                    f"{tool.replace('-', '_')}_bin": str(bin_dir / tool)
+                    for tool in TOOLS
+                    # A fleet-wide tool (e.g. the real ipmitool) replaces the node's shim.
+                    if f"{tool.replace('-', '_')}_bin" not in (group_vars or {})
+                },
             }
         doc = {
             "all": {
