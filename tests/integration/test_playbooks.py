@@ -139,7 +139,7 @@ def test_the_engine_always_limits_a_run_to_its_node(tmp_path: Path) -> None:
     assert [fleet.state(n)["drained"] for n in fleet.nodes] == [False, True]
 
 
-def test_the_bmc_password_reaches_ipmitool_through_the_environment(tmp_path: Path) -> None:
+def test_the_bmc_password_reaches_ipmitool_on_its_standard_input(tmp_path: Path) -> None:
     fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=1)
     password = "Zq81-bmc-secret"
     request = RunRequest(
@@ -157,11 +157,17 @@ def test_the_bmc_password_reaches_ipmitool_through_the_environment(tmp_path: Pat
     assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
     assert fleet.state("node-001")["boots"] == 1, "the power cycle went through"
     ipmi = calls(fleet, "node-001", "ipmitool")
-    assert [argv[-3:] for argv in ipmi] == [
+    # One-time PXE, then a cold cycle the BMC confirms at each step.
+    assert [argv[argv.index("/dev/stdin") + 1 :] for argv in ipmi] == [
         ["chassis", "bootdev", "pxe"],
-        ["chassis", "power", "cycle"],
+        ["chassis", "power", "status"],
+        ["chassis", "power", "off"],
+        ["chassis", "power", "status"],
+        ["chassis", "power", "on"],
+        ["chassis", "power", "status"],
     ]
-    assert all("-E" in argv and "-P" not in argv for argv in ipmi), ipmi
+    # The password on ipmitool's standard input, read as its password file.
+    assert all(argv[argv.index("-f") + 1] == "/dev/stdin" and "-P" not in argv for argv in ipmi)
     assert not any(password in arg for argv in calls(fleet, "node-001") for arg in argv)
 
 

@@ -37,7 +37,7 @@ ENGINE_CONSUMERS = {"gpuops-engine": False, "gpuops-engine-telemetry": True}  # 
 REMEDIATION_CALLS: dict[str, tuple[str, str]] = {
     "gpu_reset.yml": ("nvidia-smi", "-r"),
     "reboot.yml": ("reboot", ""),
-    "reprovision.yml": ("ipmitool", "cycle"),
+    "reprovision.yml": ("ipmitool", "off"),  # its cold cycle: power off, hold, power on
 }
 
 

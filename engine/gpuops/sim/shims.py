@@ -249,41 +249,75 @@ def reboot(node_dir: Path, argv: list[str]) -> int:
 
 
 def _bmc_password(options: list[str]) -> str | None:
-    """The password as ipmitool takes it: `-E` reads IPMI_PASSWORD, `-P` takes it as argv."""
+    """The password as ipmitool takes it: `-f FILE` its first line (the playbooks give
+    /dev/stdin), `-E` IPMI_PASSWORD, `-P` as argv."""
+    path = _opt(options, "-f")
+    if path is not None:
+        with open(path) as f:
+            return f.readline().rstrip("\n") or None
     if "-E" in options:
         return os.environ.get("IPMI_PASSWORD") or None
     return _opt(options, "-P")
 
 
+# What the real ipmitool prints, as ipmitool 1.8.19 printed it against OpenIPMI's ipmi_sim
+# (tests/integration/test_bmc_ipmi.py runs both): `chassis power` from lib/ipmi_chassis.c's
+# "Chassis Power Control: %s" over ipmi_chassis_power_control_vals, `power status`'s
+# "Chassis Power is on|off", `bootdev`'s "Set Boot Device to pxe", and `sel elist`'s rows
+# "   1 | date | time | sensor | event | Asserted" (lib/ipmi_sel.c).
+_POWER_CONTROL = {"off": "Down/Off", "on": "Up/On", "cycle": "Cycle", "reset": "Reset"}
+_SEL = "   1 | 01/01/2026 | 00:00:00 | Memory #0x01 | Uncorrectable ECC | Asserted"
+
+
+def _chassis(s: dict[str, Any], rest: list[str]) -> int:
+    if rest[:1] == ["bootdev"] and len(rest) > 1:
+        s["bootdev"] = rest[1]  # options=... (efiboot, persistent) change nothing here
+        print(f"Set Boot Device to {rest[1]}")
+        return 0
+    if rest == ["power", "status"]:
+        print(f"Chassis Power is {s['power']}")
+        return 0
+    if rest[:1] == ["power"] and rest[1:2] and rest[1] in _POWER_CONTROL:
+        if rest[1] == "off":
+            s["power"] = "off"
+        else:
+            _power_on(s)
+        print(f"Chassis Power Control: {_POWER_CONTROL[rest[1]]}")
+        return 0
+    print(f"ipmitool: chassis {' '.join(rest)} is not simulated", file=sys.stderr)
+    return 1
+
+
+def _power_on(s: dict[str, Any]) -> None:
+    if s["bootdev"] == "pxe":  # reprovisioned: a fresh image, all faults gone
+        s["bootdev"] = "disk"
+        for g in s["gpus"]:
+            g["faults"] = {}
+    _boot(s)
+
+
 def ipmitool(node_dir: Path, argv: list[str]) -> int:
-    """`ipmitool [-E | -P PASS] ... chassis bootdev pxe` and `chassis power status|cycle|on|off`."""
-    if "chassis" not in argv:
-        print("ipmitool: only chassis commands are simulated", file=sys.stderr)
+    """`ipmitool [-f FILE | -E | -P PASS] ... chassis power off|on|cycle|status`,
+    `chassis bootdev pxe [options=...]` and `sel elist`: power changes, `on` boots the node."""
+    command = next((i for i, a in enumerate(argv) if a in ("chassis", "sel")), None)
+    if command is None:
+        print("ipmitool: only chassis and sel commands are simulated", file=sys.stderr)
         return 1
-    options, rest = argv[: argv.index("chassis")], argv[argv.index("chassis") + 1 :]
+    options, rest = argv[:command], argv[command:]
     if "-E" in options and not os.environ.get("IPMI_PASSWORD"):
         print("Unable to read password from environment", file=sys.stderr)
         return 1
     if _bmc_password(options) is None:  # the real one would prompt; a playbook cannot answer
         print("ipmitool: no password given (-E with IPMI_PASSWORD, or -P)", file=sys.stderr)
         return 1
+    if rest[0] == "sel":
+        if rest != ["sel", "elist"]:
+            print(f"ipmitool: {' '.join(rest)} is not simulated", file=sys.stderr)
+            return 1
+        print(_SEL)
+        return 0
     with locked(node_dir) as s:
-        if rest[:1] == ["bootdev"]:
-            s["bootdev"] = rest[1]
-            print(f"Set Boot Device to {rest[1]}")
-            return 0
-        if rest[:2] == ["power", "status"]:
-            print(f"Chassis Power is {s['power']}")
-            return 0
-        if rest[:1] == ["power"] and rest[1:2] in (["cycle"], ["reset"], ["on"]):
-            if s["bootdev"] == "pxe":  # reprovisioned: a fresh image, all faults gone
-                s["bootdev"] = "disk"
-                for g in s["gpus"]:
-                    g["faults"] = {}
-            _boot(s)
-            print(f"Chassis Power Control: {rest[1].capitalize()}")
-            return 0
-    return 1
+        return _chassis(s, rest[1:])
 
 
 TOOLS: dict[str, Tool] = {
