@@ -7,12 +7,17 @@ The node is a simulated one (local connection; its nvidia-smi is the simulator's
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gpuops
 import pytest
 from gpuops.act.playbooks import resolve
 from gpuops.act.runenv import RunEnv
@@ -205,3 +210,44 @@ def test_a_drain_whose_job_outlasts_the_timeout_fails_naming_it_and_kills_nothin
     assert cluster.job(job)["JobState"] == "RUNNING", "the job was not killed"
     assert "DRAIN" in cluster.state(NODE), "the node stays drained"
     cluster.run("scancel", job)
+
+
+def test_slurm_s_health_check_program_drains_an_unfit_node_and_gpuops_resumes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    why = peer.missing()
+    if why is not None:
+        pytest.skip(why)
+    fleet = _fleet(tmp_path)
+    fleet.inject(NODE, "drift", 1, setting="persistence_mode", value=False)
+    check = [
+        sys.executable, "-m", "gpuops.cli", "agent", "--health-check", "--backend", "sim",
+        "--sim-root", str(fleet.root), "--node", NODE, "--drain-in-slurm",
+        "--scontrol", "/usr/bin/scontrol",
+    ]  # fmt: skip
+    engine = Path(gpuops.__file__).resolve().parent.parent
+    program = f"PYTHONPATH={shlex.quote(str(engine))} exec {shlex.join(check)}"
+    with peer.slurm(tmp_path / "slurm", (NODE,), health_check=program) as cluster:
+        monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+        reason = "gpuops health: GPU 1: persistence mode is off"
+        cluster.wait(
+            "slurmd's health check to drain the node",
+            lambda: cluster.node(NODE).get("Reason", "").startswith(reason + " ["),
+        )
+        assert "DRAIN" in cluster.state(NODE)
+        # Fixed, and back through gpuops (a gpuops reason): the check passes and leaves it.
+        fleet.inject(NODE, "drift", 1, setting="persistence_mode", value=True)
+        outcome = _run(fleet, "return_to_service.yml", rule="validation-passed")
+        assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+        time.sleep(5)  # two more of the check's 2 s intervals
+        assert cluster.state(NODE) == "IDLE"
+        # Unfit again under a person's drain: the check says so and keeps their reason.
+        cluster.run("scontrol", "update", f"nodename={NODE}", "state=drain", "reason=bob: cabling")
+        fleet.inject(NODE, "drift", 0, setting="ecc_mode", value=False)
+        done = subprocess.run(
+            check, env={**os.environ, "PYTHONPATH": str(engine)}, capture_output=True, text=True
+        )
+        assert done.returncode == 1, done.stderr
+        assert "ERROR: gpuops: GPU 0: ECC is off: memory errors go unseen" in done.stdout
+        assert "its reason is kept" in done.stdout
+        assert cluster.node(NODE)["Reason"].startswith("bob: cabling [")

@@ -181,7 +181,9 @@ def _config(root: Path, nodes: tuple[str, ...], health_check: str | None) -> str
     ]
     if health_check is not None:  # run by each slurmd at its start, then every 2 s
         program = root / "health-check"
-        program.write_text(f"#!/bin/sh\n{health_check}\n")
+        # slurmd gives it no environment of its own: this cluster's config is named here.
+        conf = root / "slurm.conf"
+        program.write_text(f"#!/bin/sh\nexport SLURM_CONF={conf}\n{health_check}\n")
         program.chmod(0o755)
         lines += [f"HealthCheckProgram={program}", "HealthCheckInterval=2"]
     for node in nodes:
