@@ -124,7 +124,7 @@ class PowerWatch:
 
 
 def test_reboot_power_cycles_the_emulated_system_off_then_on(tmp_path: Path, bmc: Bmc) -> None:
-    fleet = _fleet(tmp_path, bmc)
+    fleet = _fleet(tmp_path, bmc, redfish_system_id=redfish.SYSTEM_UUID)
     with PowerWatch(bmc) as watch:
         outcome = _run(tmp_path, fleet, "reboot.yml")
     assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
@@ -134,7 +134,10 @@ def test_reboot_power_cycles_the_emulated_system_off_then_on(tmp_path: Path, bmc
 
 
 def test_reprovision_inserts_virtual_media_and_boots_it_once(tmp_path: Path, bmc_off: Bmc) -> None:
-    fleet = _fleet(tmp_path, bmc_off, bmc_media_image=bmc_off.image_url)
+    # The manager's Id is its system's in sushy-tools.
+    fleet = _fleet(
+        tmp_path, bmc_off, bmc_media_image=bmc_off.image_url, redfish_manager_id=redfish.SYSTEM_UUID
+    )
     outcome = _run(tmp_path, fleet, "reprovision.yml")
     assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
     cd = bmc_off.cd()

@@ -308,7 +308,11 @@ def main(argv: list[str]) -> int:
         stop(root)
         return 0
     root.mkdir(parents=True, exist_ok=True)
-    bmc = start(root)
+    try:
+        bmc = start(root)
+    except PeerMissing as exc:
+        print(exc, file=sys.stderr)
+        return 3
     peer = {
         "address": bmc.address,
         "port": bmc.port,
