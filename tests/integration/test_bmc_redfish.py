@@ -152,6 +152,18 @@ def test_reprovision_inserts_virtual_media_and_boots_it_once(tmp_path: Path, bmc
     assert bmc_off.power_state() == "On", "the system was off, so its power cycle powered it on"
 
 
+def test_reprovision_replaces_an_image_a_former_reinstall_left(
+    tmp_path: Path, bmc_off: Bmc
+) -> None:
+    bmc_off.insert(bmc_off.url_of(redfish.FORMER_IMAGE))
+    fleet = _fleet(tmp_path, bmc_off, bmc_media_image=bmc_off.image_url)
+    outcome = _run(tmp_path, fleet, "reprovision.yml")
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    cd = bmc_off.cd()
+    assert (cd["Image"], cd["Inserted"]) == (bmc_off.image_url, True), cd
+    assert bmc_off.boot()["BootSourceOverrideTarget"] == "Cd"
+
+
 def test_reprovision_without_an_image_boots_from_the_network_once(
     tmp_path: Path, bmc_off: Bmc
 ) -> None:

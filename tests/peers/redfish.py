@@ -42,6 +42,7 @@ PASSWORD = "Zq81-redfish-right"
 SYSTEM_UUID = "6f2d1c3e-27a9-4b8e-9d41-0a5e3b7c9f10"
 SYSTEM_NAME = "node-001"
 IMAGE = "installer.iso"
+FORMER_IMAGE = "former-installer.iso"  # one a former reinstall left in the CD
 START_S = 30.0
 
 
@@ -86,17 +87,32 @@ class Bmc:
     @property
     def image_url(self) -> str:
         """A virtual media image the emulator can fetch (bmc_media_image)."""
-        return f"http://127.0.0.1:{self.image_port}/{IMAGE}"
+        return self.url_of(IMAGE)
+
+    def url_of(self, image: str) -> str:
+        """Where the peer serves `image` (IMAGE or FORMER_IMAGE)."""
+        return f"http://127.0.0.1:{self.image_port}/{image}"
 
     def get(self, path: str) -> dict[str, Any]:
         """GET a Redfish resource with the right credentials, validated against the CA."""
-        request = urllib.request.Request(f"https://{self.address}{path}")
+        with self._open(urllib.request.Request(f"https://{self.address}{path}")) as answer:
+            body: dict[str, Any] = json.load(answer)
+        return body
+
+    def post(self, path: str, body: dict[str, Any]) -> None:
+        """POST a Redfish action's body (as a person at the BMC's console would)."""
+        request = urllib.request.Request(
+            f"https://{self.address}{path}",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        self._open(request).close()
+
+    def _open(self, request: urllib.request.Request) -> Any:
         token = base64.b64encode(f"{self.user}:{self.password}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
         context = ssl.create_default_context(cafile=str(self.ca))
-        with urllib.request.urlopen(request, context=context, timeout=10) as answer:
-            body: dict[str, Any] = json.load(answer)
-        return body
+        return urllib.request.urlopen(request, context=context, timeout=10)
 
     def system(self) -> dict[str, Any]:
         """The one computer system, as the emulator reports it now."""
@@ -115,6 +131,10 @@ class Bmc:
         """The virtual CD (Image, Inserted), found through the manager as a client finds it."""
         manager = self.get(f"/redfish/v1/Managers/{SYSTEM_UUID}")
         return self.get(manager["VirtualMedia"]["@odata.id"] + "/Cd")
+
+    def insert(self, image_url: str) -> None:
+        """Put an image in the virtual CD, bypassing the playbooks."""
+        self.post(self.cd()["Actions"]["#VirtualMedia.InsertMedia"]["target"], {"Image": image_url})
 
     def log(self) -> str:
         """The emulator's own log: what it was asked, for a failure's message."""
@@ -230,7 +250,8 @@ def start(root: Path, power: str = "On") -> Bmc:
     if why is not None:
         raise PeerMissing(why)
     (root / "images").mkdir(parents=True, exist_ok=True)
-    (root / "images" / IMAGE).write_bytes(b"gpuops installer image\n" * 64)
+    for image in (IMAGE, FORMER_IMAGE):
+        (root / "images" / image).write_bytes(f"gpuops test image {image}\n".encode() * 64)
     _certificates(root)
     bmc = Bmc(root, _free_port(), _free_port())
     config = _config(root, bmc.port, _htpasswd(root, bmc.user, bmc.password), power)
