@@ -100,7 +100,6 @@ def _dcgm_check(key: str, status: str, gpu: int | None, result: dict[str, Any]) 
     return Check(
         name=key,
         ok=verdict != DCGM_FAIL,
-        expect="Pass",
         gpu=gpu,
         detail=f"{status}: {detail}" if detail else status,
     )
@@ -140,7 +139,8 @@ def all_reduce_perf(text: str, expect_busbw_gbs: float) -> list[Check]:
             ok=avg.group(2) != "FAILED",
             value=_number(NCCL, avg.group(1), "Avg bus bandwidth"),
             unit=GBS,
-            detail=f"average over {len(rows)} sizes" + (f", {avg.group(2)}" if avg.group(2) else ""),
+            detail=f"average over {len(rows)} sizes"
+            + (f", {avg.group(2)}" if avg.group(2) else ""),
         ),
         _nccl_data_check(text, header, rows),
     ]
@@ -179,11 +179,13 @@ def _nccl_data_check(text: str, header: list[str], rows: list[list[str]]) -> Che
     oob = OOB_LINE.search(text)
     out_of_bounds = int(oob.group(1)) if oob else 0
     total = sum(wrong.values()) + out_of_bounds
-    where = ", ".join(f"{n} at {size} bytes" for size, n in wrong.items())
+    where = ", ".join(f"{n:g} at {size} bytes" for size, n in wrong.items())
     detail = "every size validated" if columns else "the table has no #wrong column"
     if total:
         detail = f"wrong elements: {where or 'none in the table'}; out of bounds: {out_of_bounds}"
-    return Check(name="nccl:all_reduce data", ok=total == 0, value=total, expect="== 0", detail=detail)
+    return Check(
+        name="nccl:all_reduce data", ok=total == 0, value=total, expect="== 0", detail=detail
+    )
 
 
 def _wrong(cell: str) -> float:
@@ -321,7 +323,8 @@ def ib_write_bw(text: str, expect_gbps: float, hca: str) -> list[Check]:
             value=round(gbps, 2),
             expect=f">= {expect_gbps:g} {GBPS}",
             unit=GBPS,
-            detail=f"BW average at {size} bytes" + ("" if unit.startswith("Gb") else f" ({average} {unit})"),
+            detail=f"BW average at {size} bytes"
+            + ("" if unit.startswith("Gb") else f" ({average} {unit})"),
         )
     ]
 
