@@ -6,9 +6,10 @@
      |    +-- RuleSetError    several RuleErrors found in one load
      +-- EventError           an event could not be decoded or validated (reason)
      +-- BusError             NATS could not be reached, started or configured
- +-- StateUnreadable      a stored record does not decode (bucket, key): fail closed
+     +-- StateUnreadable      a stored record does not decode (bucket, key): fail closed
      +-- ActionError          a playbook could not be prepared or run (playbook, node)
      +-- SourceError          a telemetry source answered nothing usable (target, reason)
+     +-- DiagnosticsError     a diagnostic tool's output is not what it prints (tool)
 
 Third-party errors are translated at the boundary with ``raise ... from exc`` so a
 caller only ever needs to catch ``EngineError``.
@@ -111,3 +112,16 @@ class SourceError(EngineError):
         super().__init__(f"{target}: {message}" if target else message)
         self.reason = reason
         self.target = target
+
+
+class DiagnosticsError(EngineError):
+    """A diagnostic tool's output could not be read: empty, truncated or another format.
+
+    Never read as a pass or a fail of the node: a run that printed nothing usable says
+    nothing about the hardware, so the caller reruns it or asks a person.
+    """
+
+    def __init__(self, tool: str, message: str) -> None:
+        super().__init__(f"{tool}: {message}")
+        self.tool = tool
+        self.message = message

@@ -1,0 +1,62 @@
+"""What a diagnostic grade found: one `Check` per measured or judged item, and the grade."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Check(_Frozen):
+    """One item a tool measured or judged, e.g. `nccl:all_reduce busbw` or `dcgm:pcie` on GPU 3."""
+
+    name: str
+    ok: bool
+    value: float | None = None
+    expect: str = ""  # human form of the bound, e.g. ">= 431 GB/s"
+    unit: str = ""
+    gpu: int | None = None
+    detail: str = ""
+
+    def describe(self) -> str:
+        """The check in words: tool, item, value and bound (what a summary quotes)."""
+        tool, _, item = self.name.partition(":")
+        words = f"{tool} {item}" if item else tool
+        if self.gpu is not None:
+            words += f" GPU {self.gpu}"
+        if self.value is not None:
+            words += f" {self.value:.1f} {self.unit}".rstrip()
+        if self.expect:
+            words += f" (expect {self.expect})"
+        if self.value is None and self.detail:
+            words += f": {self.detail}"
+        return words
+
+
+class GradeResult(_Frozen):
+    """A grade's checks, in the order they were run: the node passes when all of them do."""
+
+    grade: int
+    checks: tuple[Check, ...]
+
+    @property
+    def ok(self) -> bool:
+        """Every check passed (a grade with no checks proves nothing, so it fails)."""
+        return bool(self.checks) and all(c.ok for c in self.checks)
+
+    @property
+    def failing(self) -> tuple[Check, ...]:
+        """The checks that failed, in order."""
+        return tuple(c for c in self.checks if not c.ok)
+
+    def summary(self) -> str:
+        """One line: `grade 2 passed (14 checks)` or the first failing check and its number."""
+        if not self.checks:
+            return f"grade {self.grade} failed: no checks ran"
+        failing = self.failing
+        if not failing:
+            return f"grade {self.grade} passed ({len(self.checks)} checks)"
+        more = f" (+{len(failing) - 1} more failing)" if len(failing) > 1 else ""
+        return f"grade {self.grade} failed: {failing[0].describe()}{more}"
