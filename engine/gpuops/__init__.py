@@ -7,7 +7,8 @@ flow (bus, intake, match, decide, act, record, inventory), the spine that joins 
 and the feature wings; each folder's docstring says what it may import
 (tests/unit/test_layers.py holds every import to it).
 
-May import: power.config (the settings compose the power section).
+May import: power.config (the settings compose the power section), diagnose.results (a
+run's outcome carries its graded diagnostics' result).
 """
 
 __version__ = "0.1.0"

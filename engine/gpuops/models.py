@@ -27,6 +27,7 @@ from pydantic_core import core_schema
 
 from gpuops import subjects
 from gpuops.clock import rfc3339
+from gpuops.diagnose.results import GradeResult
 
 NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
 # NVML's widest counters are unsigned 64-bit: no reading is larger. Anything beyond is
@@ -727,6 +728,7 @@ class RunOutcome(_Frozen):
     hosts_in_run: int = 1  # the run's batch: this host and the others it ran with
     failed_task: str | None = None  # for a failed host: the task that failed, and why
     failed_message: str | None = None
+    grade: GradeResult | None = None  # diagnose.yml's judged checks, with their numbers
 
     @property
     def duration_s(self) -> float:

@@ -97,6 +97,7 @@ CASES: dict[str, Case] = {
         {"gpu": 1, "mig_profiles": [9, 9]},
     ),
     "collect_diagnostics.yml": Case(_healthy, None),
+    "diagnose.yml": Case(_healthy, None, {"grade": 1}),
 }
 
 

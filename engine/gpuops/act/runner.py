@@ -20,11 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from gpuops.act.evidence import Evidence
 from gpuops.act.hostdata import Target, host_vars_source, unsafe_yaml
 from gpuops.act.playbooks import PlaybookVersion
 from gpuops.act.runenv import RunEnv, child_env
 from gpuops.clock import Clock
+from gpuops.diagnose.results import GradeResult, bounded_grade
 from gpuops.models import Intent, RunOutcome, RunStatus
 
 log = logging.getLogger(__name__)
@@ -139,6 +142,7 @@ class RunResult:
     unreachable: dict[str, str] = field(default_factory=dict)
     tail: str | None = None  # the end of stdout, which says what went wrong
     error: str | None = None  # the run could not be started or broke
+    grades: dict[str, GradeResult] = field(default_factory=dict)  # host -> diagnose.yml's
 
     def on_event(self, event: dict[str, Any]) -> bool:
         """ansible-runner's event handler: note per-host changes and failures; keep the event."""
@@ -150,6 +154,8 @@ class RunResult:
             self.failed[host] = (str(data.get("task", "")), _message(res))
         elif kind == "runner_on_unreachable":
             self.unreachable[host] = _message(res)
+        elif kind == "playbook_on_stats":
+            self.grades.update(_grades(data.get("artifact_data")))
         if self.req.on_event is not None:
             self.req.on_event(event)
         return True
@@ -205,6 +211,7 @@ class RunResult:
             hosts_in_run=max(1, len(self.req.targets)),
             failed_task=task if status is RunStatus.FAILED else None,
             failed_message=msg if status is RunStatus.FAILED else None,
+            grade=self.grades.get(target.node),
         )
 
     def whole(self) -> RunOutcome:
@@ -234,7 +241,21 @@ class RunResult:
             hosts_in_run=max(1, len(self.req.targets)),
             failed_task=first[1][0] if first else None,
             failed_message=first[1][1] if first else None,
+            grade=self.grades.get(self.req.node),
         )
+
+
+def _grades(stats: object) -> dict[str, GradeResult]:
+    """diagnose.yml's results, per host, from the run's custom stats (`set_stats` of
+    `gpuops_grades`); each bounded (MAX_CHECKS, text cut) and typed, or left out, logged."""
+    found = stats.get("gpuops_grades") if isinstance(stats, dict) else None
+    out: dict[str, GradeResult] = {}
+    for host, raw in (found if isinstance(found, dict) else {}).items():
+        try:
+            out[str(host)] = GradeResult.model_validate(bounded_grade(raw))
+        except (ValidationError, TypeError) as exc:
+            log.warning("a grade result of %s does not read, left out: %s", host, exc)
+    return out
 
 
 def _cmdline(req: RunRequest, data_dir: Path) -> str:

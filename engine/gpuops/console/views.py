@@ -37,6 +37,7 @@ MAX_SAMPLES = 360  # per GPU chart: the telemetry stream keeps ten minutes anywa
 CHART_FIELDS = ("temp_c", "power_w", "util_gpu", "dram_bw_util")
 # Built-in rules (gpuops/match/builtin.py) whose decisions are a node's validation.
 VALIDATION_RULES = frozenset({"validation-passed", "validation-failed"})
+GRADE_CHECKS_SHOWN = 40  # a grade 3 of 8 GPUs has ~80: the first, failing ones lead
 FACTS_SHOWN = 6
 # Facts that name a GPU rather than say what was wrong with it: not worth a timeline's room.
 FACTS_NOT_SHOWN = frozenset({"index", "uuid", "name", "labels", "node"})
@@ -234,14 +235,18 @@ def _run_entry(record: AuditRecord) -> Entry:
     except ValidationError:
         return _partial_run(record)
     failed = f"task {o.failed_task!r}: {o.failed_message or '-'}" if o.failed_task else ""
+    # A grade's verdict and its numbers are what the run was for: shown with the run.
+    graded = f"; {o.grade.summary()}" if o.grade else ""
+    shown = sorted(o.grade.checks, key=lambda c: c.ok)[:GRADE_CHECKS_SHOWN] if o.grade else []
+    checks = "; ".join(("FAIL " if not c.ok else "") + c.describe() for c in shown)
     return Entry(
         record.at,
         "run",
         record.rule,
         # Built from the fields, not the summary: the summary carries the run's error text,
         # which (like the failed task) only a logged-in viewer sees, in `detail`.
-        f"{o.playbook} {o.status.value} rc={o.rc} in {o.duration_s:.1f}s",
-        "; ".join(part for part in (failed, o.error or "") if part),
+        f"{o.playbook} {o.status.value} rc={o.rc} in {o.duration_s:.1f}s{graded}",
+        "; ".join(part for part in (failed, o.error or "", checks) if part),
         run_id=_run_id(o.run_id),
         revision=o.revision,
         outcome=o.status.value,

@@ -60,3 +60,19 @@ class GradeResult(_Frozen):
             return f"grade {self.grade} passed ({len(self.checks)} checks)"
         more = f" (+{len(failing) - 1} more failing)" if len(failing) > 1 else ""
         return f"grade {self.grade} failed: {failing[0].describe()}{more}"
+
+
+MAX_CHECKS = 256  # an 8-GPU grade 3 has ~80; more is a runaway tool, not a node
+MAX_DETAIL = 512
+
+
+def bounded_grade(raw: object) -> object:
+    """A grade result as a run handed it back (with its `ok` and `summary`, which are
+    derived), cut to its bounds before it is typed."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("checks"), list):
+        return raw
+    checks = [
+        {**c, "detail": str(c.get("detail", ""))[:MAX_DETAIL]} if isinstance(c, dict) else c
+        for c in raw["checks"][:MAX_CHECKS]
+    ]
+    return {"grade": raw.get("grade"), "checks": checks}

@@ -186,7 +186,9 @@ class Recorder:
                 node=intent.node,
                 rule=intent.rule,
                 summary=f"{outcome.playbook} {outcome.status.value} rc={outcome.rc} "
-                f"in {outcome.duration_s:.1f}s" + (f": {outcome.error}" if outcome.error else ""),
+                f"in {outcome.duration_s:.1f}s"
+                + (f": {outcome.grade.summary()}" if outcome.grade else "")
+                + (f": {outcome.error}" if outcome.error and not outcome.grade else ""),
                 body=outcome.model_dump(mode="json"),
             ),
             f"run-{intent.key}",

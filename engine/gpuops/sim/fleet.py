@@ -164,6 +164,14 @@ class SimFleet:
                 s["drained"], s["cordoned"] = True, True
                 # gpuops's own drain unless told whose: a person's reason is left alone.
                 s["drain_reason"] = str(params.get("reason", "gpuops earlier: remediation"))
+            elif fault == "slow_d2d":  # the GPU's NVLink links at `gbs` (nvbandwidth, NCCL)
+                g["faults"]["slow_d2d"] = {"gbs": float(params.get("gbs", 120.0))}
+            elif fault == "dcgm_fail":  # a DCGM diagnostic plugin fails on the GPU
+                plugin = str(params.get("plugin", "pcie"))
+                message = str(params.get("message", f"simulated {plugin} failure"))
+                g["faults"]["dcgm_fail"] = {"plugin": plugin, "message": message}
+            elif fault == "pcie_narrow":  # the GPU's PCIe link trained below x16
+                g["faults"]["pcie_narrow"] = {"width": int(params.get("width", 8))}
             elif fault == "busy":  # a job holds the GPU (for MIG and reset refusals)
                 g["processes"] = [int(params.get("pid", 4242))]
             elif fault == "load":  # steady work on the GPU(s), on the power model

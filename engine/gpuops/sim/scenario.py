@@ -28,6 +28,9 @@ FAULTS = (
     "nvlink_down",
     "ib_down",
     "ib_errors",
+    "slow_d2d",  # the diagnostic tools' faults: gpuops/sim/diag_shims.py
+    "dcgm_fail",
+    "pcie_narrow",
 )
 # Running work rather than a fault: a Slurm job or a Kubernetes pod, with what each takes.
 WORK_PARAMS = {

@@ -18,10 +18,13 @@ from typing import Any
 
 from gpuops.record import mig
 from gpuops.sim import work
+from gpuops.sim.diag_shims import all_reduce_perf, dcgmi, nvbandwidth
 from gpuops.sim.state import H200, locked, read
 from gpuops.sim.wlm_shims import kubectl, scontrol, squeue
 
 Tool = Callable[[Path, list[str]], int]
+# Faults a reboot keeps (broken cooling, a degraded link); a reprovisioning clears them.
+HARDWARE_FAULTS = frozenset({"overheat", "slow_d2d", "dcgm_fail", "pcie_narrow"})
 
 
 def _gpus(state: dict[str, Any], argv: list[str]) -> list[dict[str, Any]]:
@@ -53,6 +56,10 @@ _QUERY: dict[str, Callable[[dict[str, Any], dict[str, Any]], object]] = {
     "driver_version": lambda s, g: s["driver_version"],
     "reset_count": lambda s, g: g["resets"],
     "gpu_state": lambda s, g: "lost" if g["faults"].get("lost") else "ok",
+    "pci.bus_id": lambda s, g: f"00000000:{0x18 + 0x10 * g['index']:02X}:00.0",
+    "pcie.link.gen.current": lambda s, g: 5,
+    "pcie.link.width.current": lambda s, g: g["faults"].get("pcie_narrow", {}).get("width", 16),
+    "pcie.link.width.max": lambda s, g: 16,
 }
 
 
@@ -236,9 +243,8 @@ def _boot(s: dict[str, Any]) -> None:
     work.kill_all(s, time.time())  # what still ran on the node dies with it
     s["boots"] += 1
     s["power"] = "on"
-    for g in s["gpus"]:
-        keep = {"overheat": g["faults"]["overheat"]} if "overheat" in g["faults"] else {}
-        g["faults"] = keep
+    for g in s["gpus"]:  # what the hardware has stays; what the driver had is gone
+        g["faults"] = {k: v for k, v in g["faults"].items() if k in HARDWARE_FAULTS}
 
 
 def reboot(node_dir: Path, argv: list[str]) -> int:
@@ -327,6 +333,9 @@ TOOLS: dict[str, Tool] = {
     "kubectl": kubectl,
     "ipmitool": ipmitool,
     "reboot": reboot,
+    "dcgmi": dcgmi,
+    "nvbandwidth": nvbandwidth,
+    "all_reduce_perf": all_reduce_perf,
 }
 
 

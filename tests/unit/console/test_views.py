@@ -73,3 +73,36 @@ def test_the_same_drop_in_a_row_is_one_line_with_a_count_and_its_first_and_last_
     assert folded(both, drop(180.0, rule="other")) is None, "another rule: another line"
     fault = entry(_decision("r", "accepted", True))
     assert folded(fault, entry(_decision("r", "accepted", True))) is None, "faults stay"
+
+
+def test_a_grade_run_shows_its_verdict_and_its_failing_numbers_first() -> None:
+    grade = {
+        "grade": 2,
+        "checks": [
+            {"name": "gpus:count", "ok": True, "value": 8.0, "expect": "== 8"},
+            {
+                "name": "nvbandwidth:device_to_device",
+                "ok": False,
+                "value": 120.0,
+                "expect": ">= 335 GB/s",
+                "unit": "GB/s",
+                "gpu": 5,
+            },
+        ],
+    }
+    body = {
+        "intent_key": "k",
+        "rule": "r",
+        "node": "n",
+        "playbook": "diagnose.yml",
+        "status": "failed",
+        "started": 1.0,
+        "ended": 31.0,
+        "grade": grade,
+    }
+    run = entry(AuditRecord(type="run", at=2.0, node="n", rule="r", summary="x", body=body))
+    assert run.title.endswith(
+        "; grade 2 failed: nvbandwidth device_to_device GPU 5 120.0 GB/s (expect >= 335 GB/s)"
+    ), run.title
+    assert run.detail.startswith("FAIL nvbandwidth device_to_device GPU 5 120.0 GB/s"), run.detail
+    assert "gpus count 8.0 (expect == 8)" in run.detail

@@ -1,0 +1,69 @@
+"""The diagnostic tools on a simulated node: dcgmi, nvbandwidth, all_reduce_perf.
+
+Each prints its real tool's output format (gpuops.sim.diagtools renders them; the
+parsers in gpuops.diagnose read the same) with the numbers of a healthy H200 node, or of
+the faults put on it: `slow_d2d` (one GPU's NVLink links at `gbs`), `dcgm_fail` (a DCGM
+plugin failing on a GPU), `pcie_narrow` (nvidia-smi's shim reports the link width).
+Those are the hardware's: a reboot keeps them, a reprovisioning (a fresh image and
+firmware) clears them, as `gpuops.sim.shims` boots nodes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuops.sim import diagtools
+from gpuops.sim.state import read
+
+# What a healthy 8x H200 SXM node measures (its expectations sit ~5% under these:
+# gpuops/diagnose/skus.yml).
+HEALTHY = {"h2d_gbs": 55.3, "d2h_gbs": 55.1, "d2d_gbs": 368.0, "busbw_gbs": 478.0}
+
+
+def _faults(s: dict[str, Any], kind: str) -> dict[int, dict[str, Any]]:
+    return {g["index"]: g["faults"][kind] for g in s["gpus"] if kind in g["faults"]}
+
+
+def dcgmi(node_dir: Path, argv: list[str]) -> int:
+    """`dcgmi diag -r LEVEL -j`: every plugin of the level, Pass unless a fault fails it."""
+    if argv[:1] != ["diag"] or "-r" not in argv or "-j" not in argv:
+        print("dcgmi (simulated) answers `dcgmi diag -r LEVEL -j` only", file=sys.stderr)
+        return 1
+    level = int(argv[argv.index("-r") + 1])
+    s = read(node_dir)
+    failing: dict[str, dict[int, str]] = {}
+    for gpu, fault in _faults(s, "dcgm_fail").items():
+        failing.setdefault(str(fault["plugin"]), {})[gpu] = str(fault["message"])
+    print(diagtools.dcgmi_diag_json(level, len(s["gpus"]), failing))
+    # dcgmi exits non-zero when a test failed (DCGM_ST_NVVS_ERROR), as the playbook expects
+    return 226 if failing else 0
+
+
+def nvbandwidth(node_dir: Path, argv: list[str]) -> int:
+    """`nvbandwidth -t ...`: host<->device and device<->device copies of every GPU."""
+    s = read(node_dir)
+    pairs: dict[tuple[int, int], float] = {}
+    for gpu, fault in _faults(s, "slow_d2d").items():
+        pairs.update(diagtools.slow_gpu_pairs(len(s["gpus"]), gpu, float(fault["gbs"])))
+    print(
+        diagtools.nvbandwidth_text(
+            len(s["gpus"]),
+            HEALTHY["h2d_gbs"],
+            HEALTHY["d2h_gbs"],
+            HEALTHY["d2d_gbs"],
+            d2d_pairs=pairs,
+        )
+    )
+    return 0
+
+
+def all_reduce_perf(node_dir: Path, argv: list[str]) -> int:
+    """`all_reduce_perf -b 1G -e 16G -f 2 -g GPUS`: the ring runs at its slowest link."""
+    s = read(node_dir)
+    gpus = int(argv[argv.index("-g") + 1]) if "-g" in argv else len(s["gpus"])
+    slow = [float(f["gbs"]) for f in _faults(s, "slow_d2d").values()]
+    busbw = min([HEALTHY["busbw_gbs"], *(gbs * 1.3 for gbs in slow)])
+    print(diagtools.all_reduce_perf_table(gpus, round(busbw, 2)))
+    return 0
