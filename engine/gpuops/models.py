@@ -729,6 +729,7 @@ class RunOutcome(_Frozen):
     failed_task: str | None = None  # for a failed host: the task that failed, and why
     failed_message: str | None = None
     grade: GradeResult | None = None  # diagnose.yml's judged checks, with their numbers
+    held_by_person: str | None = None  # a person's reason the node is out for (Slurm)
 
     @property
     def duration_s(self) -> float:

@@ -165,6 +165,7 @@ def test_a_node_a_person_drained_is_left_alone_with_their_reason(
         assert outcome.status is RunStatus.FAILED, playbook
         told = outcome.failed_message or ""  # what the executor's outcome and the audit say
         assert "is held by a person" in told and '"alice: fan swap"' in told, outcome.error
+        assert outcome.held_by_person == "alice: fan swap", "told to the engine as data"
         assert cluster.node(NODE)["Reason"] == before, f"{playbook} kept the person's reason"
         assert cluster.state(NODE) == "IDLE+DRAIN", f"{playbook} left it drained"
     assert cluster.reboots() == [], "nothing rebooted"

@@ -31,6 +31,7 @@ from gpuops.diagnose.results import GradeResult, bounded_grade
 from gpuops.models import Intent, RunOutcome, RunStatus
 
 log = logging.getLogger(__name__)
+MAX_HELD_REASON = 512  # Slurm's reasons are one line; more is not one
 
 # ansible-playbook's exit bits when only some hosts failed (2) or were unreachable (4):
 # the other hosts of the run finished. Anything else (8: a play stopped every host;
@@ -143,6 +144,7 @@ class RunResult:
     tail: str | None = None  # the end of stdout, which says what went wrong
     error: str | None = None  # the run could not be started or broke
     grades: dict[str, GradeResult] = field(default_factory=dict)  # host -> diagnose.yml's
+    held: dict[str, str] = field(default_factory=dict)  # host -> a person's reason
 
     def on_event(self, event: dict[str, Any]) -> bool:
         """ansible-runner's event handler: note per-host changes and failures; keep the event."""
@@ -156,6 +158,7 @@ class RunResult:
             self.unreachable[host] = _message(res)
         elif kind == "playbook_on_stats":
             self.grades.update(_grades(data.get("artifact_data")))
+            self.held.update(_held(data.get("artifact_data")))
         if self.req.on_event is not None:
             self.req.on_event(event)
         return True
@@ -212,6 +215,7 @@ class RunResult:
             failed_task=task if status is RunStatus.FAILED else None,
             failed_message=msg if status is RunStatus.FAILED else None,
             grade=self.grades.get(target.node),
+            held_by_person=self.held.get(target.node),
         )
 
     def whole(self) -> RunOutcome:
@@ -242,7 +246,17 @@ class RunResult:
             failed_task=first[1][0] if first else None,
             failed_message=first[1][1] if first else None,
             grade=self.grades.get(self.req.node),
+            held_by_person=self.held.get(self.req.node),
         )
+
+
+def _held(stats: object) -> dict[str, str]:
+    """The hosts a person holds (tasks/held_by_person.yml's `gpuops_held`), with the
+    person's reason, cut to MAX_HELD_REASON."""
+    found = stats.get("gpuops_held") if isinstance(stats, dict) else None
+    if not isinstance(found, dict):
+        return {}
+    return {str(host): str(why)[:MAX_HELD_REASON] for host, why in found.items()}
 
 
 def _grades(stats: object) -> dict[str, GradeResult]:

@@ -22,10 +22,6 @@ from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog, Effect
 from gpuops.models import Decision, Reason, RunStatus
 
-# What a playbook's failure says when a person holds the node (Slurm drained for a reason
-# that is not gpuops's: playbooks/tasks/drain.yml, return_to_service.yml).
-HELD_BY_PERSON = "is held by a person"
-
 
 class NodeState(StrEnum):
     """Where a node is in its remediation."""
@@ -155,6 +151,7 @@ def after_run(
     rule: str,
     at: float,
     error: str | None = None,
+    held_by_person: str | None = None,
 ) -> NodeRecord | None:
     """Validate a node that was taken out; return others to healthy; a failure steps back,
     or, for a fix that took the node out, goes to a person with what failed."""
@@ -162,7 +159,7 @@ def after_run(
     if status is RunStatus.INTERRUPTED:
         why = f"{playbook} was interrupted (engine or executor died mid-run): check the node"
         return moved(record, S.NEEDS_HUMAN, why, at)
-    if status is not RunStatus.SUCCESSFUL and error and HELD_BY_PERSON in error:
+    if status is not RunStatus.SUCCESSFUL and held_by_person is not None:
         # A person drained the node for their own reason; gpuops acts no further on it.
         return moved(record, S.NEEDS_HUMAN, f"{playbook} {status.value}: {error}", at)
     if status is not RunStatus.SUCCESSFUL and record.quarantined and spec and spec.validate_after:

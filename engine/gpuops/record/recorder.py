@@ -197,7 +197,14 @@ class Recorder:
 
         def step(r: ns.NodeRecord) -> ns.NodeRecord | None:
             return ns.after_run(
-                r, play, outcome.status, self.catalog, intent.rule, now, outcome.error
+                r,
+                play,
+                outcome.status,
+                self.catalog,
+                intent.rule,
+                now,
+                outcome.error,
+                outcome.held_by_person,
             )
 
         moved = await self.states.apply(intent.node, step)

@@ -45,6 +45,14 @@ def test_a_node_a_person_holds_goes_to_a_person_whatever_the_playbook(playbook: 
         "not a reason of gpuops's; gpuops leaves it alone"
     )
     for record in (TAKEN_OUT, IN_SERVICE):
-        moved = after_run(record, playbook, RunStatus.FAILED, CATALOG, "r", 10.0, held)
+        moved = after_run(
+            record, playbook, RunStatus.FAILED, CATALOG, "r", 10.0, held, "alice: fan swap"
+        )
         assert moved is not None and moved.state is NodeState.NEEDS_HUMAN
         assert moved.why == f"{playbook} failed: {held}"
+
+
+def test_words_in_a_failure_are_not_a_person_s_hold_only_the_run_s_signal_is() -> None:
+    said = "the log says the node is held by a person, but no playbook found one"
+    moved = after_run(TAKEN_OUT, "drain.yml", RunStatus.FAILED, CATALOG, "r", 10.0, said)
+    assert moved is not None and moved.state is NodeState.QUARANTINED
