@@ -83,12 +83,17 @@ def prometheus(tmp_path: Path, scrape_configs: str) -> Iterator[str]:
         try:
             yield f"http://127.0.0.1:{port}"
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """Ask a child to stop, and kill it if it has not within 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 async def ask(prometheus: str, query: str) -> list[dict[str, Any]]:

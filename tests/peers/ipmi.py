@@ -7,8 +7,8 @@ every power state and gives it every change, so the program's log is the simulat
 account of what ipmitool asked for, in order (`Bmc.changes()`).
 
     with ipmi_bmc(tmp_path) as bmc: ...            # pytest: skips without ipmi_sim
-    python tests/peers/ipmi.py up DIR [--password P]  # molecule: DIR/peer.json, left running
-    python tests/peers/ipmi.py down DIR
+    python -m tests.peers.ipmi up DIR [--password P]  # molecule: DIR/peer.json, left running
+    python -m tests.peers.ipmi down DIR
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from tests.support import stop_process
 
 # ipmi_sim offers cipher suite 3 (HMAC-SHA1, AES-128) and not 17, and does not answer Get
 # Channel Cipher Suites: without -C, ipmitool 1.8.19 waits ~10 s on that question each call.
@@ -212,15 +214,6 @@ def _wait_ready(bmc: Bmc, alive: subprocess.Popen[bytes], limit_s: float = 15.0)
     raise RuntimeError(f"ipmi_sim on 127.0.0.1:{bmc.port} did not answer ipmitool: {log[-2000:]}")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-
-
 @contextlib.contextmanager
 def ipmi_bmc(tmp_path: Path, password: str = PASSWORD) -> Iterator[Bmc]:
     """A simulated BMC under `tmp_path/bmc`, answering before it is yielded, stopped after.
@@ -237,7 +230,7 @@ def ipmi_bmc(tmp_path: Path, password: str = PASSWORD) -> Iterator[Bmc]:
         _wait_ready(bmc, proc)
         yield bmc
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 def up(root: Path, password: str) -> Bmc:
@@ -250,7 +243,7 @@ def up(root: Path, password: str) -> Bmc:
     try:
         _wait_ready(bmc, proc)
     except RuntimeError:
-        _stop(proc)
+        stop_process(proc)
         raise
     (root / "peer.json").write_text(json.dumps(asdict(bmc), indent=1))
     return bmc
@@ -285,7 +278,7 @@ def _is_ipmi_sim(pid: int) -> bool:
 
 def main(argv: list[str]) -> int:
     """`up DIR [--password P]` or `down DIR`."""
-    parser = argparse.ArgumentParser(prog="tests/peers/ipmi.py", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tests.peers.ipmi", description=__doc__)
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("dir", type=Path)
     parser.add_argument("--password", default=PASSWORD)

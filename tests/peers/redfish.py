@@ -11,7 +11,7 @@ Like hardware, the fake driver applies a power change one to eleven seconds afte
 asked, and only when the system is read again. sushy fetches a virtual media image when it
 is inserted, so the peer also serves one over plain HTTP (`Bmc.image_url`).
 
-Command line, for molecule: `python tests/peers/redfish.py up DIR` starts the emulator and
+Command line, for molecule: `python -m tests.peers.redfish up DIR` starts the emulator and
 writes DIR/peer.json (address, user, password, ca, image_url, pids); `down DIR` stops it.
 """
 
@@ -25,7 +25,6 @@ import ipaddress
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -36,6 +35,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.support import free_port
 
 USER = "gpuops"
 PASSWORD = "Zq81-redfish-right"
@@ -56,12 +57,6 @@ def missing() -> str | None:
         if importlib.util.find_spec(module) is None:
             return f"sushy-tools is not installed (the venv's dev extras install it; {module})"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +248,7 @@ def start(root: Path, power: str = "On") -> Bmc:
     for image in (IMAGE, FORMER_IMAGE):
         (root / "images" / image).write_bytes(f"gpuops test image {image}\n".encode() * 64)
     _certificates(root)
-    bmc = Bmc(root, _free_port(), _free_port())
+    bmc = Bmc(root, free_port(), free_port())
     config = _config(root, bmc.port, _htpasswd(root, bmc.user, bmc.password), power)
     _spawn(
         root,
@@ -322,7 +317,7 @@ def redfish_bmc(root: Path, power: str = "On") -> Iterator[Bmc]:
 def main(argv: list[str]) -> int:
     """`up DIR` or `down DIR`."""
     if len(argv) != 2 or argv[0] not in ("up", "down"):
-        print("usage: python tests/peers/redfish.py up|down DIR", file=sys.stderr)
+        print("usage: python -m tests.peers.redfish up|down DIR", file=sys.stderr)
         return 2
     root = Path(argv[1]).resolve()
     if argv[0] == "down":

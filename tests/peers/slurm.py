@@ -21,13 +21,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support import free_port
 
 MUNGED = "/usr/sbin/munged"
 SLURMCTLD = "/usr/sbin/slurmctld"
@@ -49,12 +50,6 @@ def missing() -> str | None:
     if os.geteuid() != 0:
         return "slurmd starts jobs as their users, which needs root"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +140,7 @@ def parse_node(line: str) -> dict[str, str]:
 
 
 def _config(root: Path, nodes: tuple[str, ...], health_check: str | None) -> str:
-    ctld, slurmd = _free_port(), _free_port()
+    ctld, slurmd = free_port(), free_port()
     lines = [
         "ClusterName=gpuops",
         "SlurmctldHost=localhost(127.0.0.1)",
@@ -188,7 +183,7 @@ def _config(root: Path, nodes: tuple[str, ...], health_check: str | None) -> str
         lines += [f"HealthCheckProgram={program}", "HealthCheckInterval=2"]
     for node in nodes:
         lines.append(
-            f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={_free_port()} "
+            f"NodeName={node} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
             "CPUs=1 RealMemory=100 State=UNKNOWN"
         )
     lines.append("PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP")

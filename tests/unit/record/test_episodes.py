@@ -193,14 +193,29 @@ async def test_an_intent_names_the_episode_its_decision_opened_and_later_ones_jo
     assert later[1].decision is not None and later[1].decision.episode == opened.id
 
 
-def test_an_intent_without_an_episode_verifies_as_before_intents_named_one() -> None:
+# An intent as the engine at 355ee68 wrote it, before intents named an episode (none on
+# the intent or its decision), signed by that engine's gpuops.signing.sign under the key
+# b"k" * 32: the test fails if today's body for an unnamed intent drifts from the old one.
+OLD_INTENT = (
+    '{"key":"k1","rule":"r","node":"node-001","gpu":1,"gpus":[1],"action":{"playbook":'
+    '"drain.yml","ref":null,"vars":{"reason":"x"},"timeout_s":600.0},"event_id":"e",'
+    '"event_ts":1.0,"decided_at":2.0,"decision":{"match":{"rule":"r","kind":"xid",'
+    '"node":"node-001","gpu":1,"gpus":[1],"key":"node-001/1","event_id":"e","event_ts":1.0,'
+    '"at":1.5,"severity":"critical","facts":{"xid":79}},"accepted":true,"reason":"accepted",'
+    '"detail":"rung 0","actions":[{"playbook":"drain.yml","ref":null,"vars":{"reason":"x"},'
+    '"timeout_s":600.0}],"notify":false,"rung":0,"holds_lock":true,"closes_breaker":false,'
+    '"approved_by":null},'
+    '"signature":"07bc26c1bad0d5602339d88a284dab8e4c1bbb678d9b6de2b8478ca4e08816e9"}'
+)
+
+
+def test_an_intent_an_older_engine_signed_verifies_after_the_upgrade() -> None:
     key = b"k" * 32
-    base = {"key": "k1", "rule": "r", "node": "node-001", "event_id": "e", "event_ts": 1.0}
-    spec = {"playbook": "drain.yml"}
-    old = Intent.model_validate({**base, "action": spec, "decided_at": 2.0})
-    signed = sign(old, key)
-    body = signed.model_dump(exclude={"episode"})  # as an older engine wrote it
-    assert verify(Intent.model_validate(body), key)
+    old = Intent.model_validate_json(OLD_INTENT)
+    assert old.episode == "" and old.decision is not None and old.decision.episode == ""
+    assert verify(old, key), "queued before the upgrade, still the engine's"
+    assert sign(old, key).signature == old.signature, "today's body for it is the old body"
+    assert not verify(old.model_copy(update={"decided_at": 3.0}), key)
     named = sign(old.model_copy(update={"episode": "r@node-001:2"}), key)
     assert verify(named, key)
     assert not verify(named.model_copy(update={"episode": "r@node-001:3"}), key)
