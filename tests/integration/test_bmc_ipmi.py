@@ -55,7 +55,9 @@ def _fleet(tmp_path: Path, bmc: Bmc, password: str | None = None) -> SimFleet:
     return fleet
 
 
-def _run(fleet: SimFleet, tmp_path: Path, playbook: str) -> tuple[RunOutcome, Path]:
+def _run(
+    fleet: SimFleet, tmp_path: Path, playbook: str, check_mode: bool = False
+) -> tuple[RunOutcome, Path]:
     """The playbook through the runner; its outcome and its kept artifacts (unscrubbed)."""
     run_id = new_run_id(time.time())
     evidence = Evidence(root=tmp_path / "runs")
@@ -71,6 +73,7 @@ def _run(fleet: SimFleet, tmp_path: Path, playbook: str) -> tuple[RunOutcome, Pa
         extravars={"gpuops": {"node": "node-001", "intent_key": f"k-{playbook}"}},
         run_id=run_id,
         evidence=evidence,
+        check_mode=check_mode,
     )
     return run_playbook(request, SystemClock()), evidence.root / run_id
 
@@ -99,6 +102,19 @@ def test_collect_diagnostics_saves_the_bmcs_real_event_log(tmp_path: Path, bmc: 
     fields = [f.strip() for f in sel[0].split("|")]
     assert fields[0] == "1" and fields[-3:] == ["Memory #0x01", "Uncorrectable ECC", "Asserted"]
     assert bmc.changes() == [], "reading the log changes nothing"
+
+
+def test_check_mode_reads_the_bmc_and_changes_nothing(tmp_path: Path, bmc: Bmc) -> None:
+    fleet = _fleet(tmp_path, bmc)
+    outcome, kept = _run(fleet, tmp_path, "collect_diagnostics.yml", check_mode=True)
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    told = "\n".join(p.read_text() for p in kept.rglob("stdout") if p.is_file())
+    assert "Uncorrectable ECC" in told, "the SEL was read for real in check mode"
+    assert "event log unavailable" not in told
+    outcome, _ = _run(fleet, tmp_path, "reboot.yml", check_mode=True)
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    assert bmc.changes() == [], "a check cycles no power"
+    assert bmc.power() == "on"
 
 
 def test_a_wrong_bmc_password_fails_clearly_and_leaves_no_password_behind(

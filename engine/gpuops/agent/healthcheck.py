@@ -1,28 +1,28 @@
 """The agent's quick checks as a node health check: Slurm's HealthCheckProgram, or NHC's.
 
 Slurm runs `HealthCheckProgram` on every node at slurmd's start and every
-`HealthCheckInterval`; the program drains the node itself when a check fails (as LBNL's
-NHC does). `gpuops agent --health-check` is such a program: one NVML reading, checked for
-what makes a node unfit for new work, each finding printed as NHC prints its own
-(`ERROR: gpuops: ...`), exit 1 when any. With `--drain-in-slurm` it also drains the node,
-with the reason `gpuops health: ...` (a gpuops reason: the engine's return_to_service.yml
-may resume it once the node's probe passed), and never over a drain that is already there
-(a person's reason stays). The checks are only those a single reading decides; what needs
-time (temperature trends, ECC rates, zombie GPUs) stays with the engine's rules.
+`HealthCheckInterval`, and NHC runs its checks the same way. `gpuops agent --health-check`
+is such a check: one NVML reading, checked for what makes a node unfit for new work, each
+finding printed as NHC prints its own (`ERROR: gpuops: ...`), exit 1 when any.
+
+It reports and never drains. A drain gpuops makes is the engine's decision, signed, under
+the node lock, the fleet breaker and the audit: a check that drained by itself on every
+node would take the whole fleet out on one bad driver roll-out (persistence off
+everywhere), past the breaker that exists for exactly that. The running agent publishes
+the same readings, and the engine's rules act on them. The checks are only those a single
+reading decides; what needs time (temperature trends, ECC rates, zombie GPUs) stays with
+the engine's rules.
 """
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gpuops.agent.backend import GpuBackend
-from gpuops.errors import ActionError
 
 HEALTH_REASON = "gpuops health"
-SCONTROL_TIMEOUT_S = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,39 +94,17 @@ def findings(
 
 
 def reason(found: list[Finding]) -> str:
-    """The Slurm reason: gpuops's, the first finding, and how many more (Slurm shows one line)."""
+    """One line for a log or NHC's reason: the first finding, and how many more."""
     first = found[0]
     where = "" if first.gpu is None else f"GPU {first.gpu}: "
     more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
     return f"{HEALTH_REASON}: {where}{first.text}{more}"[:250]
 
 
-def drain_in_slurm(node: str, why: str, scontrol: str = "scontrol") -> str:
-    """Drain `node` for `why` unless it is drained already; what was done, for the log."""
-    shown = _scontrol(scontrol, "show", "node", "-o", node)
-    state = next((w[6:] for w in shown.split() if w.startswith("State=")), "")
-    if "DRAIN" in state:
-        return f"{node} is drained already ({state}): its reason is kept"
-    _scontrol(scontrol, "update", f"nodename={node}", "state=drain", f"reason={why}")
-    return f"drained {node} in Slurm: {why}"
-
-
-def _scontrol(scontrol: str, *args: str) -> str:
-    done = subprocess.run(
-        [scontrol, *args], capture_output=True, text=True, timeout=SCONTROL_TIMEOUT_S, check=False
-    )
-    if done.returncode != 0:
-        why = done.stderr.strip() or done.stdout.strip()
-        raise ActionError(f"scontrol {args[0]} failed: {why}")
-    return done.stdout
-
-
 def check(
     backend: GpuBackend,
     node: str,
     expect_gpus: int | None = None,
-    drain: bool = False,
-    scontrol: str = "scontrol",
 ) -> tuple[list[str], int]:
     """One reading checked: the lines to print and the exit status (0 fit, 1 not)."""
     try:
@@ -137,7 +115,4 @@ def check(
     found = findings(gpus, lost, expect_gpus)
     if not found:
         return [f"gpuops: {node}: {len(gpus)} GPUs pass"], 0
-    lines = [f.line() for f in found]
-    if drain:
-        lines.append(f"gpuops: {drain_in_slurm(node, reason(found), scontrol)}")
-    return lines, 1
+    return [f.line() for f in found] + [f"gpuops: {node}: {reason(found)}"], 1

@@ -40,15 +40,9 @@ from gpuops.errors import ConfigError, EngineError
 @click.option(
     "--health-check",
     is_flag=True,
-    help="one reading checked, as Slurm's HealthCheckProgram: exit 1 and say why when unfit",
+    help="one reading checked, as an NHC check: exit 1 and say why when unfit (never drains)",
 )
 @click.option("--expect-gpus", type=int, help="with --health-check: the GPUs the node must have")
-@click.option(
-    "--drain-in-slurm",
-    is_flag=True,
-    help="with --health-check: drain an unfit node in Slurm (never over another drain)",
-)
-@click.option("--scontrol", default="scontrol", show_default=True, help="with --drain-in-slurm")
 @click.option("--json", "as_json", is_flag=True, help="with --once: JSON lines on stdout")
 @click.pass_context
 def agent(ctx: click.Context, /, **opts: Any) -> None:
@@ -72,15 +66,13 @@ def agent(ctx: click.Context, /, **opts: Any) -> None:
 
 def _health_check(opts: dict[str, Any]) -> int:
     """Slurm's (or NHC's) node health check: its findings on stdout, exit 0 fit, 1 unfit,
-    2 when the check itself could not run (NVML missing, scontrol refused)."""
+    2 when the check itself could not run (NVML missing)."""
     from gpuops.agent.agent import default_node
     from gpuops.agent.healthcheck import check
 
     node = opts.get("node") or os.environ.get("SLURMD_NODENAME") or default_node()
     try:
-        lines, status = check(
-            make_backend(opts), node, opts["expect_gpus"], opts["drain_in_slurm"], opts["scontrol"]
-        )
+        lines, status = check(make_backend(opts), node, opts["expect_gpus"])
     except EngineError as exc:
         err.print(f"ERROR: gpuops: health check could not run: {exc}", markup=False)
         return 2

@@ -138,7 +138,7 @@ class Episodes:
 
     async def decided(self, d: Decision, opened_at: float | None = None) -> None:
         """Fold one decision into its episode (opening one on the first, at `opened_at`
-        where its intents already name it, else now)."""
+        where its intents already name it: their event's time; else now)."""
         m = d.match
         if d.reason in NOT_FAULTS:
             return

@@ -115,8 +115,8 @@ class Recorder:
                 self._or_told(
                     self.states.apply(m.node, lambda r: ns.after_decision(r, d, self.catalog, now))
                 ),
-                # Opened at its intents' time, so it has the name they carry.
-                self._or_told(self.episodes.decided(d, intents[0].decided_at if intents else None)),
+                # Opened at its event's time, so it has the name its intents carry.
+                self._or_told(self.episodes.decided(d, m.event_ts if intents else None)),
             ]
         repeats = self._repeated(d, now)
         if repeats is not None:

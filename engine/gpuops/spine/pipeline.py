@@ -171,8 +171,10 @@ class Pipeline:
             self._fence(match.node)  # the lease may have run out while the stages read KV
             if d.accepted:
                 now = self.clock.now()
-                # The open episode the stages found, or the one this decision opens now.
-                episode = d.episode or episode_id(match.rule, match.node, now)
+                # The open episode the stages found, or the one this decision opens, named
+                # for its event's time: a redelivery after a crash (its intents stored, the
+                # record not) names the same episode the stored intents carry.
+                episode = d.episode or episode_id(match.rule, match.node, match.event_ts)
                 intents.extend(self._intents(d, now, episode))
             # Each intent is stored once by its key, so they go together: a crash half-way
             # lets the redelivered event store them all again, the stored ones as no-ops.

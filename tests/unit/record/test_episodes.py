@@ -219,3 +219,22 @@ def test_an_intent_an_older_engine_signed_verifies_after_the_upgrade() -> None:
     named = sign(old.model_copy(update={"episode": "r@node-001:2"}), key)
     assert verify(named, key)
     assert not verify(named.model_copy(update={"episode": "r@node-001:3"}), key)
+
+
+async def test_an_episode_is_named_for_its_event_so_a_redelivery_names_the_same_one() -> None:
+    # A crash after the intents were stored and before the record was written redelivers
+    # the event to a later clock: the episode it opens must have the name the stored
+    # intents carry, so the name comes from the event, never from the time of deciding.
+    xid = {"kind": "xid", "node": "node-003", "data": {"xid": 79, "gpu": 1}}
+    named: list[tuple[str, str]] = []
+    for late in (2.0, 47.0):
+        clock, published = ManualClock(T0 + late), MemoryPublisher()
+        rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
+        engine = engine_on(clock, rules=rules, publisher=published, equivalence_window_s=0)
+        await engine.pipeline.handle(EVENT_ADAPTER.validate_python(case_event(xid, 0)))
+        sent = published.messages
+        [intent] = [Intent.model_validate_json(p) for s, p in sent if ".actions." in s]
+        [opened] = await engine.recorder.episodes.all_open()
+        assert intent.decided_at == T0 + late
+        named.append((intent.episode, opened.id))
+    assert named[0] == named[1] == (f"{intent.rule}@node-003:{int(T0)}",) * 2
