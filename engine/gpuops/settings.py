@@ -141,6 +141,9 @@ class SafetySettings(BaseModel):
     approval_timeout_s: float = Field(default=1800.0, gt=0)
     # A node in `validating` whose probe never answers goes to a person after this long.
     validation_timeout_s: float = Field(default=900.0, gt=0)
+    # The gate back into service: the grade of diagnostics (diagnose.yml: 1 quick, 2
+    # medium, 3 deep) the return after a remediation runs first and must pass; 0 for none.
+    validation_grade: int = Field(default=1, ge=0, le=3)
 
 
 class NotificationSettings(BaseModel):

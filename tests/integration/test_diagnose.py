@@ -29,13 +29,13 @@ def _fleet(tmp_path: Path, **over: object) -> SimFleet:
     return fleet
 
 
-def _diagnose(fleet: SimFleet, grade: int) -> RunOutcome:
+def _diagnose(fleet: SimFleet, grade: int, playbook: str = "diagnose.yml") -> RunOutcome:
     request = RunRequest(
-        key="k-diag",
+        key=f"k-{playbook}",
         rule="test",
         node=NODE,
-        playbook=resolve(ROOT / "playbooks", "diagnose.yml", None, fleet.root / "refs"),
-        playbook_name="diagnose.yml",
+        playbook=resolve(ROOT / "playbooks", playbook, None, fleet.root / "refs"),
+        playbook_name=playbook,
         inventory=fleet.root / "inventory",
         timeout_s=180,
         limit=NODE,
@@ -98,3 +98,28 @@ def test_grade_2_refuses_a_slurm_node_in_service(tmp_path: Path) -> None:
     assert outcome.grade is None, "nothing was measured"
     fleet.inject(NODE, "drained")  # gpuops drained it (as a remediation does)
     assert _diagnose(fleet, 2).status is RunStatus.SUCCESSFUL
+
+
+def test_the_gate_back_into_service_keeps_a_node_out_that_fails_its_grade(tmp_path: Path) -> None:
+    # return_to_service.yml with the validation's grade: the grade runs first and a failed
+    # check fails the return, naming the check and its number; a sound twin's return passes.
+    fleet = _fleet(tmp_path, workload_manager="none")
+    fleet.inject(NODE, "slow_d2d", 2, gbs=120.0)
+    outcome = _diagnose(fleet, 2, "return_to_service.yml")
+    assert outcome.status is RunStatus.FAILED
+    assert outcome.grade is not None and not outcome.grade.ok
+    assert "120" in (outcome.failed_message or ""), outcome.failed_message
+    outcome = _diagnose(
+        _fleet(tmp_path / "fixed", workload_manager="none"), 2, "return_to_service.yml"
+    )
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    assert outcome.grade is not None and outcome.grade.ok
+    assert any(c.name.startswith("nvbandwidth:device") for c in outcome.grade.checks)
+
+
+def test_the_gate_refuses_a_loading_grade_on_a_node_still_in_service(tmp_path: Path) -> None:
+    fleet = _fleet(tmp_path, workload_manager="kubernetes")
+    outcome = _diagnose(fleet, 2, "return_to_service.yml")
+    assert outcome.status is RunStatus.FAILED
+    assert "runs on a node out of service only" in (outcome.failed_message or "")
+    assert outcome.grade is None, "no tool ran"

@@ -1,7 +1,8 @@
 """Rules the engine always has, beside the ones in `rules/`.
 
 Validation is a rule like any other: a probe that passes on a node under validation
-returns it to service through the safety stages; one that fails hands it to a person.
+returns it to service through the safety stages, the return passing the gate's grade of
+diagnostics first (`safety.validation_grade`); one that fails hands it to a person.
 A person's `drain` or `undrain` (ChatOps or CLI) arrives as a `chatops` event and is
 decided by a rule too, so it passes the node lock and the fleet breaker. (The power
 controller's rule is no event's: gpuops/power/engine.py hands its requests to the
@@ -34,9 +35,11 @@ def _rule(name: str, on: str, when: str, description: str, **extra: object) -> R
     )
 
 
-def builtin_rules(catalog: Catalog) -> tuple[Rule, ...]:
-    """The built-in rules, using the catalogue's return and isolate playbooks."""
+def builtin_rules(catalog: Catalog, gate_grade: int = 1) -> tuple[Rule, ...]:
+    """The built-in rules, using the catalogue's return and isolate playbooks; the return
+    after a validation runs grade `gate_grade` of diagnostics first (0: none)."""
     back, drain = catalog.returning(), catalog.isolating()
+    gate = {"grade": gate_grade} if gate_grade else {}
     return (
         _rule(
             "validation-passed",
@@ -45,7 +48,9 @@ def builtin_rules(catalog: Catalog) -> tuple[Rule, ...]:
             "the validation probe passed after a remediation",
             states=("validating",),
             severity="info",
-            actions=(RuleAction(playbook=back, vars={"reason": "validation probe passed"}),),
+            actions=(
+                RuleAction(playbook=back, vars={"reason": "validation probe passed", **gate}),
+            ),
         ),
         _rule(
             "validation-failed",
@@ -79,8 +84,8 @@ def builtin_rules(catalog: Catalog) -> tuple[Rule, ...]:
     )
 
 
-def with_builtins(rules: RuleSet, catalog: Catalog) -> RuleSet:
+def with_builtins(rules: RuleSet, catalog: Catalog, gate_grade: int = 1) -> RuleSet:
     """The loaded rules plus the built-in ones (a file rule of the same name wins)."""
     names = {r.name for r in rules.rules}
-    extra = tuple(r for r in builtin_rules(catalog) if r.name not in names)
+    extra = tuple(r for r in builtin_rules(catalog, gate_grade) if r.name not in names)
     return RuleSet(rules=rules.rules + extra, sources=rules.sources, ladders=rules.ladders)

@@ -610,7 +610,8 @@ class App:
             )
             return False
         self.rules = rules
-        self.engine.matcher.replace(with_builtins(rules, self.catalog))
+        grade = self.settings.safety.validation_grade
+        self.engine.matcher.replace(with_builtins(rules, self.catalog, grade))
         log.info("rules reloaded: %d rules", len(rules.rules))
         await self.engine.auditor.note(
             self.clock.now(),

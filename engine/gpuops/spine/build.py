@@ -180,7 +180,7 @@ def build_engine(
     recorder = _recorder(settings, stores, catalog, notifier, clock, metrics)
     controller = PowerController(settings.power, node_policies(inventory, settings.power))
     pipeline = Pipeline(
-        Matcher(with_builtins(rules, catalog), clock, inventory=inventory),
+        Matcher(with_builtins(rules, catalog, s.validation_grade), clock, inventory=inventory),
         Decider(stages, clock, stores.dry_run, stores.unreadable),
         recorder,
         publisher,

@@ -245,12 +245,28 @@ async def test_validation_is_a_rule_through_the_stages() -> None:
     passed = await decide(engine.pipeline, probe)
     assert passed is not None and passed.accepted
     assert [a.playbook for a in passed.actions] == ["return_to_service.yml"]
+    assert passed.actions[0].vars["grade"] == 1, "the gate's grade 1 runs before the return"
     failed = match(
         "validation-failed", gpu=None, kind="probe", outcome="fail", error="bad sum", nonce=nonce
     )
     d = await decide(engine.pipeline, failed)
     assert d is not None and d.reason is Reason.NEEDS_HUMAN and "bad sum" in d.detail
     assert (await engine.states.get("node-001")).state.value == "needs_human"
+
+
+async def test_the_site_sets_the_gate_s_grade_or_turns_it_off() -> None:
+    for grade, want in ((3, {"grade": 3}), (0, {})):
+        engine = engine_on(ManualClock(T0), rules=RuleSet(rules=()), validation_grade=grade)
+        record = engine.states.store.model(
+            node="node-001", state="validating", quarantined=True, cause="decision:xid-79:n:e1"
+        )
+        await engine.states.store.put(record, "node-001")
+        nonce = validation_nonce(record)
+        probe = match("validation-passed", gpu=None, kind="probe", outcome="pass", nonce=nonce)
+        passed = await decide(engine.pipeline, probe)
+        assert passed is not None and passed.accepted
+        gate = {k: v for k, v in passed.actions[0].vars.items() if k == "grade"}
+        assert gate == want, (grade, passed.actions[0].vars)
 
 
 async def test_a_redelivered_event_gets_its_first_answer_though_others_came_between(
