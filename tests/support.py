@@ -86,11 +86,11 @@ def prometheus(tmp_path: Path, scrape_configs: str) -> Iterator[str]:
             stop_process(proc)
 
 
-def stop_process(proc: subprocess.Popen[Any]) -> None:
-    """Ask a child to stop, and kill it if it has not within 10 s."""
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
+    """Ask a child to stop, and kill it if it has not within `grace_s`."""
     proc.terminate()
     try:
-        proc.wait(10)
+        proc.wait(grace_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)

@@ -215,6 +215,9 @@ class GpuSample(_Open):
     remapped_rows_uncorrected: Int | None = None
     remap_pending: bool | None = None
     remap_failure: bool | None = None
+    # The driver's own advice (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): 0 none, 1 GPU reset,
+    # 2 node reboot, 3 drain peer-to-peer, 4 drain and reset (5-7 on newer drivers).
+    recovery_action: Int | None = None
     pcie_gen: Int | None = None
     pcie_width: Int | None = None
     pcie_max_gen: Int | None = None

@@ -29,7 +29,7 @@ from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
 
 from tests.conftest import ROOT, wait_for
-from tests.support import free_port, gpuops_argv
+from tests.support import free_port, gpuops_argv, stop_process
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -76,12 +76,7 @@ def engine(tmp_path: Path, server: EmbeddedNats) -> Iterator[tuple[subprocess.Po
     try:
         yield proc, http
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, 15)
         log.close()
 
 

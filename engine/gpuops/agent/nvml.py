@@ -169,6 +169,8 @@ class NvmlBackend:
             "remapped_rows_uncorrected": rows[1],
             "remap_pending": None if rows[2] is None else bool(rows[2]),
             "remap_failure": None if rows[3] is None else bool(rows[3]),
+            # What the driver says the GPU needs (0 while nothing): rules/recovery.yml.
+            "recovery_action": self._field(h, nv.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION),
         }
 
     def _pcie(self, h: Any) -> dict[str, Any]:

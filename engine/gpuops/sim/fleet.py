@@ -350,6 +350,7 @@ def _gpu_sample(
         "remapped_rows_uncorrected": 0,
         "remap_pending": False,
         "remap_failure": False,
+        "recovery_action": g["faults"].get("recovery_action", {}).get("action", 0),
         "pcie_gen": 5,
         "pcie_width": 16,
         "pcie_max_gen": 5,

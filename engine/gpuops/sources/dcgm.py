@@ -115,6 +115,8 @@ MAPPING: tuple[FieldMap, ...] = (
     ),
     F("remap_failure", ("DCGM_FI_DEV_ROW_REMAP_FAILURE",), "0/1", _bool, default=True),
     F("remap_pending", ("DCGM_FI_DEV_ROW_REMAP_PENDING",), "0/1", _bool),
+    # Field 1523 (DCGM 4.x), NVML's nvmlDeviceGpuRecoveryAction_t: rules/recovery.yml.
+    F("recovery_action", ("DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION",), "action", _int),
     F("pcie_gen", ("DCGM_FI_DEV_PCIE_LINK_GEN",), "generation", _int),
     F("pcie_width", ("DCGM_FI_DEV_PCIE_LINK_WIDTH",), "lanes", _int),
     F("pcie_max_gen", ("DCGM_FI_DEV_PCIE_MAX_LINK_GEN",), "generation", _int),

@@ -117,3 +117,11 @@ def test_refused_per_link_counters_fall_back_to_the_device_totals() -> None:
     gpu = NvmlBackend(nvml).sample()[0][0]
     assert gpu["nvlink_links_active"] == 18 and gpu["nvlink_crc_errors"] == 40
     assert "nvlink_replay_errors" not in gpu, "neither per link nor as a total: null"
+
+
+def test_the_driver_s_recovery_action_is_read_from_its_field() -> None:
+    nvml = FakeNvml()  # the recorded H200 answers 0: nothing to do
+    assert NvmlBackend(nvml).sample()[0][0]["recovery_action"] == 0
+    nvml.extra_fields = {"NVML_FI_DEV_GET_GPU_RECOVERY_ACTION": 2}
+    gpu = GpuSample.model_validate(NvmlBackend(nvml).sample()[0][0])
+    assert gpu.recovery_action == pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT

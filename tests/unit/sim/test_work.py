@@ -160,3 +160,11 @@ def test_a_bad_work_entry_is_refused_with_what_is_wrong(
     path.write_text(f"name: bad\nfaults:\n  - {entry}\n")
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_scenario(str(path), ["node-001"])
+
+
+def test_a_recovery_action_fault_shows_in_the_gpu_s_telemetry(tmp_path: Path) -> None:
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=2)
+    fleet.inject("node-001", "recovery_action", 1, action=4)
+    sample = fleet.telemetry("node-001", 1.0)
+    assert sample is not None
+    assert [g["recovery_action"] for g in sample["data"]["gpus"]] == [0, 4]
