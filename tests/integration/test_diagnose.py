@@ -21,8 +21,8 @@ pytestmark = pytest.mark.integration
 NODE = "node-001"
 
 
-def _fleet(tmp_path: Path, **over: object) -> SimFleet:
-    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=8)
+def _fleet(tmp_path: Path, gpus: int = 8, **over: object) -> SimFleet:
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=gpus)
     fleet.write_inventory(
         fleet.root / "inventory", group_vars={"diagnostics_dir": str(tmp_path / "diag"), **over}
     )
@@ -58,6 +58,23 @@ def test_grade_1_on_a_healthy_node_passes_with_each_check_and_its_number(tmp_pat
     assert count.value == 8.0
     kept = tmp_path / "diag" / NODE / "grade-1-dcgm-diag.json"
     assert '"DCGM Diagnostic"' in kept.read_text(), "the tool's own output is kept"
+
+
+def test_a_node_is_held_to_its_own_sku_s_gpu_count(tmp_path: Path) -> None:
+    """A 2-GPU simulated fleet declares its SKU (gpu_sku and a site skus file): its nodes
+    pass with 2 GPUs, and the same node judged as an 8-GPU H200 fails on the count."""
+    fleet = _fleet(tmp_path, gpus=2, workload_manager="none")
+    outcome = _diagnose(fleet, 1)
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    assert outcome.grade is not None
+    [count] = [c for c in outcome.grade.checks if c.name == "gpus:count"]
+    assert (count.value, count.ok) == (2.0, True)
+    fleet.write_inventory(
+        fleet.root / "inventory", group_vars={"workload_manager": "none", "gpu_sku": "h200-8gpu"}
+    )
+    outcome = _diagnose(fleet, 1)
+    assert outcome.status is RunStatus.FAILED
+    assert "gpus count 2.0 (expect == 8)" in (outcome.error or "")
 
 
 def test_grade_2_fails_on_one_gpu_s_slow_nvlink_naming_it_and_its_bandwidth(

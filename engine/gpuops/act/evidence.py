@@ -12,6 +12,7 @@ playbook, a verbose ssh or ansible-runner put them.
 
 from __future__ import annotations
 
+import calendar
 import json
 import logging
 import os
@@ -42,6 +43,12 @@ MASK = b"********"
 def new_run_id(now: float) -> str:
     """`20260101T120000-1a2b3c4d`: the run's start (UTC) and a random suffix."""
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + "-" + uuid.uuid4().hex[:8]
+
+
+def run_started(run_id: str) -> float:
+    """When a run began, read from its id: the executor's clock, as `now` in rotation is
+    (a file's mtime is the host's clock, which an injected clock need not agree with)."""
+    return float(calendar.timegm(time.strptime(run_id.split("-", 1)[0], "%Y%m%dT%H%M%S")))
 
 
 class RunMeta(BaseModel):
@@ -164,11 +171,12 @@ class Evidence:
             runs.append(meta)
         return sorted(runs, key=lambda m: (m.started, m.run_id))
 
-    def rotate(self, now: float) -> list[str]:
-        """Remove runs past the age limit, then the oldest while past the size limit."""
+    def rotate(self, now: float, in_flight: frozenset[str] = frozenset()) -> list[str]:
+        """Remove runs past the age limit, then the oldest while past the size limit;
+        never a run in flight (its ansible-runner still writes there)."""
         runs = self.kept()
         total = sum(m.bytes for m in runs)
-        removed = self._leftovers(now, {m.run_id for m in runs})
+        removed = self._leftovers(now, {m.run_id for m in runs} | in_flight)
         for meta in runs:
             if now - meta.started <= self.max_age_s and total <= self.max_bytes:
                 break
@@ -183,11 +191,7 @@ class Evidence:
         for path in self.root.iterdir() if self.root.is_dir() else ():
             if path.name in sealed or not RUN_ID.match(path.name):
                 continue
-            try:
-                old = now - path.stat().st_mtime > self.max_age_s
-            except OSError:
-                continue
-            if old:
+            if now - run_started(path.name) > self.max_age_s:
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path.name)
         return removed

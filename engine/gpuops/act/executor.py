@@ -135,6 +135,7 @@ class Executor:
         self.evidence = evidence
         self.run_env = run_env or RunEnv()
         self._rotated_at: float | None = None
+        self._running: set[str] = set()  # run ids in flight: rotation never takes their dirs
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and run intents until `stop` is set; in-flight runs are awaited."""
@@ -379,7 +380,11 @@ class Executor:
                 for i in intents
             )
         )
-        result = await run_hosts_async(request, self.clock)
+        self._running.add(run_id)
+        try:
+            result = await run_hosts_async(request, self.clock)
+        finally:
+            self._running.discard(run_id)
         if self.evidence is not None:
             await asyncio.to_thread(self._keep, self.evidence, result)
         return [result.outcome(t) for t in request.targets]
@@ -403,7 +408,7 @@ class Executor:
             now = self.clock.now()
             if self._rotated_at is None or now - self._rotated_at >= ROTATE_EVERY_S:
                 self._rotated_at = now
-                evidence.rotate(now)
+                evidence.rotate(now, in_flight=frozenset(self._running))
         except (OSError, ActionError) as exc:  # evidence is kept best-effort: the run counts
             log.warning("run %s: evidence not kept: %s", req.run_id, exc)
 

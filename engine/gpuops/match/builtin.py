@@ -35,7 +35,7 @@ def _rule(name: str, on: str, when: str, description: str, **extra: object) -> R
     )
 
 
-def builtin_rules(catalog: Catalog, gate_grade: int = 1) -> tuple[Rule, ...]:
+def builtin_rules(catalog: Catalog, gate_grade: int) -> tuple[Rule, ...]:
     """The built-in rules, using the catalogue's return and isolate playbooks; the return
     after a validation runs grade `gate_grade` of diagnostics first (0: none)."""
     back, drain = catalog.returning(), catalog.isolating()
@@ -84,7 +84,7 @@ def builtin_rules(catalog: Catalog, gate_grade: int = 1) -> tuple[Rule, ...]:
     )
 
 
-def with_builtins(rules: RuleSet, catalog: Catalog, gate_grade: int = 1) -> RuleSet:
+def with_builtins(rules: RuleSet, catalog: Catalog, gate_grade: int) -> RuleSet:
     """The loaded rules plus the built-in ones (a file rule of the same name wins)."""
     names = {r.name for r in rules.rules}
     extra = tuple(r for r in builtin_rules(catalog, gate_grade) if r.name not in names)

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 import gpuops
+from gpuops.diagnose import skus
 from gpuops.match.durations import parse_duration
 from gpuops.models import new_event
 from gpuops.sim import interconnect, work
@@ -29,6 +30,8 @@ from gpuops.sim import state as node_state
 from gpuops.sim.power_model import POWER_CAP, h200_model
 from gpuops.sim.shims import TOOLS
 from gpuops.sim.state import H200
+
+SHIPPED_SKU = "h200-8gpu"  # the recordings' node: gpuops/diagnose/skus.yml
 
 
 @cache
@@ -92,6 +95,25 @@ class SimFleet:
         fleet.write_inventory(root / "inventory")
         return fleet
 
+    def sku(self) -> str:
+        """The SKU the gate holds these nodes to: an H200 HGX, with this fleet's GPU count."""
+        return SHIPPED_SKU if self.gpus == 8 else f"{SHIPPED_SKU}-sim{self.gpus}"
+
+    def write_skus(self, target: Path) -> Path | None:
+        """A site skus file for a fleet of other than 8 GPUs a node: the shipped H200's
+        numbers with this fleet's GPU count, so the gate judges what the nodes have."""
+        if self.gpus == 8:
+            return None
+        entry = skus.load().get(SHIPPED_SKU).model_dump(mode="json")
+        entry["description"] = f"simulated H200 node of {self.gpus} GPUs ({SHIPPED_SKU}'s numbers)"
+        entry["gpu_count"] = {
+            "value": self.gpus,
+            "sources": [f"gpuops.sim.fleet: SimFleet.create(gpus={self.gpus})"],
+        }
+        path = target / "skus.yml"
+        path.write_text(yaml.safe_dump({"skus": {self.sku(): entry}}, sort_keys=False))
+        return path
+
     def node_dir(self, node: str) -> Path:
         """The state directory of one node."""
         return self.root / "nodes" / node
@@ -101,6 +123,8 @@ class SimFleet:
         `group_vars` add to or override the fleet-wide variables (e.g. drain_timeout_s), the
         per-node ones too (`scontrol_bin: /usr/bin/scontrol`: a real Slurm's tools)."""
         given = group_vars or {}
+        target.mkdir(parents=True, exist_ok=True)
+        skus_file = self.write_skus(target)
         hosts = {}
         for name in self.nodes:
             bin_dir = self.node_dir(name) / "bin"
@@ -124,6 +148,8 @@ class SimFleet:
                     # Simulated work ends in seconds: look often, give up after two minutes.
                     "drain_poll_s": 1,
                     "drain_timeout_s": 120,
+                    "gpu_sku": self.sku(),
+                    **({"diagnostics_skus_file": str(skus_file)} if skus_file else {}),
                     **given,
                 },
                 "children": {
@@ -133,7 +159,6 @@ class SimFleet:
                 },
             }
         }
-        target.mkdir(parents=True, exist_ok=True)
         path = target / "hosts.yml"
         path.write_text(
             "# Written by the gpuops simulated fleet; do not edit.\n" + yaml.safe_dump(doc)

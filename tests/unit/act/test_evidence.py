@@ -68,14 +68,29 @@ def test_the_oldest_runs_go_while_past_the_size_limit(tmp_path: Path) -> None:
     assert [m.run_id for m in evidence.kept()] == runs[2:]
 
 
-def test_a_run_in_progress_is_kept_until_past_the_age_limit(tmp_path: Path) -> None:
+def test_an_unsealed_run_is_kept_until_past_the_age_limit(tmp_path: Path) -> None:
+    """A run an executor never sealed (it died mid-run) goes by the age its id names."""
     evidence = Evidence(tmp_path / "runs", max_age_s=DAY, max_bytes=1 << 20)
     running = evidence.prepare() / new_run_id(T0)
     running.mkdir()
     (running / "stdout").write_bytes(b"x" * (2 << 20))  # over the size limit by itself
-    os.utime(running, (T0, T0))
     assert evidence.rotate(T0 + 60) == [] and running.exists()
     assert evidence.rotate(T0 + 2 * DAY) == [running.name] and not running.exists()
+
+
+def test_a_run_in_flight_is_never_removed_whatever_the_clocks_say(tmp_path: Path) -> None:
+    """The age is the executor's clock against the run id, never the file's mtime: an
+    injected clock years ahead of the host (replay, the tests) removed a run's directory
+    while ansible-runner wrote to it, and the run hung. In flight, it is not touched."""
+    evidence = Evidence(tmp_path / "runs", max_age_s=DAY, max_bytes=1 << 30)
+    future = T0 + 4 * 365 * DAY
+    running = evidence.prepare() / new_run_id(future)
+    running.mkdir()
+    os.utime(running, (T0, T0))  # the host's clock: years before the run's own
+    assert evidence.rotate(future + 60) == [] and running.exists()
+    inflight = frozenset({running.name})
+    assert evidence.rotate(future + 2 * DAY, in_flight=inflight) == [] and running.exists()
+    assert evidence.rotate(future + 2 * DAY) == [running.name]
 
 
 def test_output_of_a_rotated_run_says_where_to_look(tmp_path: Path) -> None:
