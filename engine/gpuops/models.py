@@ -402,6 +402,24 @@ class SxidData(_Open):
     message: AlertText = ""
 
 
+class DiagnosticsData(_Open):
+    """A grade of diagnostics ran on the node (gpuops.diagnose), told by the executor that
+    ran it: whether it passed, and the first failing check with its number. `gate`: it
+    was the gate back into service, judging the remediation of `fault_rule`'s fault
+    (group key `fault_key`); a failed gate is decided as that fault again (its ladder)."""
+
+    grade: int = Field(ge=1, le=5)
+    ok: bool
+    summary: Text = ""
+    failed: Text = ""  # the first failing check (`nvbandwidth:device_to_device_memcpy_read_ce`)
+    value: Num | None = None  # its number
+    checks: int = Field(default=0, ge=0, le=MAX_MAGNITUDE)
+    gate: bool = False
+    fault_rule: Text = ""
+    fault_key: Text = ""
+    run_id: Text = ""
+
+
 class ChatopsData(_Open):
     """A command typed by a person in Slack or Mattermost."""
 
@@ -511,6 +529,11 @@ class SxidEvent(_Envelope):
     data: SxidData
 
 
+class DiagnosticsEvent(_Envelope):
+    kind: Literal["diagnostics"]
+    data: DiagnosticsData
+
+
 class ChatopsEvent(_Envelope):
     kind: Literal["chatops"]
     data: ChatopsData
@@ -533,7 +556,8 @@ Event = Annotated[
     | ChatopsEvent
     | IbEvent
     | SxidEvent
-    | AlertEvent,
+    | AlertEvent
+    | DiagnosticsEvent,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
@@ -551,6 +575,7 @@ DATA_MODELS: dict[str, type[BaseModel]] = {
     "ib": IbData,
     "sxid": SxidData,
     "alert": AlertData,
+    "diagnostics": DiagnosticsData,
 }
 EVENT_KINDS: tuple[str, ...] = tuple(DATA_MODELS)
 # Kinds that state a condition rather than report an occurrence: a rule's episode on them
@@ -628,6 +653,9 @@ class Match(_Frozen):
 # Match kinds that come from the engine's own requests, never from the bus: a decision
 # the power controller asks for is not a fault (nor is a person's command, `chatops`).
 POWER_KIND = "power"
+# The kind of a failed gate decided as its fault again (gpuops.spine.pipeline): not a new
+# occurrence of the fault, so no cooldown holds it; its ladder counts it.
+GATE_KIND = "gate"
 REQUEST_KINDS = frozenset({POWER_KIND})
 NOT_FAULT_KINDS = REQUEST_KINDS | {"chatops"}
 
@@ -673,6 +701,7 @@ class Decision(_Frozen):
     closes_breaker: bool = False  # the half-open breaker closes when this runs
     approved_by: str | None = None
     episode: str = ""  # the open episode it folds into, when an acting proposal found one
+    gate: int = 0  # the grade the gate back into service holds this remediation to
 
 
 class Intent(_Frozen):

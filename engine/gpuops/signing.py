@@ -26,14 +26,21 @@ def same_secret(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode(errors="replace"), expected.encode(errors="replace"))
 
 
+# Fields added after intents were first signed, with their defaults: left at the
+# default they are not signed, so an intent an older engine queued still verifies after
+# an upgrade (tests/unit/record/test_episodes.py holds one, signed by that engine).
+LATER_INTENT: dict[str, Any] = {"episode": ""}
+LATER_DECISION: dict[str, Any] = {"episode": "", "gate": 0}
+
+
 def _body(intent: Intent) -> bytes:
-    # An intent without an episode signs as it did before intents named one, so those an
-    # older engine queued still verify after an upgrade.
-    unnamed: dict[str, Any] = {"episode": True} if not intent.episode else {}
-    if intent.decision is not None and not intent.decision.episode:
-        unnamed["decision"] = {"episode"}
+    unset: dict[str, Any] = {k: True for k, v in LATER_INTENT.items() if getattr(intent, k) == v}
+    if intent.decision is not None:
+        inner = {k for k, v in LATER_DECISION.items() if getattr(intent.decision, k) == v}
+        if inner:
+            unset["decision"] = inner
     body = intent.model_copy(update={"signature": ""})
-    return body.model_dump_json(exclude=unnamed or None).encode()
+    return body.model_dump_json(exclude=unset or None).encode()
 
 
 def sign(intent: Intent, key: bytes) -> Intent:

@@ -20,7 +20,7 @@ import pytest
 from gpuops import subjects
 from gpuops.bus.auth import ensure_credentials, ensure_node_credentials, server_config
 from gpuops.bus.conn import DLQ, EVENTS, Bus, connect
-from gpuops.bus.identity import KeyRing, Signer, Verifier
+from gpuops.bus.identity import EXECUTOR, KeyRing, Signer, Verifier
 from gpuops.bus.partitions import durable, partition_of
 from gpuops.bus.server import EmbeddedNats
 from gpuops.errors import EventError
@@ -321,6 +321,22 @@ def test_a_host_named_like_the_engine_or_a_source_is_only_a_node() -> None:
     probe = keys.signer("source:prometheus").headers(payload)
     with pytest.raises(EventError, match="may not publish probe results"):
         verifier.publisher(probe, payload, "probe", "node-a")
+
+
+def test_only_the_executor_tells_a_grade_s_result_and_it_tells_nothing_else() -> None:
+    """A failed gate climbs the fault's ladder: a node passing or failing its own gate, or a
+    source doing it for one, is refused; the executor may tell results and no other kind."""
+    keys = KeyRing(b"k" * 64)
+    verifier = Verifier(keys)
+    payload = b'{"kind":"diagnostics"}'
+    for forger in (keys.node("node-a"), keys.signer("source:prometheus")):
+        with pytest.raises(EventError, match="may not publish diagnostics events"):
+            verifier.publisher(forger.headers(payload), payload, "diagnostics", "node-a")
+    executor = keys.signer(EXECUTOR).headers(payload)
+    assert verifier.publisher(executor, payload, "diagnostics", "node-a") == EXECUTOR
+    for kind in ("chatops", "xid", "probe"):
+        with pytest.raises(EventError, match=f"the executor may not publish {kind} events"):
+            verifier.publisher(executor, payload, kind, "node-a")
 
 
 async def test_an_operator_may_not_publish_in_the_engines_name_what_only_it_makes(

@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -40,12 +41,14 @@ from gpuops.act.runenv import RunEnv
 from gpuops.act.runner import RunRequest, RunResult, run_hosts_async
 from gpuops.bus.auth import EXECUTOR_DURABLE
 from gpuops.bus.conn import ACTIONS, Bus
+from gpuops.bus.identity import Signer
+from gpuops.bus.publish import JetStreamPublisher
 from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog
 from gpuops.clock import Clock
 from gpuops.errors import ActionError
 from gpuops.inventory.hosts import Inventory
-from gpuops.models import Intent, RunOutcome, RunStatus
+from gpuops.models import Intent, RunOutcome, RunStatus, subject_for
 from gpuops.record.metrics import Metrics
 from gpuops.record.recorder import Recorder, decision_msg_id, decision_record
 from gpuops.settings import ExecutorSettings
@@ -114,13 +117,16 @@ class Executor:
         runs: ExecutorSettings | None = None,
         evidence: Evidence | None = None,
         run_env: RunEnv | None = None,
+        signer: Signer | None = None,
     ) -> None:
         self.bus = bus
+        # What its graded runs measured goes on the bus as the executor's word.
+        self.teller = JetStreamPublisher(bus.js, signer)
         self.recorder = recorder
         self.clock = clock
         self.claims: Store[Claim] = Store(claims, Claim, "intent")
         self.locks = locks
-        self.completion = Completion(recorder, locks, self._ask_probe)
+        self.completion = Completion(recorder, locks, self._ask_probe, catalog, self._tell)
         self.catalog = catalog
         self.inventory = inventory
         self.signing_key = signing_key
@@ -346,6 +352,11 @@ class Executor:
         the node returns."""
         request = json.dumps({"nonce": nonce}).encode()
         await self.bus.nc.publish(subjects.probe_request(node), request)
+
+    async def _tell(self, event: dict[str, Any]) -> None:
+        """A graded run's result, an event the engine decides (a failed gate climbs)."""
+        payload = json.dumps(event).encode()
+        await self.teller.publish(subject_for(event["kind"], event["node"]), payload, event["id"])
 
     async def _execute(self, ready: Batch) -> list[RunOutcome]:
         """One run over the batch's hosts; an outcome per intent, in order."""

@@ -126,6 +126,7 @@ PERMISSIONS: dict[Role, Permissions] = {
         publish=(
             subjects.AUDIT,
             subjects.PROBE_REQUESTS,
+            subjects.events_of("diagnostics"),  # what its graded runs measured
             "$JS.API.INFO",
             *_own_durable(ACTIONS, EXECUTOR_DURABLE),
             *_read_stream(AUDIT),

@@ -42,7 +42,11 @@ SOURCE = "source:"
 # Kinds only the engine publishes: its ChatOps receiver, its drift check, its
 # Alertmanager receiver. From anyone else they would be decided as a person's, the
 # baseline's or Alertmanager's word.
-ENGINE_ONLY_KINDS = frozenset({"chatops", "drift", "alert"})
+ENGINE_ONLY_KINDS = frozenset({"chatops", "drift", "alert", "diagnostics"})
+# The executor tells what its runs measured (a grade's result, the gate's) and nothing
+# else: it may not speak as a person, a source or a node.
+EXECUTOR = "executor"
+EXECUTOR_KINDS = frozenset({"diagnostics"})
 _MAX_NAME = 128
 
 
@@ -84,6 +88,8 @@ def may_speak(identity: str, kind: str, node_token: str) -> str | None:
     """None if `identity` may publish `kind` about the node, else why not."""
     if identity == ENGINE:
         return None
+    if identity == EXECUTOR:
+        return None if kind in EXECUTOR_KINDS else f"the executor may not publish {kind} events"
     if kind in ENGINE_ONLY_KINDS:
         return f"{identity} may not publish {kind} events (only the engine makes them)"
     if identity.startswith(SOURCE):

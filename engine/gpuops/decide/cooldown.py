@@ -21,7 +21,7 @@ from gpuops.bus.store import KV, Read, Store
 from gpuops.catalog import Catalog
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.match.durations import format_duration
-from gpuops.models import Reason
+from gpuops.models import GATE_KIND, Reason
 
 
 class Firing(BaseModel):
@@ -85,8 +85,8 @@ class Cooldown(BaseStage):
 
     async def check(self, p: Proposal) -> Drop | None:
         cooldown = p.rule.cooldown_s
-        if cooldown <= 0:
-            return None
+        if cooldown <= 0 or p.match.kind == GATE_KIND:
+            return None  # a failed gate continues the fix the cooldown let through
         last = await self._last(p, _digest(p.rule.name, p.match.key))
         if last is None or p.now - last.at >= cooldown:
             return None

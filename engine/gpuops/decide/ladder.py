@@ -49,6 +49,7 @@ class LadderStage(BaseStage):
             )
         ]
         p.rung = step
+        p.gate = rung.gate or p.gate
         p.approval = p.approval or rung.approval
         p.notes.append(f"ladder {ladder.name} rung {step + 1}/{len(ladder.rungs)}")
         return None

@@ -10,18 +10,21 @@ from gpuops.bus.store import Read, Store
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.errors import StateUnreadable
 from gpuops.match.expr import render
-from gpuops.models import Reason
+from gpuops.models import ActionSpec, Reason
 from gpuops.record.episodes import Episode
 from gpuops.record.nodestate import NodeRecord, NodeState, NodeStates, validation_nonce
 
 
 class NodeStateGate(BaseStage):
-    """Lets a rule that names node states through only while the node is in one of them."""
+    """Lets a rule that names node states through only while the node is in one of them;
+    a return to service it lets through runs the gate the node's fault asked for (its
+    record's grade) when that is deeper than the rule's."""
 
     name = "node_state"
 
-    def __init__(self, states: NodeStates) -> None:
+    def __init__(self, states: NodeStates, returning: str = "") -> None:
         self.states = states
+        self.returning = returning  # the catalogue's return playbook
 
     def reads(self, p: Proposal) -> Sequence[Read]:
         return (self.states.store.read(p.node),) if p.rule.states else ()
@@ -37,7 +40,17 @@ class NodeStateGate(BaseStage):
         if record.state is NodeState.VALIDATING and p.match.kind == "probe" and not answers:
             why = f"{p.node}: this probe does not answer the validation's request (nonce)"
             return Drop(Reason.NOT_APPLICABLE, why)
+        if record.grade:
+            p.actions = [self._gated(a, record.grade, p) for a in p.actions]
         return None
+
+    def _gated(self, action: ActionSpec, grade: int, p: Proposal) -> ActionSpec:
+        """The return with the gate at `grade` at least (the fault's: `gate` of its rule)."""
+        asked = int(action.vars.get("grade") or 0)
+        if action.playbook != self.returning or asked >= grade:
+            return action
+        p.notes.append(f"the gate runs grade {grade}, as {p.node}'s fault asked")
+        return action.model_copy(update={"vars": {**action.vars, "grade": grade}})
 
 
 class NodeReadable(BaseStage):

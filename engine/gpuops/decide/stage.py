@@ -65,6 +65,7 @@ class Proposal:
     notes: list[str] = field(default_factory=list)
     reads: Reads = field(default_factory=Reads)  # what the stages read from KV
     episode: str = ""  # the rule's open episode on the node (EpisodeName), for its intents
+    gate: int = 0  # the gate's grade after this fix: the rule's, or its ladder rung's
 
     @property
     def node(self) -> str:
@@ -161,6 +162,7 @@ class Decider:
             dry_run_why="global dry-run" if self.dry_run.on else "rule dry-run",
             approval=rule.approval,
             approved_by=approved_by,
+            gate=rule.gate,
         )
 
     async def decide(
@@ -230,6 +232,7 @@ def decision(p: Proposal, accepted: bool, reason: Reason, detail: str) -> Decisi
         closes_breaker=p.closes_breaker,
         approved_by=p.approved_by,
         episode=p.episode,
+        gate=p.gate,
     )
 
 

@@ -2,7 +2,8 @@
 
 Validation is a rule like any other: a probe that passes on a node under validation
 returns it to service through the safety stages, the return passing the gate's grade of
-diagnostics first (`safety.validation_grade`); one that fails hands it to a person.
+diagnostics first (`safety.validation_grade`, or the fault's rule's deeper `gate`); a
+probe that fails hands it to a person, a gate that fails climbs the fault's ladder.
 A person's `drain` or `undrain` (ChatOps or CLI) arrives as a `chatops` event and is
 decided by a rule too, so it passes the node lock and the fleet breaker. (The power
 controller's rule is no event's: gpuops/power/engine.py hands its requests to the
@@ -59,6 +60,20 @@ def builtin_rules(catalog: Catalog, gate_grade: int) -> tuple[Rule, ...]:
             "validation probe {{ outcome }}: {{ error }}",
             states=("validating",),
             escalate=True,
+            severity="critical",
+            actions=(RuleAction(notify="chatops"),),
+        ),
+        # A failed gate (the executor tells its result) is decided as its fault again,
+        # under the fault's rule, whose ladder climbs (gpuops.spine.pipeline); a fault
+        # with no ladder to climb is handed to a person by this rule.
+        _rule(
+            "gate-failed",
+            "diagnostics",
+            "gate and not ok",
+            "the gate back into service failed: {{ summary }}",
+            states=("quarantined",),
+            escalate=True,
+            climbs=True,
             severity="critical",
             actions=(RuleAction(notify="chatops"),),
         ),

@@ -208,6 +208,7 @@ def build_ladder(raw: LineDict, file: str, playbooks_dir: Path | None) -> Ladder
                 approval=rung.get("approval") == "required",
                 needs_human=bool(rung.get("needs_human")),
                 timeout_s=parse_duration(rung["timeout"]) if "timeout" in rung else 600.0,
+                gate=int(rung.get("gate", 0)),
             )
         )
     return Ladder(
@@ -344,6 +345,7 @@ def build_rule(
         approval=raw.get("approval") == "required",
         ladder_name=raw.get("ladder"),
         actions=actions,
+        gate=int(raw.get("gate", 0)),
     )
 
 

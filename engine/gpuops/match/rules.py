@@ -30,6 +30,7 @@ class Rung:
     approval: bool = False
     needs_human: bool = False
     timeout_s: float = 600.0
+    gate: int = 0  # the gate's grade after this rung (0: the rule's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,10 +87,14 @@ class Rule:
     ladder: Ladder | None = None
     ladder_name: str | None = None
     actions: tuple[RuleAction, ...] = ()
+    # The grade of diagnostics the gate back into service runs after this rule's fix
+    # (at least safety.validation_grade): the deeper check a fault of its kind needs.
+    gate: int = 0
     # Built-in rules only (gpuops/match/builtin.py):
     states: tuple[str, ...] = ()  # node states the rule applies in
     escalate: bool = False  # firing hands the node to a person (needs_human)
     by_person: bool = False  # a person asked (ChatOps): no silence, cooldown, ladder or cap
+    climbs: bool = False  # a failed gate: decided as its fault again, under the fault's rule
     setting: bool = False  # keeps a setting (the power controller), not counted as a fix
 
     @property

@@ -83,6 +83,13 @@ RULE_SCHEMA: dict[str, Any] = {
             "enum": ["required", "none"],
             "description": "wait for a person's approve/deny",
         },
+        "gate": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 3,
+            "description": "the grade of diagnostics the gate back into service runs after "
+            "this rule's fix (at least safety.validation_grade)",
+        },
         "ladder": {
             "type": "string",
             "description": "a ladder of this rule set; replaces playbook actions",
@@ -100,6 +107,7 @@ _RUNG: dict[str, Any] = {
         "approval": {"enum": ["required", "none"]},
         "timeout": _DURATION,
         "needs_human": {"const": True},
+        "gate": {"type": "integer", "minimum": 1, "maximum": 3},
     },
     "oneOf": [{"required": ["playbook"]}, {"required": ["needs_human"]}],
 }

@@ -61,6 +61,9 @@ class NodeRecord(BaseModel):
     # The last decision applied: the same decision (made again after a crash, or seen
     # first by the executor through its intent) never moves the node twice.
     cause: str = ""
+    # The grade of diagnostics the gate back into service runs for the fault that took
+    # the node out (its rule's `gate`; 0: safety.validation_grade alone).
+    grade: int = 0
 
 
 def validation_nonce(record: NodeRecord) -> str:
@@ -73,6 +76,15 @@ def validation_nonce(record: NodeRecord) -> str:
     return digest.hexdigest()[:32]
 
 
+def fault_key(record: NodeRecord) -> str:
+    """The group key of the decision that took the node out (its cause
+    `decision:RULE:KEY:EVENT`), "" when no decision did."""
+    if not record.cause.startswith("decision:"):
+        return ""
+    rest = record.cause.removeprefix("decision:").split(":", 1)[-1]
+    return rest.rsplit(":", 1)[0] if ":" in rest else ""
+
+
 def moved(
     record: NodeRecord,
     to: NodeState,
@@ -81,16 +93,21 @@ def moved(
     quarantined: bool | None = None,
     cause: str = "",
     rule: str = "",
+    grade: int | None = None,
 ) -> NodeRecord | None:
     """The record after moving to `to`, or None when the machine does not allow it (or
-    `cause` already moved it: a decision made again after a crash changes nothing)."""
+    `cause` already moved it: a decision made again after a crash changes nothing). A
+    new decision on a node already out (a failed gate's next rung) is recorded as its
+    cause, in the same state."""
     if cause and cause == record.cause:
         return None
     if record.state is not to and to not in ALLOWED[record.state]:
         return None
     flag = record.quarantined if quarantined is None else quarantined
-    if record.state is to and record.quarantined == flag:
+    if record.state is to and record.quarantined == flag and not (cause and to is S.QUARANTINED):
         return None
+    if grade is None:  # the fault's gate holds until the node is back
+        grade = 0 if to is S.HEALTHY else record.grade
     return NodeRecord(
         node=record.node,
         state=to,
@@ -100,6 +117,7 @@ def moved(
         quarantined=flag,
         previous=record.state,
         cause=cause or record.cause,
+        grade=grade,
     )
 
 
@@ -115,7 +133,8 @@ def after_decision(
     if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
         return moved(record, S.NEEDS_HUMAN, d.detail, at, cause=cause, rule=rule)
     if d.accepted and catalog.takes_out(plays):
-        return moved(record, S.QUARANTINED, doing, at, quarantined=True, cause=cause, rule=rule)
+        out = S.QUARANTINED
+        return moved(record, out, doing, at, quarantined=True, cause=cause, rule=rule, grade=d.gate)
     returning = any((s := catalog.get(p)) is not None and s.effect is Effect.RETURN for p in plays)
     if d.accepted and not returning:
         return moved(record, S.SUSPECT, doing, at, rule=rule) if record.state is S.HEALTHY else None
@@ -169,7 +188,8 @@ def after_run(
         return moved(record, S.NEEDS_HUMAN, why, at)
     if status is not RunStatus.SUCCESSFUL:
         back = S.QUARANTINED if record.quarantined else S.SUSPECT
-        return moved(record, back, f"{playbook} {status.value}", at)
+        why = f"{playbook} {status.value}" + (f": {error}" if error else "")
+        return moved(record, back, why, at)
     if spec is not None and spec.effect is Effect.ISOLATE:
         why = f"drained after {rule}: fix the cause, then undrain {record.node}"
         return moved(record, S.NEEDS_HUMAN, why, at, quarantined=True)
@@ -178,6 +198,13 @@ def after_run(
     if record.quarantined and spec is not None and spec.validate_after:
         return moved(record, S.VALIDATING, f"{playbook} succeeded; probing", at)
     return moved(record, S.HEALTHY, f"{playbook} succeeded", at)
+
+
+def after_gate_failed(record: NodeRecord, summary: str, grade: int, at: float) -> NodeRecord | None:
+    """A node whose gate failed is out of service, as its failed return left it: what a
+    replay applies when the recording tells it (its own simulated return succeeded)."""
+    why = f"the gate back into service failed: {summary}"
+    return moved(record, S.QUARANTINED, why, at, quarantined=True, grade=grade)
 
 
 def after_silence(record: NodeRecord, at: float, limit_s: float) -> NodeRecord | None:

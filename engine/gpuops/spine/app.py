@@ -30,7 +30,7 @@ from gpuops.bus.buckets import Buckets
 from gpuops.bus.client import away
 from gpuops.bus.conn import EVENTS, TELEMETRY, Bus
 from gpuops.bus.embedded import enrol
-from gpuops.bus.identity import ENGINE, KeyRing, Verifier
+from gpuops.bus.identity import ENGINE, EXECUTOR, KeyRing, Verifier
 from gpuops.bus.publish import JetStreamPublisher
 from gpuops.catalog import Catalog, load_catalog
 from gpuops.clock import Clock
@@ -201,6 +201,7 @@ class App:
                     secrets=secret_values(s),
                 ),
                 run_env=RunEnv.of(s),
+                signer=self.keys.signer(EXECUTOR),
             )
 
     def owns(self, node: str) -> bool:

@@ -153,7 +153,7 @@ def build_engine(
     stages: list[Stage] = [
         KnownNode(inventory),
         StaleCutoff(s.stale_after_s, settings.max_future_skew_s),
-        NodeStateGate(stores.states),
+        NodeStateGate(stores.states, catalog.returning()),
         Escalate(),
         YieldToBudget(buckets.control, settings.power, catalog),  # budgeted GPUs
         Silences(stores.silences, inventory),

@@ -15,6 +15,7 @@ the commits rather than after them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +30,7 @@ from gpuops.inventory.hosts import Inventory
 from gpuops.match.facts import Telemetry, as_telemetry
 from gpuops.match.matcher import Matcher
 from gpuops.match.rules import Rule
-from gpuops.models import Decision, Event, Intent, Match, Request, action_subject
+from gpuops.models import GATE_KIND, Decision, Event, Intent, Match, Request, action_subject
 from gpuops.record.audit import Auditor
 from gpuops.record.density import DensityTracker
 from gpuops.record.episodes import episode_id
@@ -163,6 +164,7 @@ class Pipeline:
         rule = rule or self.matcher.rules.get(match.rule)
         if rule is None:
             return None
+        match, rule = self._climbing(match, rule)
         self._fence(match.node)
         self.metrics.matches.labels(match.rule).inc()
         intents: list[Intent] = []
@@ -187,6 +189,20 @@ class Pipeline:
             await self.recorder.decided(d, intents)
 
         return await self.decider.decide(match, rule, write, approved_by, record)
+
+    def _climbing(self, match: Match, rule: Rule) -> tuple[Match, Rule]:
+        """A failed gate is decided as its fault recurring: under the fault's own rule, for
+        the fault's group key, while the node is still out, so the fault's ladder takes
+        its next rung (or hands the node to a person at its end). A fault whose rule has
+        no ladder, or is gone, stays with the gate's rule, which hands it to a person."""
+        if not rule.climbs:
+            return match, rule
+        fault = self.matcher.rules.get(str(match.facts.get("fault_rule") or ""))
+        if fault is None or fault.ladder is None:
+            return match, rule
+        key = str(match.facts.get("fault_key") or match.key)
+        again = match.model_copy(update={"rule": fault.name, "key": key, "kind": GATE_KIND})
+        return again, dataclasses.replace(fault, states=rule.states)
 
     async def _store(self, intent: Intent) -> None:
         await self.publisher.publish(

@@ -28,12 +28,14 @@ from gpuops.match.rules import RuleSet
 from gpuops.models import (
     ChatopsEvent,
     Decision,
+    DiagnosticsEvent,
     Event,
     Intent,
     Reason,
     RunOutcome,
     RunStatus,
 )
+from gpuops.record.nodestate import after_gate_failed
 from gpuops.settings import Settings
 from gpuops.spine.build import build_engine
 
@@ -118,7 +120,9 @@ class Shadow:
             clock=self.clock,
             signing_key=secrets.token_bytes(32),
         )
-        self.completion = Completion(self.engine.recorder, self.engine.locks, self._probe)
+        # The live executor tells graded runs' results; the recording holds them.
+        catalog = self.engine.recorder.catalog
+        self.completion = Completion(self.engine.recorder, self.engine.locks, self._probe, catalog)
         self._seeded = False
         self._ran = 0
 
@@ -133,6 +137,8 @@ class Shadow:
         out = await self.advance(event.epoch)
         if isinstance(event, ChatopsEvent):
             await self._command(event)
+        if isinstance(event, DiagnosticsEvent) and event.data.gate and not event.data.ok:
+            await self._gate_failed(event)
         out += self._seen(await self.engine.pipeline.handle(event))
         # Runs start once the event is decided, as live: a second rule matching the same
         # event sees the node as the first decision left it, not as its run would.
@@ -162,6 +168,14 @@ class Shadow:
             await self.engine.silences.add(target, starts, ends, reason, event.data.user)
         except (ValueError, EngineError):
             return  # the live command refused it too
+
+    async def _gate_failed(self, event: DiagnosticsEvent) -> None:
+        """The recording says the gate failed where the shadow's simulated return passed:
+        the node is out again, as the live run left it, for the event to be decided."""
+        d = event.data
+        await self.engine.states.apply(
+            event.node, lambda r: after_gate_failed(r, d.summary, d.grade, event.epoch)
+        )
 
     def _seen(self, decisions: list[Decision]) -> list[Decision]:
         """The decisions the audit holds (a built-in rule for another state is not one)."""

@@ -16,4 +16,5 @@ def test_a_node_may_publish_and_read_only_its_own_subjects() -> None:
 def test_a_node_is_denied_what_only_the_engine_makes_as_a_source_is() -> None:
     denied = node_permissions(subjects.USER_NAME).deny_publish
     assert denied == PERMISSIONS["source"].deny_publish
-    assert {subjects.events_of(k) for k in ("alert", "drift", "chatops")} == set(denied)
+    only_engine = ("alert", "drift", "chatops", "diagnostics")
+    assert {subjects.events_of(k) for k in only_engine} == set(denied)

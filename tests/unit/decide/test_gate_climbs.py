@@ -1,0 +1,183 @@
+"""The gate back into service, in the live engine's stages: a rule's `gate` is the grade
+the return runs after its fix, and a failed gate is decided as its fault again, so the
+fault's ladder takes its next rung though the fault's cooldown still runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuops import subjects
+from gpuops.act.completion import Completion
+from gpuops.bus.publish import MemoryPublisher
+from gpuops.clock import ManualClock
+from gpuops.diagnose.results import Check, GradeResult
+from gpuops.match.loader import load_rules
+from gpuops.models import (
+    EVENT_ADAPTER,
+    Decision,
+    Intent,
+    Reason,
+    RunOutcome,
+    RunStatus,
+)
+from gpuops.record.nodestate import NodeState, fault_key, validation_nonce
+from gpuops.spine.build import Engine
+
+from tests.support import decide
+from tests.unit.decide.helpers import ROOT, T0, engine_on, match
+
+RULES = load_rules([ROOT / "rules"], ROOT / "playbooks")
+SLOW = GradeResult(
+    grade=2,
+    checks=(
+        Check(name="dcgm:Memory bandwidth", ok=True),
+        Check(
+            name="nvbandwidth:device_to_device_memcpy_read_ce",
+            ok=False,
+            value=120.0,
+            expect=">= 335",
+            unit="GB/s",
+            gpu=1,
+        ),
+    ),
+)
+PASSED = GradeResult(grade=2, checks=(Check(name="dcgm:Memory bandwidth", ok=True),))
+
+
+class Fleet:
+    """The engine, and the executor's side of each run: it ends as the test says."""
+
+    def __init__(self) -> None:
+        self.clock = ManualClock(T0)
+        self.publisher = MemoryPublisher()
+        self.engine: Engine = engine_on(self.clock, rules=RULES, publisher=self.publisher)
+        self.told: list[dict[str, Any]] = []
+        self.asked: list[str] = []
+        self.completion = Completion(
+            self.engine.recorder,
+            self.engine.locks,
+            self._ask,
+            self.engine.recorder.catalog,
+            self._tell,
+        )
+        self._ran = 0
+
+    async def _ask(self, node: str, nonce: str) -> None:
+        self.asked.append(nonce)
+
+    async def _tell(self, event: dict[str, Any]) -> None:
+        self.told.append(event)
+
+    async def run(self, status: RunStatus, grade: GradeResult | None = None) -> Intent:
+        """The one new intent runs and ends with `status` (and the grade it measured)."""
+        new = [p for s, p in self.publisher.messages[self._ran :] if subjects.is_action(s)]
+        self._ran = len(self.publisher.messages)
+        [payload] = new
+        intent = Intent.model_validate_json(payload)
+        self.clock.advance(60)
+        await self.completion.started(intent)
+        self.clock.advance(60)
+        outcome = RunOutcome.of(intent, status, self.clock.now() - 60, self.clock.now())
+        await self.completion.ended(intent, outcome.model_copy(update={"grade": grade}))
+        return intent
+
+    async def probe_passes(self) -> Decision:
+        record = await self.engine.states.get("node-001")
+        nonce = validation_nonce(record)
+        probe = match(
+            "validation-passed", t=self.clock.now(), gpu=None, kind="probe", outcome="pass"
+        )
+        probe = probe.model_copy(update={"facts": {**probe.facts, "nonce": nonce}})
+        return await decide(self.engine.pipeline, probe)
+
+    async def state(self) -> NodeState:
+        return (await self.engine.states.get("node-001")).state
+
+
+async def test_a_failed_gate_climbs_the_fault_s_ladder_and_the_next_gate_passes() -> None:
+    fleet = Fleet()
+    xid = match("xid-79-gpu-lost", gpu=None, xid=79)
+    first = await decide(fleet.engine.pipeline, xid)
+    assert first.accepted and [a.playbook for a in first.actions] == ["reboot.yml"]
+    assert first.gate == 2, "the rule's gate: grade 2 after a GPU fell off the bus"
+    assert (await fleet.engine.states.get("node-001")).grade == 2
+
+    await fleet.run(RunStatus.SUCCESSFUL)
+    assert await fleet.state() is NodeState.VALIDATING
+    back = await fleet.probe_passes()
+    assert back.accepted and back.actions[0].playbook == "return_to_service.yml"
+    assert back.actions[0].vars["grade"] == 2, "the fault's grade, deeper than the site's 1"
+
+    await fleet.run(RunStatus.FAILED, SLOW)
+    record = await fleet.engine.states.get("node-001")
+    assert record.state is NodeState.QUARANTINED, "a failed gate keeps the node out"
+    [told] = fleet.told
+    assert told["kind"] == "diagnostics" and told["data"]["gate"] is True
+    assert told["data"]["fault_rule"] == "xid-79-gpu-lost"
+    assert told["data"]["fault_key"] == fault_key(record) == xid.key
+    assert told["data"]["failed"] == "nvbandwidth:device_to_device_memcpy_read_ce"
+    assert told["data"]["value"] == 120.0
+
+    # Minutes after the reboot: XID 79's 1h cooldown runs, yet the gate climbs.
+    [climbed] = await fleet.engine.pipeline.handle(EVENT_ADAPTER.validate_python(told))
+    assert climbed.match.rule == "xid-79-gpu-lost" and climbed.match.kind == "gate"
+    assert climbed.accepted, climbed
+    assert [a.playbook for a in climbed.actions] == ["reprovision.yml"], "rung 2"
+    assert climbed.rung == 1 and climbed.gate == 2
+    assert await fleet.state() is NodeState.QUARANTINED
+
+    again = match("xid-79-gpu-lost", t=fleet.clock.now(), gpu=None, event_id="x2")
+    recurrence = await decide(fleet.engine.pipeline, again)
+    assert recurrence.reason is Reason.COOLDOWN, "a real recurrence is still held"
+
+    await fleet.run(RunStatus.SUCCESSFUL)  # the reprovisioning
+    back = await fleet.probe_passes()
+    assert back.accepted and back.actions[0].vars["grade"] == 2
+    await fleet.run(RunStatus.SUCCESSFUL, PASSED)
+    record = await fleet.engine.states.get("node-001")
+    assert record.state is NodeState.HEALTHY and record.grade == 0
+    assert [t["data"]["ok"] for t in fleet.told] == [False, True]
+
+
+async def test_a_gate_failing_after_the_last_rung_hands_the_node_to_a_person() -> None:
+    fleet = Fleet()
+    await decide(fleet.engine.pipeline, match("xid-79-gpu-lost", gpu=None))
+    for _ in range(2):  # reboot, then reprovision: each gate fails
+        await fleet.run(RunStatus.SUCCESSFUL)
+        await fleet.probe_passes()
+        await fleet.run(RunStatus.FAILED, SLOW)
+        [d] = await fleet.engine.pipeline.handle(EVENT_ADAPTER.validate_python(fleet.told[-1]))
+    assert d.reason is Reason.NEEDS_HUMAN and "ladder gpu-lost" in d.detail, d
+    assert await fleet.state() is NodeState.NEEDS_HUMAN
+
+
+async def test_a_failed_gate_of_a_fault_with_no_ladder_goes_to_a_person() -> None:
+    fleet = Fleet()
+    d = await decide(fleet.engine.pipeline, match("probe-failed", gpu=0, kind="probe"))
+    assert d.accepted and [a.playbook for a in d.actions] == ["gpu_reset.yml"]
+    await fleet.run(RunStatus.SUCCESSFUL)
+    await fleet.probe_passes()
+    await fleet.run(RunStatus.FAILED, SLOW)
+    [gate] = await fleet.engine.pipeline.handle(EVENT_ADAPTER.validate_python(fleet.told[-1]))
+    assert gate.match.rule == "gate-failed" and gate.reason is Reason.NEEDS_HUMAN
+    assert "nvbandwidth device_to_device_memcpy_read_ce GPU 1 120.0 GB/s" in gate.detail
+    assert await fleet.state() is NodeState.NEEDS_HUMAN
+
+
+async def test_a_gate_result_for_a_node_in_service_decides_nothing() -> None:
+    """A told gate failure that finds the node healthy (a person undrained it since) is
+    for no validation: nothing acts on it."""
+    fleet = Fleet()
+    data = {"grade": 2, "ok": False, "gate": True, "fault_rule": "xid-79-gpu-lost"}
+    event = {
+        "id": "d1",
+        "kind": "diagnostics",
+        "node": "node-001",
+        "ts": "2027-01-15T08:00:00Z",
+        "source": "gpuops-executor",
+        "data": data,
+    }
+    fleet.clock.set(EVENT_ADAPTER.validate_python(event).epoch)
+    decisions = await fleet.engine.pipeline.handle(EVENT_ADAPTER.validate_python(event))
+    assert [d.reason for d in decisions] == [Reason.NOT_APPLICABLE]
+    assert await fleet.state() is NodeState.HEALTHY
