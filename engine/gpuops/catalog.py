@@ -37,6 +37,7 @@ class Role(StrEnum):
 
     POWER_LIMIT = "power_limit"  # sets per-GPU power limits (the power controller's changes)
     BASELINE = "baseline"  # the drift check: run in check mode, it reports what differs
+    DIAGNOSE = "diagnose"  # runs a grade of diagnostics (a rule's `diagnose: N`)
 
 
 class PlaybookSpec(BaseModel):
@@ -107,6 +108,10 @@ class Catalog:
             if spec.effect is Effect.RETURN:
                 return name
         raise ConfigError("the playbook catalogue has no playbook with effect: return")
+
+    def diagnosing(self) -> str:
+        """The playbook that runs a grade of diagnostics (`diagnose: N` in a rule)."""
+        return self.for_role(Role.DIAGNOSE)
 
     def isolating(self) -> str:
         """The playbook that isolates a node (a drain)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpuops.diagnose.fabric import pair_checks
 from gpuops.diagnose.grades import judge
 from gpuops.diagnose.skus import load
 
@@ -24,8 +25,18 @@ def gpuops_grade(
     return {**result.model_dump(mode="json"), "ok": result.ok, "summary": result.summary()}
 
 
+def gpuops_pair_ok(
+    reports: dict[str, str], sku: str, skus_file: str | None = None
+) -> bool:
+    """Whether one fabric pass's pair passed on every HCA (grade 4's second pass follows
+    when it did not)."""
+    table = load(Path(skus_file) if skus_file else None)
+    bound = table.get(sku).ib_write_bw_gbps.value
+    return all(c.ok for c in pair_checks("pair", reports, bound))
+
+
 class FilterModule:
     """Ansible's entry point for filter plugins."""
 
     def filters(self) -> dict[str, Any]:
-        return {"gpuops_grade": gpuops_grade}
+        return {"gpuops_grade": gpuops_grade, "gpuops_pair_ok": gpuops_pair_ok}

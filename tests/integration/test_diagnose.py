@@ -11,6 +11,8 @@ from gpuops.act.playbooks import resolve
 from gpuops.act.runenv import RunEnv
 from gpuops.act.runner import RunRequest, run_playbook
 from gpuops.clock import SystemClock
+from gpuops.diagnose.fabric import pick_peers
+from gpuops.inventory.hosts import load_inventory
 from gpuops.models import RunOutcome, RunStatus
 from gpuops.sim.fleet import SimFleet
 
@@ -140,3 +142,55 @@ def test_the_gate_refuses_a_loading_grade_on_a_node_still_in_service(tmp_path: P
     assert outcome.status is RunStatus.FAILED
     assert "runs on a node out of service only" in (outcome.failed_message or "")
     assert outcome.grade is None, "no tool ran"
+
+
+def _fabric(tmp_path: Path, bad: str) -> tuple[RunOutcome, list[str]]:
+    """Grade 4 on node-001 of a 3-rack fleet, one HCA of `bad` at 90 Gb/s; the peers as
+    the engine picks them (another rack, in service)."""
+    fleet = SimFleet.create(tmp_path / "sim", nodes=9, gpus=2)
+    fleet.write_inventory(
+        fleet.root / "inventory",
+        group_vars={"workload_manager": "none", "ib_hcas": ["mlx5_0", "mlx5_3"]},
+    )
+    inventory = load_inventory(fleet.root / "inventory")
+    peers = pick_peers(NODE, sorted(inventory.hosts), inventory.hostvars, out=set())
+    assert len(peers) == 2 and all(inventory.hostvars[p]["rack"] != "rack-a1" for p in peers)
+    fleet.inject(peers[0] if bad == "peer" else NODE, "bad_hca", device="mlx5_3", gbps=90.0)
+    request = RunRequest(
+        key="k-fabric",
+        rule="test",
+        node=NODE,
+        playbook=resolve(ROOT / "playbooks", "diagnose.yml", None, fleet.root / "refs"),
+        playbook_name="diagnose.yml",
+        inventory=fleet.root / "inventory",
+        timeout_s=180,
+        limit=NODE,
+        extravars={"gpuops": {"node": NODE, "grade": 4, "peers": peers}},
+        env=RunEnv(allow=("PYTHONPATH",)),
+    )
+    return run_playbook(request, SystemClock()), peers
+
+
+def test_fabric_a_bad_hca_fails_the_first_pair_and_the_second_pass_blames_the_node(
+    tmp_path: Path,
+) -> None:
+    outcome, (first, second) = _fabric(tmp_path, bad="node")
+    assert outcome.status is RunStatus.FAILED and outcome.grade is not None
+    [verdict] = [c for c in outcome.grade.checks if c.name == "fabric:verdict"]
+    assert not verdict.ok
+    assert f"{NODE} fails again, {first} passes: {NODE} is at fault" in verdict.detail
+    assert f"[blamed: {NODE}]" in verdict.detail
+    slow = [c for c in outcome.grade.failing if c.name == "ib_write_bw:mlx5_3"]
+    assert len(slow) == 1 and slow[0].value == 90.0 and f"{NODE}~{second}" in slow[0].detail
+    assert "ib_write_bw mlx5_3" in (outcome.error or ""), "the failing check names the HCA"
+
+
+def test_fabric_a_bad_hca_on_the_peer_clears_the_node_and_names_the_peer(
+    tmp_path: Path,
+) -> None:
+    outcome, (first, _) = _fabric(tmp_path, bad="peer")
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    assert outcome.grade is not None and outcome.grade.ok
+    [verdict] = [c for c in outcome.grade.checks if c.name == "fabric:verdict"]
+    assert f"{first} is at fault, not {NODE}" in verdict.detail
+    assert f"[blamed: {first}]" in verdict.detail

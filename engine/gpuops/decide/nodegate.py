@@ -8,7 +8,9 @@ from collections.abc import Sequence
 
 from gpuops.bus.store import Read, Store
 from gpuops.decide.stage import BaseStage, Drop, Proposal
+from gpuops.diagnose.fabric import pick_peers
 from gpuops.errors import StateUnreadable
+from gpuops.inventory.hosts import Inventory
 from gpuops.match.expr import render
 from gpuops.models import ActionSpec, Reason
 from gpuops.record.episodes import Episode
@@ -108,3 +110,37 @@ class Escalate(BaseStage):
         if not p.rule.escalate:
             return None
         return Drop(Reason.NEEDS_HUMAN, str(render(p.rule.description, p.match.facts)))
+
+
+class FabricPeers(BaseStage):
+    """A grade-4 diagnosis (the fabric) runs against known-good peers the engine picks:
+    in none of the node's failure domains (rack, leaf switch, PDU, cooling loop), not out
+    of service or under remediation (every node not healthy in the state records), two
+    of them for the second pass (gpuops.diagnose.fabric). A rule that names `peers`
+    keeps its own. None to be had: the run's verdict says so and fails."""
+
+    name = "fabric_peers"
+
+    def __init__(self, states: NodeStates, inventory: Inventory, diagnosing: str) -> None:
+        self.states, self.inventory, self.diagnosing = states, inventory, diagnosing
+
+    def _wants(self, action: ActionSpec) -> bool:
+        grade = action.vars.get("grade")
+        return (
+            action.playbook == self.diagnosing
+            and str(grade) == "4"
+            and not action.vars.get("peers")
+        )
+
+    async def check(self, p: Proposal) -> Drop | None:
+        if not p.acts or not any(self._wants(a) for a in p.actions):
+            return None
+        out = {r.node for r in await self.states.all() if r.state is not NodeState.HEALTHY}
+        hosts = sorted(self.inventory.hosts)
+        peers = pick_peers(p.node, hosts, self.inventory.hostvars, out)
+        p.actions = [
+            a.model_copy(update={"vars": {**a.vars, "peers": peers}}) if self._wants(a) else a
+            for a in p.actions
+        ]
+        p.notes.append(f"fabric peers: {', '.join(peers) or 'none known-good'}")
+        return None

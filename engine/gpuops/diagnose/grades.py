@@ -6,28 +6,33 @@
                                           device<->device
     3 deep    (15-60 min, node exclusive) `dcgmi diag -r 3`, nvbandwidth, an 8-GPU NCCL
                                           all_reduce_perf against the SKU's busbw
+    4 fabric  (minutes, node drained)     the GPUs, and `ib_write_bw` per HCA with a
+                                          known-good peer, a second pass deciding which
+                                          side of a failing pair is bad (gpuops.diagnose.fabric)
 
-Each grade includes the ones below it. The playbook (playbooks/diagnose.yml) runs the
-tools and hands their raw outputs here, by the names in `TOOLS`; what comes back is the
-typed result the run's outcome and the audit carry. PCIe generation is not judged: an
-idle GPU lowers its link generation by design, never its width.
+Grades 1 to 3 each include the ones below; 4 is the network's, beside them. The
+playbook (playbooks/diagnose.yml) runs the tools and hands their raw outputs here, by
+the names in `TOOLS`; what comes back is the typed result the run's outcome and the
+audit carry. PCIe generation is not judged: an idle GPU lowers its link generation by
+design, never its width.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from gpuops.diagnose import parsers
+from gpuops.diagnose import fabric, parsers
 from gpuops.diagnose.results import Check, GradeResult
 from gpuops.diagnose.skus import SkuExpectations
 from gpuops.errors import DiagnosticsError
 
-GRADES = (1, 2, 3)
+GRADES = (1, 2, 3, 4)
 # The outputs each grade needs, by the names the playbook registers them under.
 TOOLS: dict[int, tuple[str, ...]] = {
     1: ("gpus", "dcgm"),
     2: ("gpus", "dcgm", "nvbandwidth"),
     3: ("gpus", "dcgm", "nvbandwidth", "nccl"),
+    4: ("gpus", "fabric"),
 }
 # nvidia-smi --query-gpu=... --format=csv,noheader,nounits, in this order.
 GPU_QUERY = "index,pci.bus_id,pcie.link.gen.current,pcie.link.width.current,pcie.link.width.max"
@@ -57,6 +62,8 @@ def _checks(tool: str, text: str, sku: SkuExpectations) -> list[Check]:
         return parsers.dcgm_diag(text)
     if tool == "nvbandwidth":
         return parsers.nvbandwidth(text, sku.nvbandwidth_expect())
+    if tool == "fabric":
+        return fabric.judged(text, sku.ib_write_bw_gbps.value)
     return parsers.all_reduce_perf(text, sku.nccl_allreduce_busbw_gbs.value)
 
 

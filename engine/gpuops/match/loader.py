@@ -459,6 +459,8 @@ def _action(
 ) -> RuleAction:
     if "notify" in raw:
         return RuleAction(notify=raw["notify"])
+    if "diagnose" in raw:  # a grade of diagnostics instead of a fix: the catalogue's playbook
+        raw = _diagnosis(raw, playbooks_dir)
     playbook = raw["playbook"]
     if ".." in Path(playbook).parts:
         raise fail(f"playbook {playbook!r} must stay inside playbooks/", "actions")
@@ -478,6 +480,26 @@ def _action(
         vars=dict(raw.get("vars", {})),
         timeout_s=600.0 if timeout is None else timeout,
     )
+
+
+# How long each grade may run: seconds, minutes, up to an hour, minutes with two peers.
+DIAGNOSE_TIMEOUTS = {1: "10m", 2: "30m", 3: "90m", 4: "30m"}
+
+
+def _diagnosis(raw: LineDict, playbooks_dir: Path | None) -> LineDict:
+    """`diagnose: N` as the playbook action it stands for: the catalogue's diagnose
+    playbook with `grade: N` (a grade above 1 refuses a node in service)."""
+    grade = int(raw["diagnose"])
+    playbook = load_catalog(playbooks_dir).diagnosing() if playbooks_dir else "diagnose.yml"
+    out = LineDict(raw)
+    out.line, out.key_lines = raw.line, getattr(raw, "key_lines", {})
+    out.update(
+        playbook=playbook,
+        vars={**raw.get("vars", {}), "grade": grade},
+        timeout=raw.get("timeout", DIAGNOSE_TIMEOUTS[grade]),
+    )
+    del out["diagnose"]
+    return out
 
 
 def _too_deep(value: Any) -> bool:

@@ -24,8 +24,15 @@ _ACTION: dict[str, Any] = {
         "vars": {"type": "object", "description": "extra vars; '{{ field }}' fills from the fact"},
         "timeout": _DURATION,
         "notify": {"enum": ["chatops"]},
+        "diagnose": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": 4,
+            "description": "run this grade of diagnostics instead of a fix (above 1: a node "
+            "out of service only; 4, the fabric, against peers the engine picks)",
+        },
     },
-    "oneOf": [{"required": ["playbook"]}, {"required": ["notify"]}],
+    "oneOf": [{"required": ["playbook"]}, {"required": ["notify"]}, {"required": ["diagnose"]}],
 }
 
 _GROUP_KEY: dict[str, Any] = {

@@ -1,9 +1,11 @@
-"""The diagnostic tools on a simulated node: dcgmi, nvbandwidth, all_reduce_perf.
+"""The diagnostic tools on a simulated node: dcgmi, nvbandwidth, all_reduce_perf and
+perftest's ib_write_bw.
 
 Each prints its real tool's output format (gpuops.sim.diagtools renders them; the
 parsers in gpuops.diagnose read the same) with the numbers of a healthy H200 node, or of
 the faults put on it: `slow_d2d` (one GPU's NVLink links at `gbs`), `dcgm_fail` (a DCGM
-plugin failing on a GPU), `pcie_narrow` (nvidia-smi's shim reports the link width).
+plugin failing on a GPU), `pcie_narrow` (nvidia-smi's shim reports the link width),
+`bad_hca` (one HCA of the node at `gbps`: its pair with any peer runs at that rate).
 Those are the hardware's: a reboot keeps them, a reprovisioning (a fresh image and
 firmware) clears them, as `gpuops.sim.shims` boots nodes.
 """
@@ -19,7 +21,13 @@ from gpuops.sim.state import read
 
 # What a healthy 8x H200 SXM node measures (its expectations sit ~5% under these:
 # gpuops/diagnose/skus.yml).
-HEALTHY = {"h2d_gbs": 55.3, "d2h_gbs": 55.1, "d2d_gbs": 368.0, "busbw_gbs": 478.0}
+HEALTHY = {
+    "h2d_gbs": 55.3,
+    "d2h_gbs": 55.1,
+    "d2d_gbs": 368.0,
+    "busbw_gbs": 478.0,
+    "ib_gbps": 392.4,  # NDR 400G with GPUDirect, as Azure's ND H200 v5 measure it
+}
 
 
 def _faults(s: dict[str, Any], kind: str) -> dict[int, dict[str, Any]]:
@@ -67,3 +75,28 @@ def all_reduce_perf(node_dir: Path, argv: list[str]) -> int:
     busbw = min([HEALTHY["busbw_gbs"], *(gbs * 1.3 for gbs in slow)])
     print(diagtools.all_reduce_perf_table(gpus, round(busbw, 2)))
     return 0
+
+
+def ib_write_bw(node_dir: Path, argv: list[str]) -> int:
+    """`ib_write_bw ... -d HCA [PEER]`: the server (no peer) waits and prints nothing
+    here; the client prints the report of the pair, which runs at its slower end's HCA
+    (the peer is a sibling node directory of the simulated fleet)."""
+    if "-d" not in argv:
+        print("ib_write_bw (simulated): give the HCA with -d", file=sys.stderr)
+        return 1
+    hca = argv[argv.index("-d") + 1]
+    peer = argv[-1] if argv[-1] != hca and not argv[-1].startswith("-") else None
+    if peer is None:
+        return 0
+    peer_dir = node_dir.parent / peer
+    if not (peer_dir / "state.json").exists():
+        print(f" Couldn't connect to {peer}:18515", file=sys.stderr)
+        return 1
+    rates = [HEALTHY["ib_gbps"], *(_hca_rate(d, hca) for d in (node_dir, peer_dir))]
+    print(diagtools.ib_write_bw_report(min(rates), hca=hca))
+    return 0
+
+
+def _hca_rate(node_dir: Path, hca: str) -> float:
+    bad = read(node_dir).get("bad_hcas", {})
+    return float(bad.get(hca, HEALTHY["ib_gbps"]))

@@ -126,9 +126,11 @@ class SimFleet:
         target.mkdir(parents=True, exist_ok=True)
         skus_file = self.write_skus(target)
         hosts = {}
+        rack_of = {n: r for r, ns in racks(self.nodes).items() for n in ns}
         for name in self.nodes:
             bin_dir = self.node_dir(name) / "bin"
             own = {
+                "rack": rack_of[name],  # a failure domain (grade 4 picks peers outside it)
                 "sim_node_dir": str(self.node_dir(name)),
                 "gpuops_marker_dir": str(self.node_dir(name) / "done"),
                 "workload_manager": node_state.read(self.node_dir(name))["workload_manager"],
@@ -195,6 +197,9 @@ class SimFleet:
                 plugin = str(params.get("plugin", "pcie"))
                 message = str(params.get("message", f"simulated {plugin} failure"))
                 g["faults"]["dcgm_fail"] = {"plugin": plugin, "message": message}
+            elif fault == "bad_hca":  # one HCA of the node runs at `gbps` (ib_write_bw)
+                device = str(params.get("device", "mlx5_0"))
+                s.setdefault("bad_hcas", {})[device] = float(params.get("gbps", 90.0))
             elif fault == "pcie_narrow":  # the GPU's PCIe link trained below x16
                 g["faults"]["pcie_narrow"] = {"width": int(params.get("width", 8))}
             elif fault == "busy":  # a job holds the GPU (for MIG and reset refusals)

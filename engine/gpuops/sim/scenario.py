@@ -31,6 +31,7 @@ FAULTS = (
     "slow_d2d",  # the diagnostic tools' faults: gpuops/sim/diag_shims.py
     "dcgm_fail",
     "pcie_narrow",
+    "bad_hca",
 )
 # Running work rather than a fault: a Slurm job or a Kubernetes pod, with what each takes.
 WORK_PARAMS = {

@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuops.record import mig
 from gpuops.sim import work
-from gpuops.sim.diag_shims import all_reduce_perf, dcgmi, nvbandwidth
+from gpuops.sim.diag_shims import all_reduce_perf, dcgmi, ib_write_bw, nvbandwidth
 from gpuops.sim.state import H200, locked, read
 from gpuops.sim.wlm_shims import kubectl, scontrol, squeue
 
@@ -336,6 +336,7 @@ TOOLS: dict[str, Tool] = {
     "dcgmi": dcgmi,
     "nvbandwidth": nvbandwidth,
     "all_reduce_perf": all_reduce_perf,
+    "ib_write_bw": ib_write_bw,
 }
 
 

@@ -23,7 +23,13 @@ from gpuops.decide.gates import DryRun, RecordOnly
 from gpuops.decide.known_node import KnownNode
 from gpuops.decide.ladder import LadderStage
 from gpuops.decide.lock import NodeLock, NodeLocks
-from gpuops.decide.nodegate import EpisodeName, Escalate, NodeReadable, NodeStateGate
+from gpuops.decide.nodegate import (
+    EpisodeName,
+    Escalate,
+    FabricPeers,
+    NodeReadable,
+    NodeStateGate,
+)
 from gpuops.decide.silence import Silences, SilenceStore
 from gpuops.decide.stage import Decider, Stage
 from gpuops.decide.stale import StaleCutoff
@@ -162,6 +168,7 @@ def build_engine(
         Equivalence(buckets.history, catalog, s.equivalence_window_s),
         NodeReadable(stores.states),  # whatever acts reads its node's state record
         EpisodeName(episode_records(buckets.nodes)),  # read with it: the episode acted on
+        FabricPeers(stores.states, inventory, catalog.diagnosing()),  # grade 4's peers
         NodeLock(stores.locks, s.lock_lease_s),
         AttemptCap(buckets.history, catalog, s.attempt_cap, s.attempt_window_s),
         FleetBreaker(

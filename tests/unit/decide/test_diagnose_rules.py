@@ -1,0 +1,95 @@
+"""A rule that asks for a grade of diagnostics (`diagnose: N`) instead of a fix, and the
+fabric grade's peers, picked by the engine in the live stages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gpuops.clock import ManualClock
+from gpuops.errors import RuleSetError
+from gpuops.match.loader import load_rules
+
+from tests.support import decide
+from tests.unit.decide.helpers import INVENTORY, ROOT, T0, engine_on, match
+
+RULES = """
+rules:
+  - name: ib-slow
+    on: ib
+    when: ports_down > 0
+    actions:
+      - diagnose: 4
+  - name: ib-slow-named
+    on: ib
+    when: ports_down > 1
+    actions:
+      - diagnose: 4
+        vars: {peers: [node-019, node-020]}
+  - name: nvlink-check
+    on: xid
+    when: xid == 74
+    actions:
+      - diagnose: 2
+        vars: {reason: "NVLink error {{ xid }}"}
+"""
+
+
+def _rules(tmp_path: Path, text: str = RULES) -> Path:
+    path = tmp_path / "rules" / "diag.yml"
+    path.parent.mkdir()
+    path.write_text(text)
+    return path.parent
+
+
+def test_diagnose_n_is_the_catalogue_s_diagnose_playbook_at_that_grade(tmp_path: Path) -> None:
+    rules = {r.name: r for r in load_rules([_rules(tmp_path)], ROOT / "playbooks").rules}
+    [fabric] = rules["ib-slow"].actions
+    assert (fabric.playbook, fabric.vars, fabric.timeout_s) == ("diagnose.yml", {"grade": 4}, 1800)
+    [medium] = rules["nvlink-check"].actions
+    assert medium.vars == {"reason": "NVLink error {{ xid }}", "grade": 2}
+
+
+@pytest.mark.parametrize(
+    ("action", "problem"),
+    [
+        ("diagnose: 5", "diagnose"),
+        ("diagnose: 2\n        vars: {grde: 1}", "does not accept variable 'grde'"),
+    ],
+)
+def test_a_bad_diagnose_action_names_file_line_and_rule(
+    tmp_path: Path, action: str, problem: str
+) -> None:
+    text = f"rules:\n  - name: bad-one\n    on: xid\n    actions:\n      - {action}\n"
+    with pytest.raises(RuleSetError) as err:
+        load_rules([_rules(tmp_path, text)], ROOT / "playbooks")
+    said = str(err.value)
+    assert "diag.yml:" in said and "bad-one" in said and problem in said, said
+
+
+async def test_the_fabric_grade_gets_two_known_good_peers_outside_the_node_s_rack(
+    tmp_path: Path,
+) -> None:
+    rules = load_rules([_rules(tmp_path)], ROOT / "playbooks")
+    engine = engine_on(ManualClock(T0), rules=rules)
+    busy = engine.states.store.model(node="node-015", state="quarantined", quarantined=True)
+    await engine.states.store.put(busy, "node-015")
+    d = await decide(engine.pipeline, match("ib-slow", gpu=None, kind="ib", ports_down=1))
+    assert d.accepted, d
+    peers = d.actions[0].vars["peers"]
+    assert len(peers) == 2 and "node-015" not in peers, peers
+    assert all(
+        INVENTORY.hostvars[p]["rack"] != INVENTORY.hostvars["node-001"]["rack"] for p in peers
+    )
+    assert f"fabric peers: {', '.join(peers)}" in d.detail
+    again = await decide(
+        engine_on(ManualClock(T0), rules=rules).pipeline,
+        match("ib-slow", gpu=None, kind="ib", ports_down=1),
+    )
+    assert again.actions[0].vars["peers"] == peers, "the same peers for the same node"
+
+    named = await decide(
+        engine_on(ManualClock(T0), rules=rules).pipeline,
+        match("ib-slow-named", gpu=None, kind="ib", ports_down=2),
+    )
+    assert named.actions[0].vars["peers"] == ["node-019", "node-020"], "a rule's own peers"
