@@ -402,6 +402,20 @@ class SxidData(_Open):
     message: AlertText = ""
 
 
+class TopologyData(_Open):
+    """The node differs from its topology manifest (gpuops.diagnose.topology), as its
+    agent found: the check (`pcie_width`, `pcie_gen`, `numa`, `nvlinks`, `gpu_missing`,
+    `nic_missing`, `nic_rate`, `nic_numa`, `nic_level`, `nic_gpu`), the GPU or HCA, and
+    what the manifest says against what the node has."""
+
+    check: Annotated[str, Cut(64, min_length=1)]
+    gpu: int | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
+    device: Annotated[str, Cut(64)] = ""
+    expected: Num | Text | bool | None = None
+    actual: Num | Text | bool | None = None
+    detail: Text = ""
+
+
 class DiagnosticsData(_Open):
     """A grade of diagnostics ran on the node (gpuops.diagnose), told by the executor that
     ran it: whether it passed, and the first failing check with its number. `gate`: it
@@ -529,6 +543,11 @@ class SxidEvent(_Envelope):
     data: SxidData
 
 
+class TopologyEvent(_Envelope):
+    kind: Literal["topology"]
+    data: TopologyData
+
+
 class DiagnosticsEvent(_Envelope):
     kind: Literal["diagnostics"]
     data: DiagnosticsData
@@ -557,7 +576,8 @@ Event = Annotated[
     | IbEvent
     | SxidEvent
     | AlertEvent
-    | DiagnosticsEvent,
+    | DiagnosticsEvent
+    | TopologyEvent,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
@@ -576,6 +596,7 @@ DATA_MODELS: dict[str, type[BaseModel]] = {
     "sxid": SxidData,
     "alert": AlertData,
     "diagnostics": DiagnosticsData,
+    "topology": TopologyData,
 }
 EVENT_KINDS: tuple[str, ...] = tuple(DATA_MODELS)
 # Kinds that state a condition rather than report an occurrence: a rule's episode on them

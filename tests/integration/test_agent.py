@@ -266,3 +266,55 @@ async def _down_reported(nc: Client, port: str) -> bool:
         if event["kind"] == "ib" and port in event["data"].get("down_ports", []):
             return True
     return False
+
+
+async def test_the_agent_reports_a_narrowed_link_within_one_interval_and_not_an_idle_one(
+    tmp_path: Path,
+) -> None:
+    """Issue 28's topology test on a real nats-server: node-002's GPU 3 at Gen5 x8 under
+    load is a `topology` event on the agent's first sample; node-003, idle at Gen1 x16,
+    says nothing; both against a manifest learnt from node-001."""
+    from gpuops.agent.topology import observe
+    from gpuops.diagnose.topology import dump, learned
+    from gpuops.sim.fleet import SimFleet
+    from gpuops.sim.nodebackend import SimBackend
+
+    fleet = SimFleet.create(tmp_path / "sim", nodes=3, gpus=8)
+    good = SimBackend(fleet.root, "node-001")
+    seen = observe(
+        good.sample()[0],
+        good.pci_bus_ids(),
+        fleet.node_dir("node-001") / "sys",
+        None,
+        None,
+        maxima=True,
+    )
+    manifest = tmp_path / "h200-8gpu.yml"
+    manifest.write_text(dump(learned(seen, "node-001", "h200-8gpu", "t")))
+    fleet.inject("node-002", "pcie_narrow", 3, width=8)
+    fleet.inject("node-002", "load", 0, workload="training")
+    fleet.inject("node-003", "load", 0, workload="idle")
+    server = EmbeddedNats(tmp_path / "nats").start()
+    nc = await nats.connect(server.url)
+    try:
+        await ensure_streams(nc.jetstream())
+        for node in ("node-002", "node-003"):
+            settings = AgentSettings(
+                node=node,
+                spool_path=tmp_path / f"{node}.jsonl",
+                topology=manifest,
+                sys_root=fleet.node_dir(node) / "sys",
+            )
+            agent = Agent(settings, SimBackend(fleet.root, node), nc, SystemClock())
+            await agent.publish_telemetry()  # the first interval
+            await agent.publish_telemetry()  # within topology_every_s: not again
+        info = await nc.jetstream().stream_info(EVENTS)
+        events = [
+            EVENT_ADAPTER.validate_json((await nc.jetstream().get_msg(EVENTS, seq)).data)
+            for seq in range(1, info.state.last_seq + 1)
+        ]
+    finally:
+        await nc.close()
+        server.stop()
+    found = [(e.node, e.data.check, e.data.gpu, e.data.expected, e.data.actual) for e in events]
+    assert found == [("node-002", "pcie_width", 3, 16, 8)], found

@@ -1,4 +1,4 @@
 """The node agent: NVML sampling, the XID/ECC listener, the GPU probe, heartbeats, the spool.
 
-May import: bus.
+May import: bus, diagnose (the topology manifest).
 """

@@ -29,8 +29,10 @@ from gpuops.agent.infiniband import read_ib
 from gpuops.agent.kmsg import KmsgParser, KmsgReader
 from gpuops.agent.probe import requested_nonce, run_probe
 from gpuops.agent.spool import Spool, Spooled
+from gpuops.agent.topology import observe
 from gpuops.bus.identity import Signer
 from gpuops.clock import Clock
+from gpuops.diagnose.topology import differences, load_manifest
 from gpuops.models import new_event, subject_for
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,11 @@ class AgentSettings:
     # down, goes out every interval (the events stream keeps a week: 8 ports every 10 s
     # on every node would fill it with nothing new).
     ib_every_s: float = 300.0
+    # The topology manifest the node is held to (gpuops.diagnose.topology), checked on the
+    # first sample and then this often; each difference is a `topology` event.
+    topology: Path | None = None
+    topology_every_s: float = 300.0
+    sys_root: Path = Path("/sys")
 
 
 def event(
@@ -99,6 +106,10 @@ class Agent:
         self._ib_last: tuple[Any, ...] | None = None
         self._ib_sent_at = float("-inf")
         self._ib_seen_up: set[str] = set()  # ports seen ACTIVE: only they can be "down"
+        # A manifest that does not read stops the agent at start, saying which file.
+        manifest = load_manifest(settings.topology) if settings.topology else None
+        self.topology = manifest.for_host(settings.node) if manifest else None
+        self._topology_at = float("-inf")
 
     async def run(self, stop: asyncio.Event) -> None:
         """All loops until `stop`; they sample and spool from the start, connected or not."""
@@ -191,6 +202,8 @@ class Agent:
         gpus, signals = await asyncio.to_thread(self.backend.sample)
         for signal in signals:
             await self.publish_health(signal.kind, signal.data)
+        if gpus:
+            await self.check_topology(gpus)
         if not gpus or not self.nc.is_connected:
             return  # not spooled: the next sample replaces it
         body = json.dumps(event("telemetry", self.s.node, self.clock.now(), {"gpus": gpus}))
@@ -200,6 +213,21 @@ class Agent:
                 subject_for("telemetry", self.s.node), data, headers=self._headers(data)
             )
             self.sent["telemetry"] = self.sent.get("telemetry", 0) + 1
+
+    async def check_topology(self, gpus: list[dict[str, Any]]) -> None:
+        """The node against its manifest, on the first sample and every `topology_every_s`
+        after: each difference a health event (spooled, like an XID)."""
+        now = self.clock.now()
+        if self.topology is None or now - self._topology_at < self.s.topology_every_s:
+            return
+        self._topology_at = now
+        ib = read_ib(self.s.ib_root) if self.s.ib_root is not None else None
+        seen = await asyncio.to_thread(
+            observe, gpus, self.backend.pci_bus_ids(), self.s.sys_root, ib, self.s.ib_root
+        )
+        util = {int(g["index"]): g.get("util_gpu") for g in gpus}
+        for found in differences(self.topology, seen, util):
+            await self.publish_health("topology", found.model_dump(mode="json"))
 
     async def publish_ib(self) -> None:
         """The node's InfiniBand ports: on a change or a port down, else every `ib_every_s`.

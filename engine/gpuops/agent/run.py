@@ -39,6 +39,13 @@ def node_paths(opts: dict[str, Any], node: str) -> tuple[Path | None, Path | Non
     return chosen[0], chosen[1]
 
 
+def sys_root(opts: dict[str, Any], node: str) -> Path:
+    """Where sysfs is: /sys, or a simulated node's own tree (its GPUs' NUMA nodes)."""
+    if opts.get("backend") == "sim" and opts.get("sim_root"):
+        return Path(opts["sim_root"]) / "nodes" / node / "sys"
+    return Path(opts.get("sys_root") or "/sys")
+
+
 def agent_once(opts: dict[str, Any], backend: GpuBackend) -> list[dict[str, Any]]:
     """One telemetry event and a probe result per GPU, without NATS (checks, debugging)."""
     node = opts.get("node") or default_node()
@@ -78,6 +85,9 @@ async def run_agent(settings: Settings, opts: dict[str, Any], backend: GpuBacken
         spool_path=opts.get("spool") or settings.state_dir / f"agent-{node}-spool.jsonl",
         ib_root=node_paths(opts, node)[0],
         kmsg_path=node_paths(opts, node)[1],
+        topology=opts.get("topology"),
+        topology_every_s=opts.get("topology_every") or 300.0,
+        sys_root=sys_root(opts, node),
     )
     stop = stop_on_signals()
     url, credentials = agent_endpoint(settings.nats, settings.state_dir, node)

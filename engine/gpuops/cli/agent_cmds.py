@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import click
 
 from gpuops.agent.backend import GpuBackend
 from gpuops.cli.terminal import err, run_async, settings_from
+from gpuops.clock import rfc3339
 from gpuops.errors import ConfigError, EngineError
 
 
@@ -35,6 +37,14 @@ from gpuops.errors import ConfigError, EngineError
     "--kmsg",
     help="kernel log to follow for XID/SXid lines, 'off' for none [default: /dev/kmsg; "
     "backend sim: the node's kmsg file]",
+)
+@click.option(
+    "--topology",
+    type=click.Path(path_type=Path, exists=True, dir_okay=False),
+    help="the topology manifest this node is held to (gpuops topology learn writes one)",
+)
+@click.option(
+    "--topology-every", type=float, default=300.0, show_default=True, help="seconds between checks"
 )
 @click.option("--once", is_flag=True, help="one telemetry event and probe results, no NATS")
 @click.option(
@@ -81,6 +91,89 @@ def _health_check(opts: dict[str, Any]) -> int:
     return status
 
 
+@click.group()
+def topology() -> None:
+    """Topology as code: the manifest a node is held to (docs/operations.md, Topology)."""
+
+
+def _backend_options(command: Any) -> Any:
+    for option in reversed(
+        [
+            click.argument("node"),
+            click.option("--backend", type=click.Choice(["nvml", "sim"]), default="nvml"),
+            click.option("--sim-root", type=click.Path(path_type=Path)),
+            click.option("--ib-root", help="InfiniBand sysfs root, 'off' for none"),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
+@topology.command("learn")
+@_backend_options
+@click.option("--sku", default="h200-8gpu", show_default=True, help="the SKU the manifest is for")
+@click.option("--out", type=click.Path(path_type=Path), help="write here (default: stdout)")
+def topology_learn(node: str, sku: str, out: Path | None, **opts: Any) -> None:
+    """Write a manifest from NODE, a known-good node (run it on that node): every GPU at
+    its link's maximum, its NUMA node and NVLink links, every HCA and its nearest GPU."""
+    from gpuops.diagnose.topology import dump, learned
+
+    seen = _observe(node, opts, maxima=True)
+    text = dump(learned(seen, node, sku, rfc3339(time.time())))
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        out.write_text(text)
+        click.echo(f"wrote {out}: {len(seen.gpus)} GPUs, {len(seen.nics)} HCAs from {node}")
+
+
+@topology.command("check")
+@_backend_options
+@click.option("--manifest", type=click.Path(path_type=Path, exists=True), required=True)
+def topology_check(node: str, manifest: Path, **opts: Any) -> None:
+    """NODE against a manifest, now: each difference on a line; exit 1 when any."""
+    from gpuops.diagnose.topology import differences, load_manifest
+
+    want = load_manifest(manifest).for_host(node)
+    gpus = _sample(node, opts)
+    seen = _observe(node, opts, maxima=False, gpus=gpus)
+    found = differences(want, seen, {int(g["index"]): g.get("util_gpu") for g in gpus})
+    for d in found:
+        where = f"GPU {d.gpu}" if d.gpu is not None else d.device
+        click.echo(f"{node} {where}: {d.check} {d.actual} (expect {d.expected}): {d.detail}")
+    if found:
+        sys.exit(1)
+    click.echo(f"{node}: as the manifest says ({len(want.gpus)} GPUs, {len(want.nics)} HCAs)")
+
+
+def _sample(node: str, opts: dict[str, Any]) -> list[dict[str, Any]]:
+    backend = make_backend({**opts, "node": node})
+    try:
+        return backend.sample()[0]
+    finally:
+        backend.close()
+
+
+def _observe(
+    node: str, opts: dict[str, Any], maxima: bool, gpus: list[dict[str, Any]] | None = None
+) -> Any:
+    from gpuops.agent.infiniband import read_ib
+    from gpuops.agent.run import node_paths, sys_root
+    from gpuops.agent.topology import observe
+
+    opts = {**opts, "node": node, "kmsg": "off"}
+    backend = make_backend(opts)
+    try:
+        readings = gpus if gpus is not None else backend.sample()[0]
+        ib_root = node_paths(opts, node)[0]
+        ib = read_ib(ib_root) if ib_root is not None and ib_root.is_dir() else None
+        return observe(
+            readings, backend.pci_bus_ids(), sys_root(opts, node), ib, ib_root, maxima=maxima
+        )
+    finally:
+        backend.close()
+
+
 def make_backend(opts: dict[str, Any]) -> GpuBackend:
     """The NVML backend, or one simulated node (the CLI chooses: agent/ knows no sim)."""
     if opts["backend"] == "sim":
@@ -97,4 +190,4 @@ def make_backend(opts: dict[str, Any]) -> GpuBackend:
         raise ConfigError(f"NVML is not available on this host: {exc}") from exc
 
 
-COMMANDS = [agent]
+COMMANDS = [agent, topology]

@@ -31,6 +31,9 @@ from gpuops.sim.power_model import POWER_CAP, h200_model
 from gpuops.sim.shims import TOOLS
 from gpuops.sim.state import H200
 
+# Where the GPUs of an 8-GPU HGX board sit on the PCI bus (bus numbers; domain 0,
+# device 0): the agent's backend, the GPUs' sysfs entries (NUMA node) and the manifests.
+SIM_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB, 0x1B, 0x2B, 0x3B, 0x5E)
 SHIPPED_SKU = "h200-8gpu"  # the recordings' node: gpuops/diagnose/skus.yml
 
 
@@ -92,6 +95,8 @@ class SimFleet:
             node_dir = fleet.node_dir(name)
             node_state.write_new(node_dir, node_state.new_node(name, gpus, workload_manager))
             _write_shims(node_dir)
+            for index in range(gpus):  # half the board on each socket, as on an HGX
+                _write_numa(node_dir, index, index * 2 // max(gpus, 1))
         fleet.write_inventory(root / "inventory")
         return fleet
 
@@ -202,6 +207,10 @@ class SimFleet:
                 s.setdefault("bad_hcas", {})[device] = float(params.get("gbps", 90.0))
             elif fault == "pcie_narrow":  # the GPU's PCIe link trained below x16
                 g["faults"]["pcie_narrow"] = {"width": int(params.get("width", 8))}
+            elif fault == "pcie_slow":  # the GPU's link stays below Gen5 under load too
+                g["faults"]["pcie_slow"] = {"gen": int(params.get("gen", 3))}
+            elif fault == "numa":  # the GPU shows on another NUMA node (a BIOS setting)
+                _write_numa(self.node_dir(node), g["index"], int(params.get("to", 1)))
             elif fault == "busy":  # a job holds the GPU (for MIG and reset refusals)
                 g["processes"] = [int(params.get("pid", 4242))]
             elif fault == "load":  # steady work on the GPU(s), on the power model
@@ -381,8 +390,9 @@ def _gpu_sample(
         "remap_pending": False,
         "remap_failure": False,
         "recovery_action": g["faults"].get("recovery_action", {}).get("action", 0),
-        "pcie_gen": 5,
-        "pcie_width": 16,
+        # An idle GPU trains its link down to Gen1 (GPU_FAULTS.md); a busy one runs Gen5.
+        "pcie_gen": g["faults"].get("pcie_slow", {}).get("gen", 5) if util else 1,
+        "pcie_width": g["faults"].get("pcie_narrow", {}).get("width", 16),
         "pcie_max_gen": 5,
         "pcie_max_width": 16,
         "pcie_replay": 1,
@@ -395,6 +405,17 @@ def _gpu_sample(
     sample.update(interconnect.gpm_fields(g, s, rec, rng))
     sample.update(interconnect.nvlink_fields(g, s))
     return sample
+
+
+def gpu_sysfs(node_dir: Path, index: int) -> Path:
+    """A simulated GPU's sysfs device directory (the agent's --sys-root is node_dir/sys)."""
+    return node_dir / "sys" / "bus" / "pci" / "devices" / f"0000:{SIM_PCI_BUSES[index]:02x}:00.0"
+
+
+def _write_numa(node_dir: Path, index: int, numa: int) -> None:
+    device = gpu_sysfs(node_dir, index)
+    device.mkdir(parents=True, exist_ok=True)
+    (device / "numa_node").write_text(f"{numa}\n")
 
 
 def _write_shims(node_dir: Path) -> None:

@@ -8,9 +8,7 @@ from typing import Any
 
 from gpuops.agent.backend import HealthSignal
 from gpuops.sim import state as node_state
-from gpuops.sim.fleet import SimFleet
-
-SIM_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB, 0x1B, 0x2B, 0x3B, 0x5E)
+from gpuops.sim.fleet import SIM_PCI_BUSES, SimFleet
 
 
 class SimBackend:

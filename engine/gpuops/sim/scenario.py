@@ -32,6 +32,8 @@ FAULTS = (
     "dcgm_fail",
     "pcie_narrow",
     "bad_hca",
+    "pcie_slow",  # topology: a link below Gen5 under load, a GPU on another NUMA node
+    "numa",
 )
 # Running work rather than a fault: a Slurm job or a Kubernetes pod, with what each takes.
 WORK_PARAMS = {

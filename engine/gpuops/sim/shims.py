@@ -24,7 +24,7 @@ from gpuops.sim.wlm_shims import kubectl, scontrol, squeue
 
 Tool = Callable[[Path, list[str]], int]
 # Faults a reboot keeps (broken cooling, a degraded link); a reprovisioning clears them.
-HARDWARE_FAULTS = frozenset({"overheat", "slow_d2d", "dcgm_fail", "pcie_narrow"})
+HARDWARE_FAULTS = frozenset({"overheat", "slow_d2d", "dcgm_fail", "pcie_narrow", "pcie_slow"})
 
 
 def _gpus(state: dict[str, Any], argv: list[str]) -> list[dict[str, Any]]:
