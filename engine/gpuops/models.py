@@ -606,10 +606,21 @@ STATEFUL_KINDS = frozenset({"telemetry", "alert"})
 
 # Facts the matcher computes when it expands an event (gpuops.match.matcher.facts_of),
 # beside the event's own fields: a GPU compared with the other GPUs of its node.
-DERIVED_FACTS: dict[str, dict[str, type]] = {"telemetry": {"dram_bw_util_peer_median": float}}
+DERIVED_FACTS: dict[str, dict[str, type]] = {
+    "telemetry": {
+        "dram_bw_util_peer_median": float,
+        # The fleet baseline (gpuops.match.baselines): the node's mean, its peers' median.
+        "node_dram_bw_util": float,
+        "dram_bw_util_fleet_median": float,
+    }
+}
 # The event field each derived fact is computed from: a source that fills the field
 # serves the fact too.
-DERIVED_FROM: dict[str, str] = {"dram_bw_util_peer_median": "dram_bw_util"}
+DERIVED_FROM: dict[str, str] = {
+    "dram_bw_util_peer_median": "dram_bw_util",
+    "node_dram_bw_util": "dram_bw_util",
+    "dram_bw_util_fleet_median": "dram_bw_util",
+}
 
 
 def fact_fields(kind: str) -> frozenset[str]:

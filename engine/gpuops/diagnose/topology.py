@@ -111,9 +111,9 @@ def learned(seen: Topology, node: str, sku: str, at: str) -> Manifest:
 def dump(manifest: Manifest) -> str:
     """The manifest as the YAML kept in git."""
     doc = manifest.model_dump(mode="json", exclude_none=True, exclude_defaults=True)
-    first = {k: doc.pop(k) for k in ("sku", "sources") if k in doc}  # what it is, on top
+    first: dict[str, Any] = {k: doc.pop(k) for k in ("sku", "sources") if k in doc}  # on top
     doc = {**first, **doc}
-    return "# gpuops topology manifest (docs/operations.md, "Topology as code")\n" + yaml.safe_dump(
+    return "# gpuops topology manifest (docs/operations.md, 'Topology as code')\n" + yaml.safe_dump(
         doc, sort_keys=False
     )
 

@@ -18,7 +18,9 @@ from typing import Any
 from gpuops.clock import Clock
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.aggregates import Aggregates
+from gpuops.match.baselines import FIELDS, FleetBaseline
 from gpuops.match.codegen import Cleared, Entry, KindEval, compile_kind
+from gpuops.match.expr import fact_keys
 from gpuops.match.facts import Fact, Telemetry, facts_of
 from gpuops.match.facts import peer_median as peer_median  # where callers found it
 from gpuops.match.rules import Rule, RuleSet
@@ -131,6 +133,7 @@ class Matcher:
         self.clock = clock
         self.sweep_grace_s = sweep_grace_s
         self.rules = rules
+        self.baseline: FleetBaseline | None = None
         self.replace(rules)
 
     def replace(self, rules: RuleSet) -> None:
@@ -159,6 +162,10 @@ class Matcher:
         }
         self._by_kind = by_kind
         self._per_node = frozenset(r.name for r in rules.rules if r.consolidate)
+        # The fleet baseline costs a dict update a sample: kept only while a rule reads it
+        # (a reload that keeps such a rule keeps what it has learnt).
+        reads = any(set(FIELDS) & fact_keys(r.expr) for r in rules.rules if r.on == "telemetry")
+        self.baseline = (self.baseline or FleetBaseline()) if reads else None
         self.rules = rules
 
     def set_inventory(self, inventory: Inventory) -> None:
@@ -202,7 +209,10 @@ class Matcher:
             return []
         t, event_id = event.epoch, event.id
         out: list[Match] = []
-        for fact in facts_of(event):
+        facts = facts_of(event)
+        if self.baseline is not None and event.kind == "telemetry":
+            self.baseline.observe(event.node, facts, t)
+        for fact in facts:
             evaluate(fact, t, event_id, out)
         return consolidated(out, self._per_node) if len(out) > 1 and self._per_node else out
 
@@ -211,6 +221,10 @@ class Matcher:
         evaluate = self._eval_kind.get(kind)
         out: list[Match] = []
         if evaluate is not None:
+            if self.baseline is not None and kind == "telemetry":
+                facts = list(facts)
+                if facts:
+                    self.baseline.observe(str(facts[0]["node"]), facts, t)
             for fact in facts:
                 evaluate(fact, t, event_id, out)
         return consolidated(out, self._per_node) if len(out) > 1 and self._per_node else out

@@ -1,0 +1,79 @@
+"""The fleet baseline: each node against the median of its peers of the same GPU model
+under the same load, fed the same way on the live path and replay's."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from gpuops.match.baselines import MAX_AGE_S, MIN_PEERS, REFRESH_S, FleetBaseline
+from gpuops.match.facts import Telemetry
+from gpuops.match.loader import load_rules
+from gpuops.match.matcher import Matcher
+
+from tests.unit.decide.helpers import ROOT
+
+
+def _gpus(bw: float, active: float = 95.0, name: str = "NVIDIA H200") -> list[dict[str, Any]]:
+    return [{"dram_bw_util": bw, "sm_active": active, "name": name} for _ in range(2)]
+
+
+def test_the_median_is_of_the_others_of_the_same_model_and_load_band() -> None:
+    baseline = FleetBaseline()
+    values = {f"n{i}": 50.0 + i for i in range(8)}
+    for node, bw in values.items():
+        baseline.observe(node, _gpus(bw), 0.0)
+    baseline.observe("h100", _gpus(10.0, name="NVIDIA H100"), 0.0)  # another model
+    baseline.observe("idle", _gpus(1.0, active=3.0), 0.0)  # another load band
+    facts = _gpus(values["n0"])
+    baseline.observe("n0", facts, 10.0)
+    others = statistics.median(v for n, v in values.items() if n != "n0")
+    assert facts[0]["dram_bw_util_fleet_median"] == others
+    assert [f["node_dram_bw_util"] for f in facts] == [50.0, 50.0]
+
+
+def test_too_few_peers_or_stale_ones_give_no_median() -> None:
+    baseline = FleetBaseline()
+    for i in range(MIN_PEERS):
+        baseline.observe(f"n{i}", _gpus(60.0), 0.0)
+    alone = _gpus(40.0)
+    baseline.observe("n-new", alone, REFRESH_S)  # the medians are at most REFRESH_S old
+    assert alone[0]["dram_bw_util_fleet_median"] == 60.0, "five peers: a median"
+    later = _gpus(40.0)
+    baseline.observe("n-new", later, MAX_AGE_S + 10)
+    assert later[0]["dram_bw_util_fleet_median"] is None, "the others stopped reporting"
+    nothing = [{"dram_bw_util": None, "sm_active": None, "name": "NVIDIA H200"}]
+    baseline.observe("n-none", nothing, 0.0)
+    assert nothing[0]["dram_bw_util_fleet_median"] is None
+
+
+def test_live_and_replay_feed_the_baseline_alike() -> None:
+    """Matcher.match (live: a Telemetry) and match_facts (replay's path) see one fleet."""
+    rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
+    fired: list[list[str]] = []
+    for live in (True, False):
+        matcher = Matcher(rules)
+        assert matcher.baseline is not None, "rules/baselines.yml reads the baseline"
+        names = []
+        for step in range(0, 15 * 60, 30):
+            for i in range(1, 21):
+                facts = [
+                    {**g, "index": j, "gpu": j, "node": f"n{i:02d}"}
+                    for j, g in enumerate(_gpus(42.0 if i == 7 else 60.0))
+                ]
+                full = [{**dict.fromkeys(matcher_fields()), **f} for f in facts]
+                if live:
+                    event = Telemetry(f"e{step}-{i}", f"n{i:02d}", float(step), "t", full)
+                    found = matcher.match(event)
+                else:
+                    found = matcher.match_facts("telemetry", full, float(step), f"e{step}-{i}")
+                names += [f"{m.rule}@{m.node}" for m in found if m.rule.startswith("hbm")]
+        fired.append(names)
+    assert fired[0] == fired[1] and fired[0][:1] == ["hbm-bandwidth-below-fleet@n07"], fired
+    assert {n.split("@")[1] for n in fired[0]} == {"n07"}
+
+
+def matcher_fields() -> tuple[str, ...]:
+    from gpuops.match.facts import GPU_FIELDS
+
+    return (*GPU_FIELDS, "dram_bw_util_peer_median")
