@@ -3,7 +3,12 @@ event schema, plus the NVML event listener's timeout path and per-sample cost, a
 interconnect reads: GPM metrics over two samples under a load (bf16 matmul, then a
 memory copy; torch or cupy when installed, else idle), NVLink link states and counters,
 InfiniBand sysfs, the PCI addresses kernel-log XIDs are placed by, and whether
-/dev/kmsg is readable.
+/dev/kmsg is readable. Then the graded diagnostics on the real tools: grade 1 (nvidia-smi's
+GPU list, `dcgmi diag -r 1 -j`) and grade 2 where nvbandwidth is installed, judged by
+gpuops.diagnose against the H200's numbers for as many GPUs as the machine has (their
+outputs kept in OUTDIR), and the node's topology as `gpuops topology learn` would write it
+(OUTDIR/topology.yml). A tool that is not installed is reported, not failed: the lent
+machine need not have DCGM.
 
 Usage on a GPU node:  python3 scripts/gpu_check.py OUTDIR
 Writes OUTDIR/agent_once.jsonl and OUTDIR/gpu_check.json; exits 1 if a check fails.
@@ -80,18 +85,107 @@ def main(out: Path) -> int:
     except Exception as exc:  # report what failed; the checks above still count
         links = {"error": repr(exc), "gpm_ok": False}
     report["interconnect"] = links
+    report["topology"] = learn_topology(backend, events, out)
     backend.close()
+    report["grades"] = graded(out)
     ok = (
         done.returncode == 0
         and telemetry is not None
         and all(not e["schema_errors"] for e in report["events"])  # type: ignore[union-attr]
         and all(p["outcome"] == "pass" for p in report["probes"])
         and bool(links["gpm_ok"])
+        and all(g.get("ok", True) for g in report["grades"].values())  # type: ignore[union-attr]
     )  # type: ignore[union-attr]
     report["ok"] = ok
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     return 0 if ok else 1
+
+
+def _run(argv: list[str], timeout: float) -> tuple[int, str]:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        return -1, ""
+    except subprocess.TimeoutExpired:
+        return -2, ""
+    return done.returncode, done.stdout
+
+
+def graded(out: Path) -> dict[str, dict[str, object]]:
+    """Grades 1 and 2 on the real tools, judged as the gate judges them (a tool that is
+    not installed is said, and that grade left unjudged)."""
+    from gpuops.diagnose.grades import GPU_QUERY, judge
+    from gpuops.diagnose.skus import load
+
+    _, gpus = _run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"], 60)
+    count = len([line for line in gpus.splitlines() if line.strip()])
+    base = load().get("h200-8gpu")
+    sku = base.model_copy(
+        update={"gpu_count": base.gpu_count.model_copy(update={"value": max(count, 1)})}
+    )
+    (out / "gpus.csv").write_text(gpus)
+    outputs = {"gpus": gpus}
+    report: dict[str, dict[str, object]] = {}
+    for grade, tools in (
+        (1, [("dcgm", ["dcgmi", "diag", "-r", "1", "-j"], 600)]),
+        (
+            2,
+            [
+                ("dcgm", ["dcgmi", "diag", "-r", "2", "-j"], 1800),
+                (
+                    "nvbandwidth",
+                    [
+                        "nvbandwidth",
+                        "-t",
+                        "host_to_device_memcpy_ce",
+                        "device_to_host_memcpy_ce",
+                        "device_to_device_memcpy_read_ce",
+                    ],
+                    900,
+                ),
+            ],
+        ),
+    ):
+        missing = []
+        for name, argv, timeout in tools:
+            code, text = _run(argv, timeout)
+            if code == -1:
+                missing.append(argv[0])
+            (out / f"grade-{grade}-{name}.txt").write_text(text)
+            outputs[name] = text
+        if missing:
+            report[f"grade{grade}"] = {"skipped": f"not installed: {', '.join(missing)}"}
+            continue
+        result = judge(grade, outputs, sku)
+        report[f"grade{grade}"] = {
+            "ok": result.ok,
+            "summary": result.summary(),
+            "checks": [c.model_dump(exclude_none=True) for c in result.checks],
+        }
+    return report
+
+
+def learn_topology(backend: NvmlBackend, events: list[dict], out: Path) -> dict[str, object]:
+    """The node's topology at its links' maxima, as `gpuops topology learn` writes it."""
+    from gpuops.agent.topology import observe
+    from gpuops.diagnose.topology import dump, learned
+
+    telemetry = next((e for e in events if e["kind"] == "telemetry"), None)
+    if telemetry is None:
+        return {"error": "no telemetry to read the links from"}
+    ib = read_ib(DEFAULT_ROOT) if DEFAULT_ROOT.is_dir() else None
+    seen = observe(
+        telemetry["data"]["gpus"],
+        backend.pci_bus_ids(),
+        Path("/sys"),
+        ib,
+        DEFAULT_ROOT,
+        maxima=True,
+    )
+    text = dump(learned(seen, os.uname().nodename, "h200", time.strftime("%Y-%m-%dT%H:%M:%SZ")))
+    (out / "topology.yml").write_text(text)
+    return seen.model_dump(mode="json", exclude_none=True)
 
 
 # A load for GPU 0 that prints "ready" once warm, then runs PHASE for SECONDS.

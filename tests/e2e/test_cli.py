@@ -83,7 +83,7 @@ def test_help_lists_every_command() -> None:
         *("status", "history", "silence", "unsilence", "approve", "deny", "breaker"),
         *("drain", "undrain", "dry-run", "drift-check", "publish", "state"),
         *("simulate", "sim-fault", "demo", "agent"),
-        *("init", "export", "ingest", "power", "report", "identity"),
+        *("init", "export", "ingest", "power", "report", "identity", "topology"),
     }
 
 

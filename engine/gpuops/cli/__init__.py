@@ -8,8 +8,8 @@ sim_cmds (the simulated fleet and the demo), agent_cmds (the node agent), source
 (ingest from dcgm-exporter / Prometheus) and site_cmds (init a site, export events, --version).
 `gpuops bench ...` comes from the bench wing's entry point (gpuops/bench/cli.py).
 
-May import: act, agent, bus, intake, inventory, match, ops, power, record, scale, sim,
-sources, spine.
+May import: act, agent, bus, diagnose (topology learn / check), intake, inventory, match,
+ops, power, record, scale, sim, sources, spine.
 """
 
 from __future__ import annotations

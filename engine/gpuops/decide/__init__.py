@@ -1,5 +1,5 @@
 """Decide: the safety stages between a match and an action, one module each, in the order
 spine/build.py lists.
 
-May import: bus, inventory, match, record.
+May import: bus, diagnose (the fabric's peer choice), inventory, match, record.
 """
