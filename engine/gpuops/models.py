@@ -656,6 +656,7 @@ class Reason(StrEnum):
     NEEDS_HUMAN = "needs_human"
     ATTEMPT_CAP = "attempt_cap"
     BREAKER_OPEN = "breaker_open"
+    DOMAIN_BUDGET = "domain_budget"  # a rack, PDU or loop has lost its budget's worth of nodes
     APPROVAL_PENDING = "approval_pending"
     NO_ACTION = "no_action"
     DRY_RUN = "dry_run"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 from pathlib import Path
@@ -125,6 +127,41 @@ class IdentitySettings(BaseModel):
     publisher_key: Path | None = None
 
 
+# The kinds of failure domain a host may name (gpuops.inventory.domains reads them).
+DomainKind = Literal["rack", "pdu", "cooling_loop", "leaf_switch", "nvlink_domain"]
+
+
+class DomainBudget(BaseModel):
+    """How many nodes of one failure domain may lose capacity within the window: at most
+    `nodes`, and at most `share` of the domain's hosts (rounded up); always at least one."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nodes: int | None = Field(default=None, ge=1)
+    share: float | None = Field(default=None, gt=0, le=1)
+
+    def limit(self, size: int) -> int:
+        """The budget of a domain of `size` hosts."""
+        found = [size]
+        if self.nodes is not None:
+            found.append(self.nodes)
+        if self.share is not None:
+            found.append(math.ceil(size * self.share))
+        return max(1, min(found))
+
+
+# Two nodes of a rack at a time (and half of a smaller one), half a PDU, a quarter of a
+# cooling loop, a leaf switch or an NVLink domain: more at once is a domain fault, not N
+# node faults, and remediating node by node would empty the domain (docs/operations.md).
+DEFAULT_DOMAIN_BUDGETS: dict[DomainKind, DomainBudget] = {
+    "rack": DomainBudget(nodes=2, share=0.5),
+    "pdu": DomainBudget(share=0.5),
+    "cooling_loop": DomainBudget(share=0.25),
+    "leaf_switch": DomainBudget(share=0.25),
+    "nvlink_domain": DomainBudget(share=0.25),
+}
+
+
 class SafetySettings(BaseModel):
     """The decide stages' numbers."""
 
@@ -137,7 +174,16 @@ class SafetySettings(BaseModel):
     attempt_window_s: float = Field(default=7 * 86400.0, gt=0)
     breaker_share: float = Field(default=0.05, gt=0, le=1)
     breaker_absolute: int = Field(default=20, ge=1)
+    # A small fleet may still lose this many nodes (never more than half of it): 5% of
+    # 11 nodes is one, which would stop automation at the second fault.
+    breaker_floor: int = Field(default=2, ge=1)
     breaker_window_s: float = Field(default=600.0, gt=0)
+    # Budgets per failure-domain kind (gpuops.inventory.domains), on top of the breaker,
+    # over their own window; a kind left out is not budgeted ({} turns them all off).
+    domain_budgets: dict[DomainKind, DomainBudget] = Field(
+        default_factory=lambda: dict(DEFAULT_DOMAIN_BUDGETS)
+    )
+    domain_window_s: float = Field(default=600.0, gt=0)
     approval_timeout_s: float = Field(default=1800.0, gt=0)
     # A node in `validating` whose probe never answers goes to a person after this long.
     validation_timeout_s: float = Field(default=900.0, gt=0)
@@ -470,7 +516,8 @@ _ENV_PREFIX = "GPUOPS_"
 
 
 def _from_env(environ: dict[str, str]) -> dict[str, Any]:
-    """`GPUOPS_DRY_RUN=1` -> dry_run; `GPUOPS_NATS__URL=...` -> nats.url."""
+    """`GPUOPS_DRY_RUN=1` -> dry_run; `GPUOPS_NATS__URL=...` -> nats.url; a value that
+    starts with `{` or `[` is JSON (`GPUOPS_SAFETY__DOMAIN_BUDGETS='{}'` turns them off)."""
     out: dict[str, Any] = {}
     for name, value in environ.items():
         if not name.startswith(_ENV_PREFIX) or name == "GPUOPS_CONFIG":
@@ -479,8 +526,17 @@ def _from_env(environ: dict[str, str]) -> dict[str, Any]:
         node = out
         for part in path[:-1]:
             node = node.setdefault(part, {})
-        node[path[-1]] = value
+        node[path[-1]] = _env_value(name, value)
     return out
+
+
+def _env_value(name: str, value: str) -> Any:
+    if not value.lstrip().startswith(("{", "[")):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{name}: not JSON ({exc})") from None
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -111,6 +111,7 @@ async def test_kill_9_while_deciding_loses_no_decision_and_no_intent(
         "engine",  # no executor: every intent stays in the queue to be counted
         safety__breaker_share="1.0",
         safety__breaker_absolute="1000",
+        safety__domain_budgets="{}",
         safety__lock_lease_s="1",
     )
     keys = node_keys(tmp_path / "state")  # the engine's state dir: it reads the same key

@@ -62,6 +62,7 @@ def replica(tmp: Path, url: str, fleet: SimFleet, rid: str, **env: str) -> Engin
         nats__lease_s=str(LEASE_S),
         safety__breaker_share="1.0",
         safety__breaker_absolute="1000",
+        safety__domain_budgets="{}",
         **env,
     )
 

@@ -12,6 +12,7 @@ from gpuops.act.runenv import RunEnv
 from gpuops.act.runner import RunRequest, run_playbook
 from gpuops.clock import SystemClock
 from gpuops.diagnose.fabric import pick_peers
+from gpuops.inventory.domains import Domains
 from gpuops.inventory.hosts import load_inventory
 from gpuops.models import RunOutcome, RunStatus
 from gpuops.sim.fleet import SimFleet
@@ -153,7 +154,7 @@ def _fabric(tmp_path: Path, bad: str) -> tuple[RunOutcome, list[str]]:
         group_vars={"workload_manager": "none", "ib_hcas": ["mlx5_0", "mlx5_3"]},
     )
     inventory = load_inventory(fleet.root / "inventory")
-    peers = pick_peers(NODE, sorted(inventory.hosts), inventory.hostvars, out=set())
+    peers = pick_peers(NODE, sorted(inventory.hosts), Domains.of(inventory).by_node, out=set())
     assert len(peers) == 2 and all(inventory.hostvars[p]["rack"] != "rack-a1" for p in peers)
     fleet.inject(peers[0] if bad == "peer" else NODE, "bad_hca", device="mlx5_3", gbps=90.0)
     request = RunRequest(

@@ -104,7 +104,7 @@ async def test_a_storm_with_the_breaker_raised_runs_in_batches_and_is_one_messag
         tmp_path,
         fleet,
         nats_server.url,
-        safety={"breaker_share": 1.0, "breaker_absolute": 1000},
+        safety={"breaker_share": 1.0, "breaker_absolute": 1000, "domain_budgets": {}},
         executor={"batch_size": 25, "forks": 10, "gather_window_s": 2.0},
         notifications={"group_wait_s": 2.0},
         chatops={"webhooks": [{"kind": "slack", "url": url}]},

@@ -32,6 +32,18 @@ def test_secrets_are_not_printed(tmp_path: Path) -> None:
     assert s.chatops.slack_signing_secret.get_secret_value() == secret
 
 
+def test_a_structured_value_in_the_environment_is_json_and_bad_json_is_named() -> None:
+    off = load_settings(None, {}, {"GPUOPS_SAFETY__DOMAIN_BUDGETS": "{}"})
+    assert off.safety.domain_budgets == {}
+    rack = load_settings(None, {}, {"GPUOPS_SAFETY__DOMAIN_BUDGETS": '{"rack": {"nodes": 1}}'})
+    assert list(rack.safety.domain_budgets) == ["rack"]
+    assert rack.safety.domain_budgets["rack"].limit(8) == 1
+    with pytest.raises(ConfigError, match="GPUOPS_SAFETY__DOMAIN_BUDGETS: not JSON"):
+        load_settings(None, {}, {"GPUOPS_SAFETY__DOMAIN_BUDGETS": "{rack"})
+    with pytest.raises(ConfigError, match=r"safety\.domain_budgets\.row"):
+        load_settings(None, {}, {"GPUOPS_SAFETY__DOMAIN_BUDGETS": '{"row": {"nodes": 1}}'})
+
+
 def test_unknown_key_is_a_clear_error(tmp_path: Path) -> None:
     config = tmp_path / "gpuops.yml"
     config.write_text("dryrun: true\n")

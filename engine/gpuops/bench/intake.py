@@ -162,8 +162,9 @@ def _settings(work: Path, url: str, partitions: int) -> Any:
             "inventory": work / "inventory",
             "nats": {"url": url, "partitions": partitions},
             "role": "engine",
-            # A bench acts on hundreds of nodes in seconds: the breaker would stop it.
-            "safety": {"breaker_absolute": 1_000_000, "breaker_share": 1.0},
+            # A bench acts on hundreds of nodes in seconds: the breaker and the racks'
+            # budgets would stop it.
+            "safety": {"breaker_absolute": 1_000_000, "breaker_share": 1.0, "domain_budgets": {}},
         }
     )
 

@@ -180,10 +180,12 @@ class System:
         env = {**os.environ, "PYTHONPATH": str(IMPORT_ROOT)}
         if not cfg.keep_breaker:
             # The soak is about crashes and outages: keep the fleet breaker (tested on its
-            # own by the storm demo) from turning most faults into breaker_open drops.
+            # own by the storm demo) and the racks' budgets from turning most faults into
+            # breaker_open and domain_budget drops.
             env |= {
                 "GPUOPS_SAFETY__BREAKER_SHARE": "1",
                 "GPUOPS_SAFETY__BREAKER_ABSOLUTE": "1000000",
+                "GPUOPS_SAFETY__DOMAIN_BUDGETS": "{}",
             }
         nats_argv = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.port), "-js"]
         nats_argv += ["-sd", str(work / "nats"), "-l", str(work / "nats-server.log")]

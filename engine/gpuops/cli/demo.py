@@ -96,7 +96,7 @@ def _recovered(fleet: SimFleet, f: Fault) -> bool:
     checks: dict[str, Callable[[], bool]] = {
         "overheat": lambda: bool(s["drained"]) and _temp(fleet, f) < 86.0,
         "power_limit": lambda: g["power_limit_w"] == 700.0,
-        "xid": lambda: s["boots"] >= 1 and "lost" not in g["faults"],
+        "xid": lambda: s["boots"] >= 1 and not {"lost", "slow_d2d"} & set(g["faults"]),
         "zombie": lambda: g["resets"] >= 1 and "zombie" not in g["faults"],
         "drift": lambda: g[f.params.get("setting", "persistence_mode")] is True,
         "ecc": lambda: g["resets"] >= 1,

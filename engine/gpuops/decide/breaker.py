@@ -64,9 +64,12 @@ class BreakerRecord(BaseModel):
 FLEET = "fleet"  # the breaker's one record
 
 
-def limit_for(fleet_size: int, share: float, absolute: int) -> int:
-    """How many nodes may lose capacity within the window."""
-    return max(1, min(math.ceil(fleet_size * share), absolute))
+def limit_for(fleet_size: int, share: float, absolute: int, floor: int = 2) -> int:
+    """How many nodes may lose capacity within the window: the fleet's share (rounded up),
+    at most `absolute`; at least `floor` so a small fleet is not stopped by its second
+    fault (5% of 11 nodes is one), though never more than half the fleet; at least one."""
+    small = min(floor, fleet_size // 2)
+    return max(1, small, min(math.ceil(fleet_size * share), absolute))
 
 
 class BreakerStore:
@@ -113,12 +116,13 @@ class FleetBreaker(BaseStage):
         *,
         share: float = 0.05,
         absolute: int = 20,
+        floor: int = 2,
         window_s: float = 600.0,
         on_trip: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.catalog = catalog
-        self.limit = limit_for(fleet_size, share, absolute)
+        self.limit = limit_for(fleet_size, share, absolute, floor)
         self.window_s = window_s
         self.on_trip = on_trip
 

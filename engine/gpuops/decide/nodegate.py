@@ -10,6 +10,7 @@ from gpuops.bus.store import Read, Store
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.diagnose.fabric import pick_peers
 from gpuops.errors import StateUnreadable
+from gpuops.inventory.domains import Domains
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.expr import render
 from gpuops.models import ActionSpec, Reason
@@ -123,6 +124,7 @@ class FabricPeers(BaseStage):
 
     def __init__(self, states: NodeStates, inventory: Inventory, diagnosing: str) -> None:
         self.states, self.inventory, self.diagnosing = states, inventory, diagnosing
+        self.domains = Domains.of(inventory).by_node
 
     def _wants(self, action: ActionSpec) -> bool:
         grade = action.vars.get("grade")
@@ -137,7 +139,7 @@ class FabricPeers(BaseStage):
             return None
         out = {r.node for r in await self.states.all() if r.state is not NodeState.HEALTHY}
         hosts = sorted(self.inventory.hosts)
-        peers = pick_peers(p.node, hosts, self.inventory.hostvars, out)
+        peers = pick_peers(p.node, hosts, self.domains, out)
         p.actions = [
             a.model_copy(update={"vars": {**a.vars, "peers": peers}}) if self._wants(a) else a
             for a in p.actions

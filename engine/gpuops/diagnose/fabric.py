@@ -14,7 +14,8 @@ pair fails on any HCA, node and `peers[0]` are each paired with `peers[1]`:
     both pass                         the first failure did not repeat: the node passes
 
 The engine picks the peers (`pick_peers`): in no failure domain of the node (its rack,
-its leaf switch), not out of service or under remediation, spread over the fleet by a
+PDU, cooling loop, leaf switch or NVLink domain: gpuops.inventory.domains), not out of
+service or under remediation, spread over the fleet by a
 stable hash so the same few nodes are not everyone's peer.
 """
 
@@ -23,14 +24,11 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any
 
 from gpuops.diagnose import parsers
 from gpuops.diagnose.results import Check
 from gpuops.errors import DiagnosticsError
 
-# The inventory host variables that name a node's failure domains for the peer pick.
-DOMAIN_VARS = ("rack", "leaf_switch", "pdu", "cooling_loop")
 PEERS = 2  # the first peer, and the second pass's
 
 
@@ -121,18 +119,18 @@ def _said(ok: bool, detail: str, blamed: str = "") -> Check:
 def pick_peers(
     node: str,
     hosts: Iterable[str],
-    hostvars: Mapping[str, Mapping[str, Any]],
+    domains: Mapping[str, Mapping[str, str]],
     out: Collection[str],
     n: int = PEERS,
 ) -> list[str]:
-    """Up to `n` known-good peers for `node`: in none of its failure domains, not in `out`
-    (out of service, under remediation, or held), in a stable order of their own."""
-    mine = hostvars.get(node, {})
-    domains = {(k, mine[k]) for k in DOMAIN_VARS if mine.get(k) not in (None, "")}
+    """Up to `n` known-good peers for `node`: sharing none of its failure domains (`domains`:
+    each host's kind -> name), not in `out` (out of service, under remediation, or held),
+    in a stable order of their own."""
+    mine = domains.get(node, {})
 
     def apart(other: str) -> bool:
-        theirs = hostvars.get(other, {})
-        return not any(theirs.get(k) == v for k, v in domains)
+        theirs = domains.get(other, {})
+        return not any(theirs.get(kind) == name for kind, name in mine.items())
 
     candidates = [h for h in hosts if h != node and h not in out and apart(h)]
     return sorted(candidates, key=lambda h: (zlib.crc32(f"{node}|{h}".encode()), h))[:n]

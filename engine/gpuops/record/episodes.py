@@ -42,7 +42,9 @@ from gpuops.record.outbox import Outbox, Tell
 log = logging.getLogger(__name__)
 
 # Drops that hand a node to a person.
-ESCALATIONS = frozenset({Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP, Reason.BREAKER_OPEN})
+ESCALATIONS = frozenset(
+    {Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP, Reason.BREAKER_OPEN, Reason.DOMAIN_BUDGET}
+)
 # Decisions that are about a fault (the others say the match did not apply here).
 NOT_FAULTS = frozenset(
     {Reason.NOT_APPLICABLE, Reason.UNKNOWN_NODE, Reason.STALE, Reason.POWER_BUDGET}

@@ -189,6 +189,8 @@ class SimFleet:
             elif fault == "xid":
                 xid = int(params.get("xid", 79))
                 g["faults"]["lost" if xid == 79 else "xid"] = {"since": at, "xid": xid}
+                if "comes_back_at_gbs" in params:  # a reboot brings it back, its links slow
+                    g["faults"]["slow_d2d"] = {"gbs": float(params["comes_back_at_gbs"])}
                 _pending(
                     s, "xid", {"gpu": g["index"], "xid": xid, "message": params.get("message", "")}
                 )

@@ -18,6 +18,7 @@ from gpuops.decide.approval import ApprovalGate
 from gpuops.decide.attempts import AttemptCap
 from gpuops.decide.breaker import BreakerStore, FleetBreaker
 from gpuops.decide.cooldown import Cooldown
+from gpuops.decide.domains import DomainBudgets
 from gpuops.decide.equivalence import Equivalence
 from gpuops.decide.gates import DryRun, RecordOnly
 from gpuops.decide.known_node import KnownNode
@@ -35,6 +36,7 @@ from gpuops.decide.stage import Decider, Stage
 from gpuops.decide.stale import StaleCutoff
 from gpuops.decide.stores import Stores
 from gpuops.intake.answers import Answers
+from gpuops.inventory.domains import Domains
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.builtin import with_builtins
 from gpuops.match.facts import Telemetry
@@ -171,12 +173,20 @@ def build_engine(
         FabricPeers(stores.states, inventory, catalog.diagnosing()),  # grade 4's peers
         NodeLock(stores.locks, s.lock_lease_s),
         AttemptCap(buckets.history, catalog, s.attempt_cap, s.attempt_window_s),
+        DomainBudgets(
+            buckets.control,
+            catalog,
+            Domains.of(inventory),
+            s.domain_budgets,
+            s.domain_window_s,
+        ),
         FleetBreaker(
             stores.breaker,
             catalog,
             len(inventory.hosts),
             share=s.breaker_share,
             absolute=s.breaker_absolute,
+            floor=s.breaker_floor,
             window_s=s.breaker_window_s,
             on_trip=tripped,
         ),

@@ -38,8 +38,9 @@ def engine_on(
     **safety: Any,
 ) -> Engine:
     """An engine as `run` builds it, on memory buckets (pass the same buckets for replicas)."""
-    # The breaker is tested on its own; elsewhere it must not interfere.
-    safety = {"breaker_share": 1.0, "breaker_absolute": 1000, **safety}
+    # The breaker and the domain budgets are tested on their own; elsewhere they must not
+    # interfere.
+    safety = {"breaker_share": 1.0, "breaker_absolute": 1000, "domain_budgets": {}, **safety}
     settings = Settings(safety=SafetySettings(**safety), dry_run=dry_run)
     return build_engine(
         settings,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from gpuops.bus.buckets import Buckets
 from gpuops.clock import ManualClock
-from gpuops.decide.breaker import BreakerState
+from gpuops.decide.breaker import BreakerState, limit_for
 from gpuops.errors import ConfigError
 from gpuops.match.loader import load_rules
 from gpuops.match.rules import Rule, RuleSet
@@ -15,6 +15,7 @@ from gpuops.models import Match, Reason
 from gpuops.record.approvals import ApprovalStatus
 from gpuops.record.nodestate import validation_nonce
 from gpuops.record.notify import Notifier
+from gpuops.settings import SafetySettings
 
 from tests.support import decide
 from tests.unit.decide.helpers import ROOT, T0, engine_on, match
@@ -150,6 +151,17 @@ async def test_breaker_counts_resets_trips_and_half_open_needs_approval(
     approved = await decider.decide(half.match, rule, approved_by="alice")
     assert approved.accepted and approved.closes_breaker
     assert (await engine.breaker.get())[0].state is BreakerState.CLOSED
+
+
+@pytest.mark.parametrize(
+    ("fleet", "limit"),
+    [(2, 1), (3, 1), (4, 2), (11, 2), (40, 2), (41, 3), (100, 5), (400, 20), (12_500, 20)],
+)
+def test_the_default_breaker_lets_a_small_fleet_lose_two_nodes_but_never_half(
+    fleet: int, limit: int
+) -> None:
+    s = SafetySettings()
+    assert limit_for(fleet, s.breaker_share, s.breaker_absolute, s.breaker_floor) == limit
 
 
 async def test_approval_holds_no_lock_and_an_approved_match_is_decided_again(

@@ -1,0 +1,67 @@
+"""Failure domains from the inventory: which rack, PDU, cooling loop, leaf switch and NVLink
+domain each host is in.
+
+A host names its domains in variables (`rack: a01`, `cooling_loop: cdu-2`), or by
+membership of a group named for one (`rack_a01`, `cooling_loop-cdu-2`); a variable wins
+over a group. Faults come in domains (a loop that loses flow heats every node on it), so
+the decide stages budget per domain and the fabric test picks peers outside them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import get_args
+
+from gpuops.inventory.hosts import Inventory
+from gpuops.settings import DomainKind
+
+KINDS: tuple[str, ...] = get_args(DomainKind)
+
+
+def _from_group(group: str) -> tuple[str, str] | None:
+    """(kind, group) for a group named `<kind>_<name>` or `<kind>-<name>`, else None."""
+    for kind in KINDS:
+        if group.startswith((f"{kind}_", f"{kind}-")) and len(group) > len(kind) + 1:
+            return kind, group
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Domains:
+    """Each host's domains (kind -> name) and each domain's hosts, read once."""
+
+    by_node: Mapping[str, Mapping[str, str]]
+    members: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, inventory: Inventory) -> Domains:
+        """The domains `inventory` declares (none: an empty map, and nothing is budgeted)."""
+        found: dict[str, dict[str, str]] = defaultdict(dict)
+        for group, hosts in inventory.groups.items():
+            named = _from_group(group)
+            if named is not None:
+                for host in hosts:
+                    found[host].setdefault(*named)
+        for host, hostvars in inventory.hostvars.items():
+            for kind in KINDS:
+                value = hostvars.get(kind)
+                if value not in (None, "") and host in inventory.hosts:
+                    found[host][kind] = str(value)
+        members: dict[tuple[str, str], set[str]] = defaultdict(set)
+        for host, domains in found.items():
+            for kind, name in domains.items():
+                members[(kind, name)].add(host)
+        return cls(
+            by_node={h: dict(sorted(d.items())) for h, d in found.items()},
+            members={k: frozenset(v) for k, v in members.items()},
+        )
+
+    def of_node(self, node: str) -> Mapping[str, str]:
+        """The node's domains, kind -> name (empty when it declares none)."""
+        return self.by_node.get(node, {})
+
+    def size(self, kind: str, name: str) -> int:
+        """How many hosts the domain has."""
+        return len(self.members.get((kind, name), ()))
