@@ -657,6 +657,10 @@ class Reason(StrEnum):
     ATTEMPT_CAP = "attempt_cap"
     BREAKER_OPEN = "breaker_open"
     DOMAIN_BUDGET = "domain_budget"  # a rack, PDU or loop has lost its budget's worth of nodes
+    # A rule with `domain:`: the node's fault waits for its domain's others (domain_wait),
+    # or the domain's episode holds it while the domain's response runs (domain_held).
+    DOMAIN_WAIT = "domain_wait"
+    DOMAIN_HELD = "domain_held"
     APPROVAL_PENDING = "approval_pending"
     NO_ACTION = "no_action"
     DRY_RUN = "dry_run"

@@ -34,6 +34,7 @@ class Domains:
 
     by_node: Mapping[str, Mapping[str, str]]
     members: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
+    groups: frozenset[str] = frozenset()  # the inventory's group names
 
     @classmethod
     def of(cls, inventory: Inventory) -> Domains:
@@ -56,6 +57,7 @@ class Domains:
         return cls(
             by_node={h: dict(sorted(d.items())) for h, d in found.items()},
             members={k: frozenset(v) for k, v in members.items()},
+            groups=frozenset(inventory.groups),
         )
 
     def of_node(self, node: str) -> Mapping[str, str]:
@@ -65,3 +67,12 @@ class Domains:
     def size(self, kind: str, name: str) -> int:
         """How many hosts the domain has."""
         return len(self.members.get((kind, name), ()))
+
+    def group(self, kind: str, name: str) -> str:
+        """The group people and the power controller name the domain by: its inventory
+        group where it is one, else `kind:name` (`cooling_loop:cdu-2`)."""
+        return name if name in self.groups else f"{kind}:{name}"
+
+    def as_groups(self) -> dict[str, frozenset[str]]:
+        """Every domain as a group of hosts, by `group`'s name."""
+        return {self.group(k, n): hosts for (k, n), hosts in self.members.items()}

@@ -23,7 +23,7 @@ from gpuops.inventory.hosts import Inventory
 from gpuops.match.aggregates import Aggregate
 from gpuops.match.durations import parse_duration
 from gpuops.match.expr import condition_from, fact_keys, rule_expression, template_names
-from gpuops.match.rules import Increase, Ladder, Rule, RuleAction, RuleSet, Rung
+from gpuops.match.rules import DomainRule, Increase, Ladder, Rule, RuleAction, RuleSet, Rung
 from gpuops.match.schema import RULES_FILE_SCHEMA
 from gpuops.match.yamlsrc import LineDict, load_yaml
 from gpuops.models import DATA_MODELS, DERIVED_FACTS, fact_fields
@@ -346,6 +346,24 @@ def build_rule(
         ladder_name=raw.get("ladder"),
         actions=actions,
         gate=int(raw.get("gate", 0)),
+        domain=_domain(raw, kind, group_by, fail),
+    )
+
+
+def _domain(raw: LineDict, kind: str, group_by: tuple[str, ...], fail: Any) -> DomainRule | None:
+    """`domain:` on a rule whose fault repeats while it holds (telemetry, per node): a
+    node's fault waits for the domain's others, so a one-off event would be lost."""
+    spec = raw.get("domain")
+    if spec is None:
+        return None
+    if kind != "telemetry" or "node" not in group_by:
+        raise fail("domain: only a telemetry rule grouped by node (its fault repeats)", "domain")
+    return DomainRule(
+        kind=str(spec["kind"]),
+        nodes=int(spec["nodes"]),
+        within_s=_dur(spec, "within", fail) or 0.0,
+        hold_s=_dur(spec, "hold", fail) or 0.0,
+        power_share=float(spec["power_share"]) if "power_share" in spec else None,
     )
 
 

@@ -34,6 +34,21 @@ class Rung:
 
 
 @dataclass(frozen=True, slots=True)
+class DomainRule:
+    """`domain:` of a rule: the fault on `nodes` or more nodes of one domain of `kind`
+    within `within_s` is the domain's. Each node's fault waits `within_s` for the others;
+    the domain's episode holds the node remediations `hold_s` (its recovery) while its
+    response runs: a power budget of `power_share` of the domain's policy limits, and
+    people told."""
+
+    kind: str
+    nodes: int
+    within_s: float
+    hold_s: float
+    power_share: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Ladder:
     """Rungs tried in order as a fault recurs on a node within `window_s`."""
 
@@ -90,6 +105,7 @@ class Rule:
     # The grade of diagnostics the gate back into service runs after this rule's fix
     # (at least safety.validation_grade): the deeper check a fault of its kind needs.
     gate: int = 0
+    domain: DomainRule | None = None  # faults of many nodes of one domain: the domain's
     # Built-in rules only (gpuops/match/builtin.py):
     states: tuple[str, ...] = ()  # node states the rule applies in
     escalate: bool = False  # firing hands the node to a person (needs_human)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from gpuops.match.durations import PATTERN as DURATION_PATTERN
 from gpuops.models import EVENT_KINDS
+from gpuops.settings import DomainKind
+
+DOMAIN_KINDS = get_args(DomainKind)
 
 _DURATION: dict[str, Any] = {
     "oneOf": [
@@ -96,6 +99,26 @@ RULE_SCHEMA: dict[str, Any] = {
             "maximum": 3,
             "description": "the grade of diagnostics the gate back into service runs after "
             "this rule's fix (at least safety.validation_grade)",
+        },
+        "domain": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["kind", "nodes", "within", "hold"],
+            "description": "the fault on this many nodes of one failure domain within "
+            "`within` is the domain's: one domain episode, node remediations held for `hold`",
+            "properties": {
+                "kind": {"enum": list(DOMAIN_KINDS)},
+                "nodes": {"type": "integer", "minimum": 2},
+                "within": _DURATION,
+                "hold": _DURATION,
+                "power_share": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "maximum": 1,
+                    "description": "the domain's response: its nodes' power budget at this "
+                    "share of their policy limits, for `hold` (omit: people are told only)",
+                },
+            },
         },
         "ladder": {
             "type": "string",

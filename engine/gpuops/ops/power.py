@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from gpuops.bus.store import KV
 from gpuops.clock import rfc3339
+from gpuops.inventory.domains import Domains
 from gpuops.match.durations import format_duration, parse_duration
 from gpuops.ops.cmdwire import CommandError, CommandUsageError
 from gpuops.power.budgets import FLEET, BudgetOverride, Overrides, budget_now, group_name
@@ -42,8 +43,10 @@ async def do_power(
     group = group_name(args[1])
     if inventory is None:
         raise CommandError("budgets are set through the engine (it knows the inventory)")
-    if group != FLEET and not inventory.group_hosts(group):
-        raise CommandError(f"group {args[1]!r} is not in the inventory")
+    if group != FLEET and not (
+        inventory.group_hosts(group) or Domains.of(inventory).as_groups().get(group)
+    ):
+        raise CommandError(f"group {args[1]!r} is not in the inventory (nor a failure domain)")
     overrides = Overrides(control)
     if args[2] == END:
         ended = await overrides.end(group)

@@ -153,6 +153,12 @@ class PowerController:
         chosen = self.policies.get(key[0], NodePolicy()).policy_w or r.default_w or r.max_w
         return min(max(chosen, r.min_w), r.max_w)
 
+    def policy_total(self, nodes: Iterable[str]) -> tuple[float, int]:
+        """The policy limits of the GPUs it has seen on `nodes`, summed, and how many."""
+        wanted = set(nodes)
+        keys = [k for k in self.gpus if k[0] in wanted]
+        return sum(self.policy_w(k) for k in keys), len(keys)
+
     def demand(self, key: Key, now: float) -> GpuDemand:
         """What the allocation needs to know of one GPU."""
         gpu, s = self.gpus[key], self.settings

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog, Role
 from gpuops.clock import Clock
+from gpuops.inventory.domains import Domains
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.builtin import BUILTIN_FILE
 from gpuops.match.facts import Telemetry
@@ -166,7 +167,10 @@ class PowerEngine:
         self.overrides = Overrides(control)
         self.records = allocations(control)
         self.controller = controller
-        self.hosts_of = {**inventory.groups, FLEET: inventory.hosts}
+        # Failure domains are groups too (`cooling_loop:cdu-2`): a domain's episode
+        # budgets its nodes' power (gpuops.decide.correlate).
+        domains = Domains.of(inventory).as_groups()
+        self.hosts_of = {**domains, **inventory.groups, FLEET: inventory.hosts}
         self.told: dict[str, float] = {}  # group -> the budget a person was told of
         self.split: set[str] = set()  # groups told to be split between replicas
         self.last: Plan | None = None

@@ -48,6 +48,7 @@ ESCALATIONS = frozenset(
 # Decisions that are about a fault (the others say the match did not apply here).
 NOT_FAULTS = frozenset(
     {Reason.NOT_APPLICABLE, Reason.UNKNOWN_NODE, Reason.STALE, Reason.POWER_BUDGET}
+    | {Reason.DOMAIN_WAIT, Reason.DOMAIN_HELD}  # the domain's episode, not the node's
 )
 VALIDATION_PASSED = "validation-passed"
 QUIET_FACTOR = 12  # with resolve_after_s 5 min: an hour without a match

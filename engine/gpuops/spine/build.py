@@ -18,6 +18,7 @@ from gpuops.decide.approval import ApprovalGate
 from gpuops.decide.attempts import AttemptCap
 from gpuops.decide.breaker import BreakerStore, FleetBreaker
 from gpuops.decide.cooldown import Cooldown
+from gpuops.decide.correlate import DomainCorrelation, DomainEpisode
 from gpuops.decide.domains import DomainBudgets
 from gpuops.decide.equivalence import Equivalence
 from gpuops.decide.gates import DryRun, RecordOnly
@@ -43,7 +44,9 @@ from gpuops.match.facts import Telemetry
 from gpuops.match.matcher import Matcher
 from gpuops.match.rules import RuleSet
 from gpuops.models import Decision
+from gpuops.power.budgets import Overrides
 from gpuops.power.controller import PowerController
+from gpuops.power.domains import domain_response
 from gpuops.power.engine import (
     POWER_RULE,
     PowerEngine,
@@ -158,6 +161,11 @@ def build_engine(
     async def tripped(why: str) -> None:
         notifier.notify("breaker open", f"automation stopped: {why}; reset it when understood")
 
+    domains = Domains.of(inventory)
+
+    async def domain_opened(episode: DomainEpisode) -> None:
+        await domain_response(Overrides(buckets.control), controller, notifier)(episode)
+
     stages: list[Stage] = [
         KnownNode(inventory),
         StaleCutoff(s.stale_after_s, settings.max_future_skew_s),
@@ -165,6 +173,9 @@ def build_engine(
         Escalate(),
         YieldToBudget(buckets.control, settings.power, catalog),  # budgeted GPUs
         Silences(stores.silences, inventory),
+        # A fault on many nodes of one domain is the domain's: held before the cooldown
+        # and the ladder count it as the node's.
+        DomainCorrelation(buckets.control, domains, domain_opened),
         Cooldown(buckets.cooldowns, catalog),
         LadderStage(buckets.history),  # picks the rung: the stages below judge its playbook
         Equivalence(buckets.history, catalog, s.equivalence_window_s),
@@ -176,7 +187,7 @@ def build_engine(
         DomainBudgets(
             buckets.control,
             catalog,
-            Domains.of(inventory),
+            domains,
             s.domain_budgets,
             s.domain_window_s,
         ),

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from gpuops.act.executor import Claim
 from gpuops.decide.breaker import BreakerRecord
 from gpuops.decide.cooldown import Firing
+from gpuops.decide.correlate import DomainFaults
 from gpuops.decide.domains import DomainRecord
 from gpuops.decide.equivalence import Heavy
 from gpuops.decide.gates import Switch
@@ -37,6 +38,7 @@ STATE_MODELS: dict[tuple[str, str], type[BaseModel]] = {
     ("control", "switch"): Switch,
     ("control", "breaker"): BreakerRecord,
     ("control", "domain"): DomainRecord,
+    ("control", "correlate"): DomainFaults,
     ("control", "silence"): Silence,
     ("control", "approval"): ApprovalRecord,
     ("control", "heartbeat"): Heartbeat,
