@@ -416,6 +416,33 @@ class TopologyData(_Open):
     detail: Text = ""
 
 
+class FacilityData(_Open):
+    """One facility reading over Redfish (gpuops.sources.redfish): a chassis inlet
+    temperature, a PSU's input power, a fan, a cooling unit's supply temperature, flow or
+    pump, a leak detector's state. `sensor` names it within the node (the BMC or CDU the
+    inventory knows), `metric` what it measures; the node's failure domains come with it,
+    as the inventory names them, so a rule can group by the loop."""
+
+    sensor: Annotated[str, Cut(128, min_length=1)]  # cdu-1/primary/supply_temp_c
+    metric: Literal[
+        "inlet_temp_c",
+        "supply_temp_c",
+        "return_temp_c",
+        "flow_lpm",
+        "pump_speed_pct",
+        "fan_rpm",
+        "psu_input_w",
+        "power_consumed_w",
+        "leak",
+    ]
+    value: Num | None = None
+    state: Literal["OK", "Warning", "Critical", "Unavailable"] | None = None
+    resource: Annotated[str, Cut(256)] = ""  # the Redfish resource it was read from
+    rack: Annotated[str, Cut(64)] = ""
+    pdu: Annotated[str, Cut(64)] = ""
+    cooling_loop: Annotated[str, Cut(64)] = ""
+
+
 class DiagnosticsData(_Open):
     """A grade of diagnostics ran on the node (gpuops.diagnose), told by the executor that
     ran it: whether it passed, and the first failing check with its number. `gate`: it
@@ -548,6 +575,11 @@ class TopologyEvent(_Envelope):
     data: TopologyData
 
 
+class FacilityEvent(_Envelope):
+    kind: Literal["facility"]
+    data: FacilityData
+
+
 class DiagnosticsEvent(_Envelope):
     kind: Literal["diagnostics"]
     data: DiagnosticsData
@@ -577,7 +609,8 @@ Event = Annotated[
     | SxidEvent
     | AlertEvent
     | DiagnosticsEvent
-    | TopologyEvent,
+    | TopologyEvent
+    | FacilityEvent,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
@@ -597,11 +630,12 @@ DATA_MODELS: dict[str, type[BaseModel]] = {
     "alert": AlertData,
     "diagnostics": DiagnosticsData,
     "topology": TopologyData,
+    "facility": FacilityData,
 }
 EVENT_KINDS: tuple[str, ...] = tuple(DATA_MODELS)
 # Kinds that state a condition rather than report an occurrence: a rule's episode on them
 # ends when its condition goes false for the key that fired (a GPU cooled, an alert resolved).
-STATEFUL_KINDS = frozenset({"telemetry", "alert"})
+STATEFUL_KINDS = frozenset({"telemetry", "alert", "facility"})
 
 
 # Facts the matcher computes when it expands an event (gpuops.match.matcher.facts_of),

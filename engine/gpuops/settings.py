@@ -415,6 +415,39 @@ class PrometheusSourceSettings(BaseModel):
     spool_max: int = Field(default=10_000, ge=1, description="xid events held while NATS is away")
 
 
+class RedfishTarget(BaseModel):
+    """One Redfish service to read: a server's BMC or a cooling unit's, and the inventory
+    host it speaks for (the events' node; a CDU is a host too, in its loop)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    node: str = Field(min_length=1, max_length=253)
+    url: str = Field(pattern=r"^https?://[^/\s]+$", description="https://bmc:443, no path")
+    user: str = Field(default="", max_length=128)
+    password_file: Path | None = None
+    # The CA that signed the service's certificate: required for https (the Redfish client
+    # would otherwise not check the certificate at all).
+    ca: Path | None = None
+
+    @model_validator(mode="after")
+    def _checked(self) -> RedfishTarget:
+        if self.url.startswith("https://") and self.ca is None:
+            raise ValueError(f"{self.url}: https needs `ca` (the CA that signed its certificate)")
+        return self
+
+
+class RedfishSourceSettings(BaseModel):
+    """`gpuops ingest redfish`: facility readings from BMCs and cooling units, and bounds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    targets: tuple[RedfishTarget, ...] = ()
+    interval_s: float = Field(default=30.0, gt=0)
+    timeout_s: float = Field(default=10.0, gt=0, le=300, description="per request")
+    max_bytes: int = Field(default=1 << 20, ge=1024, description="largest document read")
+    max_documents: int = Field(default=256, ge=1, description="documents read per target a poll")
+
+
 class AlertmanagerSettings(BaseModel):
     """The Alertmanager webhook receiver, `POST /ingest/alertmanager` (docs/sources.md)."""
 
@@ -441,6 +474,7 @@ class SourcesSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     prometheus: PrometheusSourceSettings = PrometheusSourceSettings()
+    redfish: RedfishSourceSettings = RedfishSourceSettings()
     alertmanager: AlertmanagerSettings = AlertmanagerSettings()
 
 

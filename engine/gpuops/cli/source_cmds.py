@@ -65,4 +65,54 @@ def prometheus(ctx: click.Context, /, **opts: Any) -> None:
     run_async(run_ingest(settings, opts["http"]))
 
 
+@ingest.command("redfish")
+@click.option(
+    "--target",
+    "targets",
+    multiple=True,
+    metavar="NODE=URL",
+    help="a BMC or cooling unit and the inventory host it is (repeat); else the settings'",
+)
+@click.option("--user", help="the user of --target services")
+@click.option("--password-file", type=click.Path(path_type=Path), help="their password, in a file")
+@click.option("--ca", type=click.Path(path_type=Path), help="the CA of their certificates (https)")
+@click.option("--interval", type=float, help="seconds between polls (default 30)")
+@click.option(
+    "--inventory", type=click.Path(path_type=Path), help="the hosts targets speak for, and domains"
+)
+@click.option("--nats", help="NATS URL (default: the settings' or the state dir's embedded one)")
+@click.option("--once", is_flag=True, help="poll once and print the events, without NATS")
+@click.pass_context
+def redfish(ctx: click.Context, /, **opts: Any) -> None:
+    """Poll BMCs and cooling units over Redfish; publish facility events (inlet and coolant
+    temperatures, flow, pumps, fans, PSU power, leak detectors)."""
+    from gpuops.sources.run import redfish_once, run_redfish
+
+    flags: dict[str, Any] = {}
+    if opts["targets"]:
+        flags["targets"] = [
+            _target(t, opts["user"], opts["password_file"], opts["ca"]) for t in opts["targets"]
+        ]
+    if opts["interval"] is not None:
+        flags["interval_s"] = opts["interval"]
+    settings = settings_from(
+        ctx,
+        nats=opts["nats"],
+        inventory=opts["inventory"],
+        sources={"redfish": flags} if flags else None,
+    )
+    if opts["once"]:
+        for event in run_async(redfish_once(settings)):
+            click.echo(json.dumps(event, sort_keys=True))
+        return
+    run_async(run_redfish(settings))
+
+
+def _target(text: str, user: str | None, password: Path | None, ca: Path | None) -> dict[str, Any]:
+    node, sep, url = text.partition("=")
+    if not sep or not node or not url:
+        raise click.BadParameter(f"{text!r}: write NODE=URL (node-001=https://10.0.0.11)")
+    return {"node": node, "url": url, "user": user or "", "password_file": password, "ca": ca}
+
+
 COMMANDS = [ingest]

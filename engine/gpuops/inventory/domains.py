@@ -18,6 +18,9 @@ from gpuops.inventory.hosts import Inventory
 from gpuops.settings import DomainKind
 
 KINDS: tuple[str, ...] = get_args(DomainKind)
+# Hosts of this group are facility equipment (a CDU's or PDU's controller): the inventory
+# knows them, so their readings are acted upon, but they are not capacity of a domain.
+FACILITY = "facility"
 
 
 def _from_group(group: str) -> tuple[str, str] | None:
@@ -39,6 +42,7 @@ class Domains:
     @classmethod
     def of(cls, inventory: Inventory) -> Domains:
         """The domains `inventory` declares (none: an empty map, and nothing is budgeted)."""
+        facility = inventory.groups.get(FACILITY, frozenset())
         found: dict[str, dict[str, str]] = defaultdict(dict)
         for group, hosts in inventory.groups.items():
             named = _from_group(group)
@@ -50,6 +54,8 @@ class Domains:
                 value = hostvars.get(kind)
                 if value not in (None, "") and host in inventory.hosts:
                     found[host][kind] = str(value)
+        for host in facility:  # a CDU's BMC is in its loop, but no node the loop can lose
+            found.pop(host, None)
         members: dict[tuple[str, str], set[str]] = defaultdict(set)
         for host, domains in found.items():
             for kind, name in domains.items():

@@ -1,4 +1,5 @@
-"""Starting `gpuops ingest prometheus`: NATS as the agent reaches it, the loop, /metrics."""
+"""Starting `gpuops ingest prometheus` and `gpuops ingest redfish`: NATS as the agent reaches
+it, the loop, /metrics."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from gpuops.match.rules import RuleSet
 from gpuops.settings import Settings
 from gpuops.sources.binding import Binding
 from gpuops.sources.prometheus import PromSource, ScrapeReport, SourceMetrics, check_targets
+from gpuops.sources.redfish import RedfishSource
 
 log = logging.getLogger(__name__)
 SPOOL = "prometheus-source-spool.jsonl"
@@ -130,5 +132,43 @@ async def run_ingest(settings: Settings, http: str | None) -> None:
         await source.run(stop)
     finally:
         await server.stop()
+        await cancel_connecting(connecting)
+        await close_client(nc)
+
+
+async def redfish_once(settings: Settings) -> list[dict[str, Any]]:
+    """One poll of every Redfish target without NATS; a SourceError when none answered."""
+    cfg = settings.sources.redfish
+    if not cfg.targets:
+        raise SourceError("no_targets", "no Redfish targets: set sources.redfish.targets")
+    source = RedfishSource(cfg, load_inventory(settings.inventory), MemoryPublisher(), SystemClock())
+    events = await source.poll_once()
+    if source.failed and not events:
+        what = "; ".join(f"{t}: {why}" for t, why in source.failed.items())
+        raise SourceError("down", f"no Redfish target answered: {what}")
+    return events
+
+
+async def run_redfish(settings: Settings) -> None:
+    """Poll and publish until SIGINT/SIGTERM, whether NATS and the targets answer or not."""
+    cfg = settings.sources.redfish
+    if not cfg.targets:
+        raise SourceError("no_targets", "no Redfish targets: set sources.redfish.targets")
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    stop = stop_on_signals()
+    url, credentials = agent_endpoint(settings.nats, settings.state_dir)
+    identity = source_identity("redfish")
+    signer = publisher_signer(settings.state_dir, identity, settings.identity.publisher_key)
+    nc = Client()
+    connecting = asyncio.create_task(
+        connect_forever(nc, url, settings.nats, credentials, name="gpuops-ingest-redfish")
+    )
+    inventory = load_inventory(settings.inventory)
+    source = RedfishSource(
+        cfg, inventory, JetStreamPublisher(nc.jetstream(timeout=5), signer), SystemClock()
+    )
+    try:
+        await source.run(stop)
+    finally:
         await cancel_connecting(connecting)
         await close_client(nc)

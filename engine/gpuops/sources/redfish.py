@@ -1,0 +1,304 @@
+"""Facility telemetry over Redfish: chassis inlet temperatures, fans and PSU power from a
+server's BMC, and a cooling unit's supply and return temperatures, flow, pumps and leak
+detectors (Redfish 2023.2's ThermalEquipment, CoolingUnit and LeakDetection), as
+`facility` events about the inventory host each service speaks for, with its failure
+domains (rack, PDU, cooling loop) attached.
+
+DMTF's own client library (`redfish`) does the HTTP and the login; this module walks the
+resources a BMC or CDU links from its service root, reads each into the few numbers that
+matter, and bounds what it reads: at most `max_documents` documents of at most
+`max_bytes` each per poll, every value validated by the event model. The library skips
+certificate checks unless it is given a CA file, so https targets must name one (the
+settings refuse them otherwise), and its debug log, which prints the Authorization header,
+is kept quiet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redfish
+
+from gpuops.bus.publish import Publisher
+from gpuops.clock import Clock, rfc3339
+from gpuops.errors import SourceError
+from gpuops.inventory.hosts import Inventory
+from gpuops.models import EVENT_ADAPTER, subject_for
+from gpuops.settings import RedfishSourceSettings, RedfishTarget
+
+log = logging.getLogger(__name__)
+logging.getLogger("redfish").setLevel(logging.WARNING)  # its DEBUG prints credentials
+ROOT = "/redfish/v1"
+SOURCE = "redfish"
+DOMAIN_VARS = ("rack", "pdu", "cooling_loop")
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One number or state a service reported, named within its node."""
+
+    sensor: str
+    metric: str
+    value: float | None
+    resource: str
+    state: str | None = None
+
+
+class Client(Protocol):
+    """What the reader needs of a Redfish client (redfish.redfish_client's)."""
+
+    def get(self, path: str) -> Any: ...
+
+    def logout(self) -> None: ...
+
+
+def connect(target: RedfishTarget, timeout_s: float) -> Client:
+    """A logged-in client (HTTP basic: no session left behind on the BMC)."""
+    password = target.password_file.read_text().strip() if target.password_file else ""
+    try:
+        client = redfish.redfish_client(
+            base_url=target.url,
+            username=target.user,
+            password=password,
+            cafile=str(target.ca) if target.ca else None,
+            timeout=timeout_s,
+            max_retry=1,
+        )
+        client.login(auth="basic")
+    except Exception as exc:  # the library raises its own and requests' errors
+        raise SourceError("down", f"{target.url}: {type(exc).__name__}: {exc}") from None
+    connected: Client = client
+    return connected
+
+
+class Reader:
+    """Reads one service's facility resources into readings, within the bounds."""
+
+    def __init__(self, client: Client, url: str, max_bytes: int, max_documents: int) -> None:
+        self.client, self.url = client, url
+        self.max_bytes, self.left = max_bytes, max_documents
+
+    def get(self, path: str) -> dict[str, Any]:
+        """One document, bounded and a JSON object, else a SourceError naming it."""
+        if self.left <= 0:
+            raise SourceError("too_many", f"{self.url}: more documents than max_documents")
+        self.left -= 1
+        response = self.client.get(path)
+        if response.status != 200:
+            raise SourceError("answer", f"{self.url}{path}: HTTP {response.status}")
+        if len(response.read) > self.max_bytes:
+            raise SourceError("too_large", f"{self.url}{path}: over {self.max_bytes} bytes")
+        body = response.dict
+        if not isinstance(body, dict):
+            raise SourceError("answer", f"{self.url}{path}: not a JSON object")
+        return body
+
+    def linked(self, doc: dict[str, Any], key: str) -> dict[str, Any] | None:
+        """The document `doc[key]` links to, if it links one."""
+        link = doc.get(key)
+        target = link.get("@odata.id") if isinstance(link, dict) else None
+        return self.get(target) if isinstance(target, str) and target.startswith(ROOT) else None
+
+    def members(self, collection: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
+        """The members of a collection document, each read."""
+        for member in (collection or {}).get("Members", []) or []:
+            target = member.get("@odata.id") if isinstance(member, dict) else None
+            if isinstance(target, str) and target.startswith(ROOT):
+                yield self.get(target)
+
+    def readings(self) -> list[Reading]:
+        """Everything the service links from its root that gpuops reads."""
+        root = self.get(ROOT)
+        out: list[Reading] = []
+        for chassis in self.members(self.linked(root, "Chassis")):
+            out += self._chassis(chassis)
+        equipment = self.linked(root, "ThermalEquipment")
+        if equipment is not None:
+            for cdu in self.members(self.linked(equipment, "CDUs")):
+                out += self._cooling_unit(cdu)
+        return out
+
+    def _chassis(self, chassis: dict[str, Any]) -> list[Reading]:
+        name = _id(chassis)
+        out: list[Reading] = []
+        thermal = self.linked(chassis, "Thermal")
+        for t in (thermal or {}).get("Temperatures", []) or []:
+            if isinstance(t, dict) and t.get("PhysicalContext") == "Intake":
+                out.append(_of(f"{name}/{_label(t)}", "inlet_temp_c", t, "ReadingCelsius"))
+        for fan in (thermal or {}).get("Fans", []) or []:
+            if isinstance(fan, dict) and fan.get("ReadingUnits", "RPM") == "RPM":
+                out.append(_of(f"{name}/{_label(fan)}", "fan_rpm", fan, "Reading"))
+        power = self.linked(chassis, "Power")
+        for control in (power or {}).get("PowerControl", []) or []:
+            if isinstance(control, dict):
+                sensor = f"{name}/{_label(control)}"
+                out.append(_of(sensor, "power_consumed_w", control, "PowerConsumedWatts"))
+        for psu in (power or {}).get("PowerSupplies", []) or []:
+            if isinstance(psu, dict):
+                out.append(_of(f"{name}/{_label(psu)}", "psu_input_w", psu, "PowerInputWatts"))
+        subsystem = self.linked(chassis, "ThermalSubsystem")
+        if subsystem is not None:
+            out += self._leaks(name, self.linked(subsystem, "LeakDetection"))
+        return out
+
+    def _cooling_unit(self, cdu: dict[str, Any]) -> list[Reading]:
+        name = f"cdu-{_id(cdu)}"
+        out: list[Reading] = []
+        for connector in self.members(self.linked(cdu, "PrimaryCoolantConnectors")):
+            base = f"{name}/primary-{_id(connector)}"
+            for key, metric in (
+                ("SupplyTemperatureCelsius", "supply_temp_c"),
+                ("ReturnTemperatureCelsius", "return_temp_c"),
+                ("FlowLitersPerMinute", "flow_lpm"),
+            ):
+                if isinstance(connector.get(key), dict):
+                    out.append(_excerpt(f"{base}/{metric}", metric, connector, key))
+        for pump in self.members(self.linked(cdu, "Pumps")):
+            if isinstance(pump.get("PumpSpeedPercent"), dict):
+                sensor = f"{name}/pump-{_id(pump)}"
+                out.append(_excerpt(sensor, "pump_speed_pct", pump, "PumpSpeedPercent"))
+        return out + self._leaks(name, self.linked(cdu, "LeakDetection"))
+
+    def _leaks(self, base: str, detection: dict[str, Any] | None) -> list[Reading]:
+        if detection is None:
+            return []
+        return [
+            Reading(
+                sensor=f"{base}/leak-{_id(d)}",
+                metric="leak",
+                value=None,
+                resource=str(d.get("@odata.id", "")),
+                state=_state(d.get("DetectorState")),
+            )
+            for d in self.members(self.linked(detection, "LeakDetectors"))
+        ]
+
+
+def _id(doc: dict[str, Any]) -> str:
+    return str(doc.get("Id") or doc.get("@odata.id", "?").rstrip("/").rsplit("/", 1)[-1])[:48]
+
+
+def _label(member: dict[str, Any]) -> str:
+    """A member of an array (a temperature, a fan, a PSU) by its name, made a token."""
+    raw = str(member.get("Name") or member.get("MemberId") or "?")
+    return "-".join(raw.lower().split())[:48]
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _of(sensor: str, metric: str, doc: dict[str, Any], key: str) -> Reading:
+    return Reading(sensor, metric, _number(doc.get(key)), str(doc.get("@odata.id", "")))
+
+
+def _excerpt(sensor: str, metric: str, doc: dict[str, Any], key: str) -> Reading:
+    """A Redfish SensorExcerpt (`{"Reading": 32.0, "DataSourceUri": ...}`)."""
+    excerpt = doc[key]
+    source = excerpt.get("DataSourceUri") or doc.get("@odata.id", "")
+    return Reading(sensor, metric, _number(excerpt.get("Reading")), str(source))
+
+
+def _state(value: Any) -> str:
+    return value if value in ("OK", "Warning", "Critical") else "Unavailable"
+
+
+def read_target(target: RedfishTarget, cfg: RedfishSourceSettings) -> list[Reading]:
+    """Log in, read, log out (blocking: the source runs it in a thread)."""
+    client = connect(target, cfg.timeout_s)
+    try:
+        return Reader(client, target.url, cfg.max_bytes, cfg.max_documents).readings()
+    except SourceError:
+        raise
+    except Exception as exc:  # a connection that broke mid-walk
+        raise SourceError("down", f"{target.url}: {type(exc).__name__}: {exc}") from None
+    finally:
+        client.logout()
+
+
+def events_of(
+    target: RedfishTarget, readings: list[Reading], inventory: Inventory, at: float
+) -> list[dict[str, Any]]:
+    """The readings as facility events about the target's node, each validated."""
+    hostvars = inventory.hostvars.get(target.node, {})
+    domains = {k: str(hostvars[k]) for k in DOMAIN_VARS if hostvars.get(k) not in (None, "")}
+    out = []
+    for r in readings:
+        data: dict[str, Any] = {"sensor": r.sensor, "metric": r.metric, "resource": r.resource}
+        data |= {"value": r.value} if r.value is not None else {}
+        data |= {"state": r.state} if r.state is not None else {}
+        event = {
+            "id": f"{SOURCE}-{target.node}-{r.sensor}-{int(at * 1000)}",
+            "node": target.node,
+            "ts": rfc3339(at),
+            "source": f"{SOURCE}:{target.url}"[:200],
+            "kind": "facility",
+            "data": data | domains,
+        }
+        EVENT_ADAPTER.validate_python(event)  # what the engine would dead-letter is not sent
+        out.append(event)
+    return out
+
+
+Read = Callable[[RedfishTarget, RedfishSourceSettings], list[Reading]]
+
+
+class RedfishSource:
+    """Polls every target each interval and publishes its readings; a target that does not
+    answer is logged and tried again next interval, and so is NATS."""
+
+    def __init__(
+        self,
+        cfg: RedfishSourceSettings,
+        inventory: Inventory,
+        publisher: Publisher,
+        clock: Clock,
+        read: Read = read_target,
+    ) -> None:
+        for target in cfg.targets:
+            if target.node not in inventory:
+                why = f"{target.node} is not in the inventory"
+                raise SourceError("unknown_node", why, target=target.url)
+        self.cfg, self.inventory, self.publisher, self.clock = cfg, inventory, publisher, clock
+        self.read = read
+        self.failed: dict[str, str] = {}  # target url -> why, for the last poll
+
+    async def poll_once(self) -> list[dict[str, Any]]:
+        """Every target once, concurrently; the events published."""
+        results = await asyncio.gather(
+            *(asyncio.to_thread(self.read, t, self.cfg) for t in self.cfg.targets),
+            return_exceptions=True,
+        )
+        now, events = self.clock.now(), []
+        self.failed = {}
+        for target, result in zip(self.cfg.targets, results, strict=True):
+            if isinstance(result, BaseException):
+                self.failed[target.url] = str(result)
+                log.warning("redfish %s (%s): %s", target.url, target.node, result)
+                continue
+            events += events_of(target, result, self.inventory, now)
+        for event in events:
+            payload = json.dumps(event, separators=(",", ":")).encode()
+            await self.publisher.publish(
+                subject_for("facility", event["node"]), payload, event["id"]
+            )
+        return events
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until `stop`; NATS or a target away costs that poll, never the loop."""
+        while not stop.is_set():
+            try:
+                await self.poll_once()
+            except Exception as exc:  # the bus went away mid-publish: the next poll resends
+                log.warning("redfish poll not published: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.cfg.interval_s)
