@@ -443,6 +443,22 @@ class FacilityData(_Open):
     cooling_loop: Annotated[str, Cut(64)] = ""
 
 
+class DraTaintData(_Open):
+    """A taint the Kubernetes DRA driver published on one of the node's GPUs in its
+    ResourceSlice (NVIDIA's `gpu.nvidia.com/xid=79:NoSchedule`), read by
+    `gpuops ingest dra`: the GPU by index and NVML UUID, where the driver publishes it,
+    and the taint."""
+
+    gpu: int | None = Field(default=None, ge=0, le=MAX_MAGNITUDE)
+    uuid: Annotated[str, Cut(96)] = ""
+    driver: Annotated[str, Cut(253)] = ""
+    pool: Annotated[str, Cut(253)] = ""
+    device: Annotated[str, Cut(253)] = ""
+    key: Annotated[str, Cut(253, min_length=1)]
+    value: Annotated[str, Cut(63)] = ""
+    effect: Literal["None", "NoSchedule", "NoExecute"] | Annotated[str, Cut(32)] = "None"
+
+
 class DiagnosticsData(_Open):
     """A grade of diagnostics ran on the node (gpuops.diagnose), told by the executor that
     ran it: whether it passed, and the first failing check with its number. `gate`: it
@@ -580,6 +596,11 @@ class FacilityEvent(_Envelope):
     data: FacilityData
 
 
+class DraTaintEvent(_Envelope):
+    kind: Literal["dra_taint"]
+    data: DraTaintData
+
+
 class DiagnosticsEvent(_Envelope):
     kind: Literal["diagnostics"]
     data: DiagnosticsData
@@ -610,7 +631,8 @@ Event = Annotated[
     | AlertEvent
     | DiagnosticsEvent
     | TopologyEvent
-    | FacilityEvent,
+    | FacilityEvent
+    | DraTaintEvent,
     Field(discriminator="kind"),
 ]
 EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
@@ -631,6 +653,7 @@ DATA_MODELS: dict[str, type[BaseModel]] = {
     "diagnostics": DiagnosticsData,
     "topology": TopologyData,
     "facility": FacilityData,
+    "dra_taint": DraTaintData,
 }
 EVENT_KINDS: tuple[str, ...] = tuple(DATA_MODELS)
 # Kinds that state a condition rather than report an occurrence: a rule's episode on them

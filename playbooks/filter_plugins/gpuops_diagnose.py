@@ -25,9 +25,7 @@ def gpuops_grade(
     return {**result.model_dump(mode="json"), "ok": result.ok, "summary": result.summary()}
 
 
-def gpuops_pair_ok(
-    reports: dict[str, str], sku: str, skus_file: str | None = None
-) -> bool:
+def gpuops_pair_ok(reports: dict[str, str], sku: str, skus_file: str | None = None) -> bool:
     """Whether one fabric pass's pair passed on every HCA (grade 4's second pass follows
     when it did not)."""
     table = load(Path(skus_file) if skus_file else None)

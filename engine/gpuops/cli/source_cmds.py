@@ -115,4 +115,35 @@ def _target(text: str, user: str | None, password: Path | None, ca: Path | None)
     return {"node": node, "url": url, "user": user or "", "password_file": password, "ca": ca}
 
 
+@ingest.command("dra")
+@click.option(
+    "--slices",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="read `kubectl get resourceslices -o json` output instead of the API",
+)
+@click.option(
+    "--interval", type=float, default=30.0, show_default=True, help="seconds between reads"
+)
+@click.option(
+    "--inventory", type=click.Path(path_type=Path), help="the hosts the slices' nodes are"
+)
+@click.option("--nats", help="NATS URL (default: the settings' or the state dir's embedded one)")
+@click.option("--once", is_flag=True, help="read once and print the events, without NATS")
+@click.pass_context
+def dra(ctx: click.Context, /, **opts: Any) -> None:
+    """Publish the Kubernetes DRA driver's device taints (ResourceSlices) as dra_taint events."""
+    from gpuops.bus.publish import MemoryPublisher
+    from gpuops.sources.run import dra_source, run_dra
+
+    settings = settings_from(ctx, nats=opts["nats"], inventory=opts["inventory"])
+    if opts["once"]:
+        source = dra_source(settings, MemoryPublisher(), opts["slices"], opts["interval"])
+        for event in run_async(source.poll_once()):
+            click.echo(json.dumps(event, sort_keys=True))
+        for node in sorted(source.unknown):
+            click.echo(f"{node}: not in the inventory, its taints not published", err=True)
+        return
+    run_async(run_dra(settings, opts["slices"], opts["interval"]))
+
+
 COMMANDS = [ingest]

@@ -62,6 +62,8 @@ def node_name(i: int) -> str:
     return f"node-{i:03d}"
 
 
+# NVIDIA's DRA driver's taint for a GPU that fell off the bus, unless the fault says else.
+DRA_TAINT = {"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}
 RACK_SIZE = 4  # nodes per rack in the simulated inventory (groups rack-a1, rack-a2, ...)
 
 
@@ -207,6 +209,9 @@ class SimFleet:
             elif fault == "bad_hca":  # one HCA of the node runs at `gbps` (ib_write_bw)
                 device = str(params.get("device", "mlx5_0"))
                 s.setdefault("bad_hcas", {})[device] = float(params.get("gbps", 90.0))
+            elif fault == "dra_taint":  # the DRA driver taints the GPU's device (a reset clears)
+                taint = {k: str(params.get(k, d)) for k, d in DRA_TAINT.items()}
+                g["faults"]["dra_taint"] = {"taints": [taint]}
             elif fault == "pcie_narrow":  # the GPU's PCIe link trained below x16
                 g["faults"]["pcie_narrow"] = {"width": int(params.get("width", 8))}
             elif fault == "pcie_slow":  # the GPU's link stays below Gen5 under load too

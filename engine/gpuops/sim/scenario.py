@@ -34,6 +34,7 @@ FAULTS = (
     "bad_hca",
     "pcie_slow",  # topology: a link below Gen5 under load, a GPU on another NUMA node
     "numa",
+    "dra_taint",  # the Kubernetes DRA driver's health taint on the GPU's device
 )
 # Running work rather than a fault: a Slurm job or a Kubernetes pod, with what each takes.
 WORK_PARAMS = {

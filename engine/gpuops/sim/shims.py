@@ -232,7 +232,7 @@ def _reset(gpus: list[dict[str, Any]], pids: list[int]) -> int:
         return 15
     # A reset clears what lives in the GPU (stuck kernels, ECC state, NVLink training),
     # not broken cooling.
-    for fault in ("zombie", "xid", "ecc", "nvlink_down"):
+    for fault in ("zombie", "xid", "ecc", "nvlink_down", "dra_taint"):
         g["faults"].pop(fault, None)
     g["resets"] += 1
     print(f"GPU {g['index']} was successfully reset.")

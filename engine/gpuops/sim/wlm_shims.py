@@ -109,10 +109,16 @@ def _squeue_row(fmt: str, row: dict[str, Any]) -> str:
 
 
 def kubectl(node_dir: Path, argv: list[str]) -> int:
-    """`kubectl cordon|uncordon|drain NODE`, `get node NODE`, `get pods --field-selector`."""
+    """`kubectl cordon|uncordon|drain NODE`, `get node NODE`, `get pods --field-selector`;
+    DRA: `get resourceslices`, `apply -f -` and `get|delete devicetaintrule(s)`."""
     verb = argv[0] if argv else ""
     if verb == "get" and argv[1:2] == ["pods"]:
         return _get_pods(node_dir, argv)
+    if (
+        argv[1:2] in (["resourceslices"], ["devicetaintrule"], ["devicetaintrules"])
+        or verb == "apply"
+    ):
+        return dra_kubectl(node_dir, argv)
     if verb == "drain":
         return _drain(node_dir, argv)
     with locked(node_dir) as s:
@@ -236,3 +242,131 @@ def _pending(pod: work.Work, timeout: float) -> str:
     else:
         what = f'error when waiting for pod "{name}" in namespace "{ns}" to terminate'
     return f"{what}: global timeout reached: {timeout:.0f}s"
+
+
+# --- DRA: the NVIDIA driver's ResourceSlice and DeviceTaintRules (resource.k8s.io/v1) ---
+
+DRA_DRIVER = "gpu.nvidia.com"
+
+
+def resource_slice(s: dict[str, Any]) -> dict[str, Any]:
+    """The node's ResourceSlice as NVIDIA's DRA driver publishes it: one device per GPU
+    (`gpu-N`) with its `uuid` and `index`, and the driver's health taints (fault `dra_taint`)."""
+    node = s["node"]
+    devices = []
+    for g in s["gpus"]:
+        taints = [dict(t) for t in g["faults"].get("dra_taint", {}).get("taints", [])]
+        device: dict[str, Any] = {
+            "name": f"gpu-{g['index']}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "uuid": {"string": g["uuid"]},
+                "index": {"int": g["index"]},
+                "productName": {"string": "NVIDIA H200"},
+            },
+            "capacity": {"memory": {"value": "141Gi"}},
+        }
+        if taints:
+            device["taints"] = taints
+        devices.append(device)
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{DRA_DRIVER}-sim"},
+        "spec": {
+            "driver": DRA_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": devices,
+        },
+    }
+
+
+def dra_kubectl(node_dir: Path, argv: list[str]) -> int:
+    """The DRA verbs of kubectl the fence playbooks use, on the node's own objects."""
+    verb, what = argv[0], argv[1] if len(argv) > 1 else ""
+    if verb == "get" and what == "resourceslices":
+        items = [resource_slice(read(node_dir))]
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2))
+        return 0
+    if verb == "apply":
+        return _apply_taint_rule(
+            node_dir, sys.stdin.read() if argv[-1] == "-" else Path(argv[-1]).read_text()
+        )
+    with locked(node_dir) as s:
+        rules: dict[str, Any] = s.setdefault("taint_rules", {})
+        if verb == "get" and what == "devicetaintrule" and len(argv) > 2:
+            rule = rules.get(argv[2])
+            if rule is None:
+                what = f'devicetaintrules.resource.k8s.io "{argv[2]}"'
+                print(f"Error from server (NotFound): {what} not found", file=sys.stderr)
+                return 1
+            print(json.dumps(rule, indent=2))
+            return 0
+        if verb == "get" and what == "devicetaintrules":
+            print(json.dumps({"apiVersion": "v1", "kind": "List", "items": list(rules.values())}))
+            return 0
+        if verb == "delete" and what == "devicetaintrules" and "-l" in argv:
+            key, _, value = argv[argv.index("-l") + 1].partition("=")
+            gone = [
+                n for n, r in rules.items() if r["metadata"].get("labels", {}).get(key) == value
+            ]
+            for name in gone:
+                del rules[name]
+                print(f'devicetaintrule.resource.k8s.io "{name}" deleted')
+            return 0
+    print(f"kubectl: unknown command {argv}", file=sys.stderr)
+    return 1
+
+
+def _apply_taint_rule(node_dir: Path, text: str) -> int:
+    """`kubectl apply` of a DeviceTaintRule: stored with the status the API server keeps
+    (for effect None: what NoExecute would evict; for NoExecute: the pods it evicts)."""
+    rule = json.loads(text)
+    if rule.get("kind") != "DeviceTaintRule" or rule.get("apiVersion") != "resource.k8s.io/v1":
+        print(
+            f"error: the simulated kubectl applies DeviceTaintRules only: {rule.get('kind')}",
+            file=sys.stderr,
+        )
+        return 1
+    name, now = rule["metadata"]["name"], time.time()
+    with locked(node_dir) as s:
+        rules: dict[str, Any] = s.setdefault("taint_rules", {})
+        old = rules.get(name)
+        if old is not None and _without_time(old["spec"]) == _without_time(rule["spec"]):
+            print(f"devicetaintrule.resource.k8s.io/{name} unchanged")
+            return 0
+        device = rule["spec"]["deviceSelector"]["device"]
+        index = int(device.rsplit("-", 1)[-1])
+        pods = [
+            p for p in work.running_pods(s, now) if index in p["gpus"] and p["evicted_at"] is None
+        ]
+        effect = rule["spec"]["taint"]["effect"]
+        if effect == "NoExecute":
+            for pod in pods:
+                pod["evicted_at"] = now
+            message = f"{len(pods)} pods evicted"
+        else:
+            message = f"{len(pods)} pods would be evicted by NoExecute"
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        rule["spec"]["taint"].setdefault("timeAdded", stamp)
+        rule["status"] = {
+            "conditions": [
+                {
+                    "type": "EvictionInProgress",
+                    "status": "False",
+                    "reason": "Completed" if effect == "NoExecute" else "NoEffect",
+                    "message": message,
+                    "lastTransitionTime": stamp,
+                }
+            ]
+        }
+        rules[name] = rule
+        print(f"devicetaintrule.resource.k8s.io/{name} {'configured' if old else 'created'}")
+    return 0
+
+
+def _without_time(spec: dict[str, Any]) -> dict[str, Any]:
+    """A rule's spec without the taint's timeAdded, which the API server sets itself."""
+    taint = {k: v for k, v in spec.get("taint", {}).items() if k != "timeAdded"}
+    return {**spec, "taint": taint}

@@ -5,5 +5,6 @@ XID events with source `prometheus`; `dcgm` is its mapping table; `binding` says
 inventory node a scrape target speaks for; `coverage` says which rules cannot fire on a
 source.
 
-May import: agent, bus, http, intake.decode (its dead-letter record), inventory, match.
+May import: agent, bus, fence (DRA device taints), http, intake.decode (its dead-letter record),
+inventory, match.
 """

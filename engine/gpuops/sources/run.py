@@ -26,6 +26,7 @@ from gpuops.match.loader import load_rules
 from gpuops.match.rules import RuleSet
 from gpuops.settings import Settings
 from gpuops.sources.binding import Binding
+from gpuops.sources.dra import DraSource, slices_from_api, slices_from_file
 from gpuops.sources.prometheus import PromSource, ScrapeReport, SourceMetrics, check_targets
 from gpuops.sources.redfish import RedfishSource
 
@@ -141,7 +142,9 @@ async def redfish_once(settings: Settings) -> list[dict[str, Any]]:
     cfg = settings.sources.redfish
     if not cfg.targets:
         raise SourceError("no_targets", "no Redfish targets: set sources.redfish.targets")
-    source = RedfishSource(cfg, load_inventory(settings.inventory), MemoryPublisher(), SystemClock())
+    source = RedfishSource(
+        cfg, load_inventory(settings.inventory), MemoryPublisher(), SystemClock()
+    )
     events = await source.poll_once()
     if source.failed and not events:
         what = "; ".join(f"{t}: {why}" for t, why in source.failed.items())
@@ -169,6 +172,35 @@ async def run_redfish(settings: Settings) -> None:
     )
     try:
         await source.run(stop)
+    finally:
+        await cancel_connecting(connecting)
+        await close_client(nc)
+
+
+def dra_source(
+    settings: Settings, publisher: Any, slices: Path | None, interval_s: float
+) -> DraSource:
+    """The DRA taint source over a file (`kubectl get resourceslices -o json`) or the API."""
+    read = (lambda: slices_from_file(slices)) if slices is not None else slices_from_api
+    inventory = load_inventory(settings.inventory)
+    return DraSource(inventory, publisher, SystemClock(), read, interval_s)
+
+
+async def run_dra(settings: Settings, slices: Path | None, interval_s: float) -> None:
+    """List and publish until SIGINT/SIGTERM, whether NATS and the API answer or not."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    stop = stop_on_signals()
+    url, credentials = agent_endpoint(settings.nats, settings.state_dir)
+    signer = publisher_signer(
+        settings.state_dir, source_identity("dra"), settings.identity.publisher_key
+    )
+    nc = Client()
+    connecting = asyncio.create_task(
+        connect_forever(nc, url, settings.nats, credentials, name="gpuops-ingest-dra")
+    )
+    publisher = JetStreamPublisher(nc.jetstream(timeout=5), signer)
+    try:
+        await dra_source(settings, publisher, slices, interval_s).run(stop)
     finally:
         await cancel_connecting(connecting)
         await close_client(nc)

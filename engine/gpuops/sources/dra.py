@@ -1,0 +1,128 @@
+"""The DRA driver's own health taints as events: `gpuops ingest dra` lists the cluster's
+ResourceSlices (the official Kubernetes client, in-cluster or a kubeconfig; or a
+`kubectl get resourceslices -o json` file) every interval and publishes one `dra_taint`
+event per tainted device, about the inventory host whose node publishes it, with the GPU's
+index and NVML UUID. A slice of a node the inventory does not know is counted and skipped:
+its events would be refused anyway.
+
+gpuops's own fences (key gpuops.dev/fenced) are DeviceTaintRules, not slice taints, so
+they never come back here as the driver's word.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gpuops.bus.publish import Publisher
+from gpuops.clock import Clock, rfc3339
+from gpuops.errors import SourceError
+from gpuops.fence.dra import TAINT_KEY, driver_taints
+from gpuops.inventory.hosts import Inventory
+from gpuops.models import EVENT_ADAPTER, subject_for
+
+log = logging.getLogger(__name__)
+SOURCE = "dra"
+MAX_SLICES_BYTES = 64 << 20  # a file or an API answer larger than this is refused
+
+
+def taint_events(
+    slices: Mapping[str, Any], inventory: Inventory, at: float
+) -> tuple[list[dict[str, Any]], set[str]]:
+    """The events of every driver taint on a known node's device, and the unknown nodes."""
+    out, unknown = [], set()
+    for t in driver_taints(slices):
+        if t.key == TAINT_KEY:
+            continue
+        if t.ref.node not in inventory:
+            unknown.add(t.ref.node or "(no node)")
+            continue
+        data: dict[str, Any] = {
+            "gpu": t.ref.index,
+            "uuid": t.ref.uuid,
+            "driver": t.ref.driver,
+            "pool": t.ref.pool,
+            "device": t.ref.device,
+            "key": t.key,
+            "value": t.value,
+            "effect": t.effect,
+        }
+        event = {
+            "id": f"{SOURCE}-{t.ref.node}-{t.ref.device}-{t.key}-{int(at)}",
+            "node": t.ref.node,
+            "ts": rfc3339(at),
+            "source": f"{SOURCE}:{t.ref.driver}"[:200],
+            "kind": "dra_taint",
+            "data": data,
+        }
+        EVENT_ADAPTER.validate_python(event)
+        out.append(event)
+    return out, unknown
+
+
+def slices_from_file(path: Path) -> dict[str, Any]:
+    """A ResourceSliceList dumped by `kubectl get resourceslices -o json`."""
+    if path.stat().st_size > MAX_SLICES_BYTES:
+        raise SourceError("too_large", f"{path}: over {MAX_SLICES_BYTES} bytes")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SourceError("garbage", f"{path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise SourceError("garbage", f"{path}: not a ResourceSliceList")
+    return doc
+
+
+def slices_from_api() -> dict[str, Any]:
+    """Every ResourceSlice of the cluster (in-cluster credentials, else the kubeconfig)."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    listed = client.ResourceV1Api().list_resource_slice()
+    out: dict[str, Any] = client.ApiClient().sanitize_for_serialization(listed)  # type: ignore[no-untyped-call]
+    return out
+
+
+class DraSource:
+    """Lists the slices each interval; publishes their driver taints."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        publisher: Publisher,
+        clock: Clock,
+        read: Callable[[], dict[str, Any]],
+        interval_s: float = 30.0,
+    ) -> None:
+        self.inventory, self.publisher, self.clock = inventory, publisher, clock
+        self.read, self.interval_s = read, interval_s
+        self.unknown: set[str] = set()
+
+    async def poll_once(self) -> list[dict[str, Any]]:
+        """One listing's events, published."""
+        slices = await asyncio.to_thread(self.read)
+        events, self.unknown = taint_events(slices, self.inventory, self.clock.now())
+        if self.unknown:
+            log.warning("DRA taints on nodes outside the inventory: %s", sorted(self.unknown))
+        for e in events:
+            payload = json.dumps(e, separators=(",", ":")).encode()
+            await self.publisher.publish(subject_for("dra_taint", e["node"]), payload, e["id"])
+        return events
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Poll until `stop`; the API or NATS away costs that poll, never the loop."""
+        while not stop.is_set():
+            try:
+                await self.poll_once()
+            except Exception as exc:  # the API server or the bus away: the next poll
+                log.warning("DRA taints not read or not published: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval_s)

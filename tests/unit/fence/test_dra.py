@@ -1,0 +1,119 @@
+"""One GPU fenced through DRA: the DeviceTaintRule gpuops renders, validated against the
+Kubernetes 1.37 schema; the device chosen from fixture ResourceSlices by NVML UUID; the
+selector and toleration rules; the driver's own taints as events for the right node and GPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from gpuops.fence.dra import (
+    DeviceRef,
+    FenceError,
+    find_device,
+    rule_name,
+    selects,
+    taint_rule,
+    tolerates,
+)
+from gpuops.inventory.hosts import Inventory
+from gpuops.models import EVENT_ADAPTER, DraTaintEvent
+from gpuops.sources.dra import taint_events
+
+SLICES = json.loads(
+    (Path(__file__).parents[2] / "fixtures" / "dra" / "resourceslices.json").read_text()
+)
+UUID_3 = "GPU-001a1b2c3-0000-4000-8000-000000000003"
+NODES = frozenset({"node-001", "node-002"})
+INVENTORY = Inventory(Path("inv"), NODES, {}, {n: {} for n in NODES})
+
+
+@pytest.mark.parametrize("effect", ["None", "NoSchedule", "NoExecute"])
+def test_the_rendered_rule_validates_against_kubernetes_1_37(effect: str) -> None:
+    rule = taint_rule(find_device(SLICES, "node-001", UUID_3), effect, "XID 79 on GPU 3")
+    kubernetes_validate.validate(rule, "1.37.0", strict=True)
+    assert rule["apiVersion"] == "resource.k8s.io/v1" and rule["kind"] == "DeviceTaintRule"
+    assert rule["metadata"]["name"] == "gpuops-fence-node-001-gpu-3"
+    assert rule["metadata"]["labels"] == {"gpuops.dev/node": "node-001"}
+    assert rule["spec"]["deviceSelector"] == {
+        "driver": "gpu.nvidia.com",
+        "pool": "node-001",
+        "device": "gpu-3",
+    }
+    assert rule["spec"]["taint"] == {"key": "gpuops.dev/fenced", "value": "true", "effect": effect}
+
+
+def test_the_device_is_the_one_whose_uuid_is_the_gpu_s_on_that_node() -> None:
+    ref = find_device(SLICES, "node-001", UUID_3)
+    assert (ref.device, ref.index, ref.pool) == ("gpu-3", 3, "node-001")
+    with pytest.raises(FenceError, match="no ResourceSlice of node-002"):
+        find_device(SLICES, "node-002", UUID_3)  # the UUID is node-001's
+    with pytest.raises(FenceError, match="effect 'Evict'"):
+        taint_rule(ref, "Evict", "")
+
+
+def test_a_name_is_a_dns_subdomain_whatever_the_node_is_called() -> None:
+    assert rule_name("GPU_Node.07", "gpu-0") == "gpuops-fence-gpu-node-07-gpu-0"
+    assert len(rule_name("n" * 300, "gpu-0")) <= 253
+
+
+@pytest.mark.parametrize(
+    ("selector", "picked"),
+    [
+        ({"driver": "gpu.nvidia.com", "pool": "node-001", "device": "gpu-3"}, True),
+        ({"driver": "gpu.nvidia.com", "pool": "node-001", "device": "gpu-2"}, False),
+        ({"driver": "gpu.amd.com", "device": "gpu-3"}, False),
+        ({"pool": "node-001"}, True),
+        ({}, True),
+    ],
+)
+def test_a_selector_needs_every_field_it_sets(selector: dict[str, str], picked: bool) -> None:
+    ref = DeviceRef("gpu.nvidia.com", "node-001", "gpu-3", "node-001")
+    assert selects(selector, ref) is picked
+
+
+FENCE = {"key": "gpuops.dev/fenced", "value": "true", "effect": "NoExecute"}
+
+
+@pytest.mark.parametrize(
+    ("tolerations", "tolerated"),
+    [
+        ([], False),
+        ([{"key": "gpuops.dev/fenced", "operator": "Exists"}], True),
+        ([{"key": "gpuops.dev/fenced", "operator": "Equal", "value": "true"}], True),
+        ([{"key": "gpuops.dev/fenced", "value": "false"}], False),
+        ([{"key": "gpuops.dev/fenced", "operator": "Exists", "effect": "NoSchedule"}], False),
+        ([{"operator": "Exists"}], True),  # an empty key with Exists tolerates everything
+        ([{"key": "gpu.nvidia.com/xid", "operator": "Exists"}], False),
+    ],
+)
+def test_a_claim_tolerates_the_fence_as_dra_says(
+    tolerations: list[dict[str, Any]], tolerated: bool
+) -> None:
+    assert tolerates(tolerations, FENCE) is tolerated
+
+
+def test_a_driver_taint_becomes_an_event_for_its_node_and_gpu() -> None:
+    events, unknown = taint_events(SLICES, INVENTORY, 1_900_000_000.0)
+    assert unknown == {"node-099"}, "a node outside the inventory is skipped, said once"
+    [event] = events
+    parsed = EVENT_ADAPTER.validate_python(event)
+    assert isinstance(parsed, DraTaintEvent)
+    assert parsed.node == "node-001"
+    assert (parsed.data.gpu, parsed.data.uuid, parsed.data.device) == (3, UUID_3, "gpu-3")
+    assert (parsed.data.key, parsed.data.value, parsed.data.effect) == (
+        "gpu.nvidia.com/xid",
+        "79",
+        "NoSchedule",
+    )
+
+
+def test_gpuops_s_own_fence_is_not_read_back_as_the_driver_s_word() -> None:
+    ours = json.loads(json.dumps(SLICES))
+    device = ours["items"][1]["spec"]["devices"][0]
+    device["taints"] = [{"key": "gpuops.dev/fenced", "value": "true", "effect": "NoSchedule"}]
+    events, _ = taint_events(ours, INVENTORY, 1_900_000_000.0)
+    assert [e["node"] for e in events] == ["node-001"]
