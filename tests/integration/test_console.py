@@ -13,6 +13,7 @@ import pytest
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.decide.breaker import BreakerState
+from gpuops.decide.correlate import DomainFaults, correlation_store
 from gpuops.models import new_event, subject_for
 from gpuops.record.audit import read_audit
 from gpuops.sim.fleet import SimFleet
@@ -196,3 +197,40 @@ async def test_the_now_page_shows_each_budget_that_holds_and_what_its_gpus_draw(
     row = re.search(r"<tr[^>]*><td>rack-a1</td><td>(\d+)</td><td>(\d+)</td><td>([^<]+)</td>", panel)
     assert row is not None, panel[:600]
     assert row.groups() == ("5000", "1800", "base"), "the budget, the GPUs' draw, its source"
+
+
+async def test_a_domain_episode_is_one_row_on_now_and_the_fleet_groups_by_rack(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = engine_settings(tmp_path, fleet, nats_server.url, http="127.0.0.1:0")
+    async with running_engine(settings, bus) as app:
+        await wait_for(lambda: app.http_port, 30)
+        now = app.clock.now()
+        held = ("node-001", "node-002")
+        episode = DomainFaults(
+            seen={n: (now - 20, now) for n in held},
+            opened=now - 5,
+            until=now + 900,
+            nodes=held,
+            applied=True,
+        )
+        store = correlation_store(app.engine.buckets.control)
+        await store.put(episode, "gpu-overheat", "rack", "rack-a1")
+        base = f"http://127.0.0.1:{app.http_port}"
+        async with aiohttp.ClientSession(base) as http:
+            async with http.get("/console/now") as page:
+                now_html = await page.text()
+            async with http.get("/console/fleet", params={"domain": "rack"}) as page:
+                fleet_html = await page.text()
+            async with http.get("/console/fleet", params={"group": "rack-a1"}) as page:
+                assert page.status == 200, "a domain is a group of the fleet page"
+
+    section = now_html[now_html.index('<section id="domain-episodes"') :]
+    section = section[: section.index("</section>")]
+    assert 'data-count="1"' in section and section.count('class="domain-episode"') == 1
+    assert "rack rack-a1" in section and "gpu-overheat on 2 nodes" in section
+    assert all(f'/console/node/{n}"' in section for n in held)
+    domains = fleet_html[fleet_html.index('<section id="domains"') :]
+    rows = re.findall(r'<tr class="domain"( data-episode="1")?><td><a [^>]*>([^<]+)</a>', domains)
+    assert rows == [(' data-episode="1"', "rack-a1")], "one row per rack, its episode marked"
+    assert "<td>2</td>" in domains, "the rack's two nodes"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
 
+from gpuops.inventory.domains import Domains
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.facts import Telemetry, as_telemetry
 from gpuops.models import Event
@@ -51,7 +52,11 @@ class Latest:
 
     def __init__(self, inventory: Inventory) -> None:
         self.nodes: tuple[str, ...] = tuple(sorted(inventory.hosts))
-        self.groups = {g: tuple(sorted(h)) for g, h in sorted(inventory.groups.items())}
+        # Failure domains are groups too (`rack:r1`, or the inventory group that names one).
+        domains = Domains.of(inventory).as_groups()
+        every = {**domains, **inventory.groups}
+        self.groups = {g: tuple(sorted(h)) for g, h in sorted(every.items())}
+        self.domains = Domains.of(inventory)
         self._index = {name: i for i, name in enumerate(self.nodes)}
         self._cells: list[dict[int, Cell]] = [{} for _ in self.nodes]
         self.seq = 0

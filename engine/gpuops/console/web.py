@@ -33,6 +33,7 @@ from gpuops.console.thresholds import TempThreshold, temp_threshold, with_thresh
 from gpuops.console.throttle import Failure
 from gpuops.console.views import CHART_FIELDS, Warned, telemetry, timeline
 from gpuops.errors import EngineError
+from gpuops.inventory.domains import KINDS, Domains
 from gpuops.match.rules import RuleSet
 from gpuops.ops.cmdwire import CommandError
 from gpuops.ops.commands import Caller, Commands
@@ -200,8 +201,20 @@ class Console:
         colour = request.query.get("by", "temp")
         colour = colour if colour in COLOUR_BY else "temp"
         groups = ["all", *self.latest.groups]
+        kind = request.query.get("domain", "")
+        kind = kind if kind in KINDS else ""
+        sections = _sections(self.latest.domains, kind, await self.status.get()) if kind else []
         return await self._page(
-            "fleet.html", request, viewer, group=group, groups=groups, by=colour, count=len(nodes)
+            "fleet.html",
+            request,
+            viewer,
+            group=group,
+            groups=groups,
+            by=colour,
+            count=len(nodes),
+            kinds=KINDS,
+            domain=kind,
+            sections=sections,
         )
 
     async def fleet_json(self, request: web.Request) -> web.Response:
@@ -467,6 +480,27 @@ def _next(value: str | None) -> str:
     if value and value.startswith("/console/") and not value.startswith("//"):
         return value[:500]
     return "/console/now"
+
+
+def _sections(domains: Domains, kind: str, status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The fleet by one kind of failure domain: each domain's nodes, those not healthy,
+    and its open domain episode."""
+    unhealthy = {r["node"]: r["state"] for r in status["unhealthy"]}
+    episodes = {(e["kind"], e["name"]): e for e in status.get("domain_episodes", [])}
+    out = []
+    for (k, name), hosts in sorted(domains.members.items()):
+        if k != kind:
+            continue
+        out.append(
+            {
+                "name": name,
+                "group": domains.group(k, name),
+                "nodes": len(hosts),
+                "out": sorted((h, unhealthy[h]) for h in hosts if h in unhealthy),
+                "episode": episodes.get((k, name)),
+            }
+        )
+    return out
 
 
 def _states(status: Mapping[str, Any], nodes: Sequence[str]) -> dict[str, str]:

@@ -27,6 +27,7 @@ from gpuops.bus.publish import JetStreamPublisher
 from gpuops.bus.store import Store
 from gpuops.clock import Clock, SystemClock, rfc3339
 from gpuops.decide.breaker import BreakerState
+from gpuops.decide.correlate import correlation_store
 from gpuops.decide.silence import parse_target, silence_span
 from gpuops.decide.stores import Stores
 from gpuops.errors import BusError, ConfigError, EngineError, StateUnreadable
@@ -335,9 +336,33 @@ class Commands:
             ],
             "dry_run": dry_run,
             "dry_run_why": dry_run_why,
+            "domain_episodes": await self._domain_episodes(now),
             "unreadable": self._unreadable_lines(unreadable, engine),
             "scale": await self._replicas(),
         }
+
+    async def _domain_episodes(self, now: float) -> list[dict[str, Any]]:
+        """Open domain episodes (gpuops.decide.correlate): one row each, however many
+        nodes they hold."""
+        out = []
+        found, _ = await correlation_store(self.stores.buckets.control).readable()
+        for key, record in found:
+            if record.opened is None or now >= record.until:
+                continue
+            _, rule, kind, name = key.split(".", 3)
+            out.append(
+                {
+                    "rule": rule,
+                    "kind": kind,
+                    "name": name,
+                    "nodes": list(record.nodes),
+                    "faulting": sorted(record.seen),
+                    "opened": record.opened,
+                    "until": record.until,
+                    "applied": record.applied,
+                }
+            )
+        return sorted(out, key=lambda e: e["opened"])
 
     async def _dry_run(self, engine: EngineState) -> tuple[bool, str]:
         """Whether every decision is a dry run, and why: the engine was started so (this
