@@ -35,7 +35,9 @@ def test_demo_closes_the_loop_for_every_fault(tmp_path: Path) -> None:
     expected = {
         "overheat": "drain.yml",
         "power_limit": "power_limit.yml",
-        "xid": "reboot.yml",
+        # The lost GPU comes back from its reboot at 120 GB/s: the gate (grade 2) fails
+        # and the ladder climbs; the reprovisioning is the remediation that held.
+        "xid": "reprovision.yml",
         "zombie": "gpu_reset.yml",
         "drift": "baseline.yml",
     }
