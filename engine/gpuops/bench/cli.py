@@ -57,6 +57,24 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> None:
         click.echo(line)
 
 
+@bench.command("replay")
+@click.option("--gpus", type=int, default=90_000, show_default=True, help="GPU samples recorded")
+@click.option("--rules", "n_rules", type=int, default=20, show_default=True, help="beside 1 rule")
+@click.option("--repeat", type=int, default=3, show_default=True, help="rounds, interleaved")
+@click.option(
+    "--inventory/--no-inventory",
+    default=False,
+    show_default=True,
+    help="replay with the fleet's inventory, or let the recording name the nodes",
+)
+def bench_replay(gpus: int, n_rules: int, repeat: int, inventory: bool) -> None:
+    """CPU per GPU sample of `gpuops replay` with 1 and N rules, and of decoding alone."""
+    from gpuops.bench.replay import bench_replay as run_bench
+
+    for line in run_bench(gpus=gpus, rules=n_rules, repeat=repeat, with_inventory=inventory):
+        click.echo(line)
+
+
 @bench.command("decide")
 @click.option("--nodes", type=int, default=300, show_default=True, help="one match per node")
 @click.option("--rule", default="xid-48-dbe", show_default=True, help="a shipped xid rule")

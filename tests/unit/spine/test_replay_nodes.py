@@ -1,0 +1,33 @@
+"""Replay without an inventory: the recording names the nodes, read without decoding the
+events (they are decoded once, as they are fed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+from gpuops.match.loader import load_rules
+from gpuops.sim.fleet import envelope
+from gpuops.spine.replay import _nodes_in, replay
+
+from tests.conftest import ROOT
+
+T0 = 1_900_000_000.0
+
+
+def test_the_first_pass_reads_only_nodes_and_the_feed_refuses_what_does_not_decode(
+    tmp_path: Path,
+) -> None:
+    lines = [
+        envelope("heartbeat", "node-001", T0, {"seq": 1}),
+        envelope("heartbeat", "node-002", T0 + 1, {"seq": 1}),
+        {"id": "x", "node": "../etc", "kind": "heartbeat"},  # no node a subject may carry
+    ]
+    path = tmp_path / "r.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines) + "not json\n")
+    assert _nodes_in(path) == {"node-001", "node-002"}
+    rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
+    shadow, report = asyncio.run(replay(path, rules, None))
+    assert shadow.hosts == {"node-001", "node-002"}
+    assert report.events == 2 and report.refusals() == 2
