@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
 from gpuops.cli.terminal import run_async, settings_from
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group()
@@ -65,6 +68,21 @@ def prometheus(ctx: click.Context, /, **opts: Any) -> None:
     run_async(run_ingest(settings, opts["http"]))
 
 
+def _polling(inventory: str, verb: str) -> Callable[[F], F]:
+    """The options every polling source shares: its inventory, NATS, and --once."""
+
+    def add(command: F) -> F:
+        command = click.option(
+            "--once", is_flag=True, help=f"{verb} once and print the events, without NATS"
+        )(command)
+        command = click.option(
+            "--nats", help="NATS URL (default: the settings' or the state dir's embedded one)"
+        )(command)
+        return click.option("--inventory", type=click.Path(path_type=Path), help=inventory)(command)
+
+    return add
+
+
 @ingest.command("redfish")
 @click.option(
     "--target",
@@ -77,11 +95,7 @@ def prometheus(ctx: click.Context, /, **opts: Any) -> None:
 @click.option("--password-file", type=click.Path(path_type=Path), help="their password, in a file")
 @click.option("--ca", type=click.Path(path_type=Path), help="the CA of their certificates (https)")
 @click.option("--interval", type=float, help="seconds between polls (default 30)")
-@click.option(
-    "--inventory", type=click.Path(path_type=Path), help="the hosts targets speak for, and domains"
-)
-@click.option("--nats", help="NATS URL (default: the settings' or the state dir's embedded one)")
-@click.option("--once", is_flag=True, help="poll once and print the events, without NATS")
+@_polling("the hosts targets speak for, and their domains", "poll")
 @click.pass_context
 def redfish(ctx: click.Context, /, **opts: Any) -> None:
     """Poll BMCs and cooling units over Redfish; publish facility events (inlet and coolant
@@ -124,11 +138,7 @@ def _target(text: str, user: str | None, password: Path | None, ca: Path | None)
 @click.option(
     "--interval", type=float, default=30.0, show_default=True, help="seconds between reads"
 )
-@click.option(
-    "--inventory", type=click.Path(path_type=Path), help="the hosts the slices' nodes are"
-)
-@click.option("--nats", help="NATS URL (default: the settings' or the state dir's embedded one)")
-@click.option("--once", is_flag=True, help="read once and print the events, without NATS")
+@_polling("the hosts the slices' nodes are", "read")
 @click.pass_context
 def dra(ctx: click.Context, /, **opts: Any) -> None:
     """Publish the Kubernetes DRA driver's device taints (ResourceSlices) as dra_taint events."""

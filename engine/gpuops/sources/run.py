@@ -4,8 +4,10 @@ it, the loop, /metrics."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import tempfile
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from gpuops.agent.spool import Spool
 from gpuops.bus.conn import agent_endpoint, connect_forever
 from gpuops.bus.embedded import publisher_signer
 from gpuops.bus.identity import source as source_identity
-from gpuops.bus.publish import JetStreamPublisher, MemoryPublisher
+from gpuops.bus.publish import JetStreamPublisher, MemoryPublisher, Publisher
 from gpuops.clock import SystemClock
 from gpuops.errors import EngineError, SourceError
 from gpuops.http.server import HttpServer
@@ -100,41 +102,50 @@ def remembered(source: PromSource, report: ScrapeReport) -> list[str]:
     ]
 
 
-async def run_ingest(settings: Settings, http: str | None) -> None:
-    """Scrape and publish until SIGINT/SIGTERM, whether NATS answers or not."""
-    cfg = settings.sources.prometheus
+@contextlib.asynccontextmanager
+async def source_bus(settings: Settings, name: str) -> AsyncIterator[tuple[Client, Publisher]]:
+    """NATS as the agent reaches it, connecting in the background (a source runs whether
+    NATS answers or not), and a publisher signing as `source:<name>`: a source may publish
+    any node's telemetry and health events, each message saying it is this source's."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
-    stop = stop_on_signals()
-    # The source user may publish any node's telemetry and health events: what this does;
-    # each message says it is this source's, with its own key.
     url, credentials = agent_endpoint(settings.nats, settings.state_dir)
-    identity = source_identity("prometheus")
+    identity = source_identity(name)
     signer = publisher_signer(settings.state_dir, identity, settings.identity.publisher_key)
     nc = Client()
     connecting = asyncio.create_task(
-        connect_forever(nc, url, settings.nats, credentials, name="gpuops-ingest-prometheus")
+        connect_forever(nc, url, settings.nats, credentials, name=f"gpuops-ingest-{name}")
     )
-    metrics = SourceMetrics()
-    bound, rules = binding(settings)
-    source = PromSource(
-        cfg,
-        bound,
-        JetStreamPublisher(nc.jetstream(timeout=5), signer),
-        SystemClock(),
-        Spool(settings.state_dir / SPOOL, cfg.spool_max),
-        metrics,
-        connected=lambda: nc.is_connected,
-        rules=rules,
-    )
-    server = HttpServer(metrics.registry, lambda: (nc.is_connected, {"nats": nc.is_connected}))
     try:
-        if http:
-            await server.start(http)
-        await source.run(stop)
+        yield nc, JetStreamPublisher(nc.jetstream(timeout=5), signer)
     finally:
-        await server.stop()
         await cancel_connecting(connecting)
         await close_client(nc)
+
+
+async def run_ingest(settings: Settings, http: str | None) -> None:
+    """Scrape and publish until SIGINT/SIGTERM, whether NATS answers or not."""
+    cfg = settings.sources.prometheus
+    stop = stop_on_signals()
+    metrics = SourceMetrics()
+    bound, rules = binding(settings)
+    async with source_bus(settings, "prometheus") as (nc, publisher):
+        source = PromSource(
+            cfg,
+            bound,
+            publisher,
+            SystemClock(),
+            Spool(settings.state_dir / SPOOL, cfg.spool_max),
+            metrics,
+            connected=lambda: nc.is_connected,
+            rules=rules,
+        )
+        server = HttpServer(metrics.registry, lambda: (nc.is_connected, {"nats": nc.is_connected}))
+        try:
+            if http:
+                await server.start(http)
+            await source.run(stop)
+        finally:
+            await server.stop()
 
 
 async def redfish_once(settings: Settings) -> list[dict[str, Any]]:
@@ -157,24 +168,10 @@ async def run_redfish(settings: Settings) -> None:
     cfg = settings.sources.redfish
     if not cfg.targets:
         raise SourceError("no_targets", "no Redfish targets: set sources.redfish.targets")
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
     stop = stop_on_signals()
-    url, credentials = agent_endpoint(settings.nats, settings.state_dir)
-    identity = source_identity("redfish")
-    signer = publisher_signer(settings.state_dir, identity, settings.identity.publisher_key)
-    nc = Client()
-    connecting = asyncio.create_task(
-        connect_forever(nc, url, settings.nats, credentials, name="gpuops-ingest-redfish")
-    )
     inventory = load_inventory(settings.inventory)
-    source = RedfishSource(
-        cfg, inventory, JetStreamPublisher(nc.jetstream(timeout=5), signer), SystemClock()
-    )
-    try:
-        await source.run(stop)
-    finally:
-        await cancel_connecting(connecting)
-        await close_client(nc)
+    async with source_bus(settings, "redfish") as (_, publisher):
+        await RedfishSource(cfg, inventory, publisher, SystemClock()).run(stop)
 
 
 def dra_source(
@@ -188,19 +185,6 @@ def dra_source(
 
 async def run_dra(settings: Settings, slices: Path | None, interval_s: float) -> None:
     """List and publish until SIGINT/SIGTERM, whether NATS and the API answer or not."""
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
     stop = stop_on_signals()
-    url, credentials = agent_endpoint(settings.nats, settings.state_dir)
-    signer = publisher_signer(
-        settings.state_dir, source_identity("dra"), settings.identity.publisher_key
-    )
-    nc = Client()
-    connecting = asyncio.create_task(
-        connect_forever(nc, url, settings.nats, credentials, name="gpuops-ingest-dra")
-    )
-    publisher = JetStreamPublisher(nc.jetstream(timeout=5), signer)
-    try:
+    async with source_bus(settings, "dra") as (_, publisher):
         await dra_source(settings, publisher, slices, interval_s).run(stop)
-    finally:
-        await cancel_connecting(connecting)
-        await close_client(nc)

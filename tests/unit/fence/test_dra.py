@@ -117,3 +117,26 @@ def test_gpuops_s_own_fence_is_not_read_back_as_the_driver_s_word() -> None:
     device["taints"] = [{"key": "gpuops.dev/fenced", "value": "true", "effect": "NoSchedule"}]
     events, _ = taint_events(ours, INVENTORY, 1_900_000_000.0)
     assert [e["node"] for e in events] == ["node-001"]
+
+
+def test_gpuops_ingest_dra_once_prints_the_driver_taints_of_known_nodes(tmp_path: Path) -> None:
+    import subprocess
+
+    from tests.support import gpuops_argv
+
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("all:\n  hosts:\n    node-001: {}\n    node-002: {}\n")
+    slices = Path(__file__).parents[2] / "fixtures" / "dra" / "resourceslices.json"
+    done = subprocess.run(
+        gpuops_argv(
+            *("ingest", "dra", "--once", "--slices", str(slices), "--inventory", str(inventory)),
+            state_dir=tmp_path / "state",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    [event] = [json.loads(line) for line in done.stdout.splitlines()]
+    assert (event["node"], event["kind"], event["data"]["gpu"]) == ("node-001", "dra_taint", 3)
+    assert "node-099: not in the inventory" in done.stderr
