@@ -339,6 +339,27 @@ def test_only_the_executor_tells_a_grade_s_result_and_it_tells_nothing_else() ->
             verifier.publisher(executor, payload, kind, "node-a")
 
 
+def test_facility_readings_and_dra_taints_come_from_their_own_source_only() -> None:
+    """A node faking a DRA taint on itself would fence and reset its own GPU; the Redfish
+    source may not speak of XIDs; each new source publishes its one kind."""
+    keys = KeyRing(b"k" * 64)
+    verifier = Verifier(keys)
+    payload = b'{"kind":"dra_taint"}'
+    for forger, kind in (
+        (keys.node("node-a"), "dra_taint"),
+        (keys.signer("source:prometheus"), "dra_taint"),
+        (keys.signer("source:redfish"), "dra_taint"),
+        (keys.node("node-a"), "facility"),
+    ):
+        with pytest.raises(EventError, match=f"may not publish {kind} events"):
+            verifier.publisher(forger.headers(payload), payload, kind, "node-a")
+    for source, kind in (("source:dra", "dra_taint"), ("source:redfish", "facility")):
+        signed = keys.signer(source).headers(payload)
+        assert verifier.publisher(signed, payload, kind, "node-a") == source
+        with pytest.raises(EventError, match=f"{source} may not publish xid events"):
+            verifier.publisher(signed, payload, "xid", "node-a")
+
+
 async def test_an_operator_may_not_publish_in_the_engines_name_what_only_it_makes(
     tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
 ) -> None:

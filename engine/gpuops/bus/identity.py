@@ -47,6 +47,12 @@ ENGINE_ONLY_KINDS = frozenset({"chatops", "drift", "alert", "diagnostics"})
 # else: it may not speak as a person, a source or a node.
 EXECUTOR = "executor"
 EXECUTOR_KINDS = frozenset({"diagnostics"})
+# Kinds only one source makes, and that source makes nothing else: a facility reading is
+# the building's word (Redfish), a DRA taint the cluster's (the DRA driver's slices); from
+# a node, or from another source, they would be a forgery of that word (a node faking a
+# taint on itself would fence and reset its own GPU).
+SOURCE_KINDS = {"source:redfish": frozenset({"facility"}), "source:dra": frozenset({"dra_taint"})}
+SOURCED_KINDS = {kind: who for who, kinds in SOURCE_KINDS.items() for kind in kinds}
 _MAX_NAME = 128
 
 
@@ -92,6 +98,11 @@ def may_speak(identity: str, kind: str, node_token: str) -> str | None:
         return None if kind in EXECUTOR_KINDS else f"the executor may not publish {kind} events"
     if kind in ENGINE_ONLY_KINDS:
         return f"{identity} may not publish {kind} events (only the engine makes them)"
+    if identity in SOURCE_KINDS and kind not in SOURCE_KINDS[identity]:
+        makes = ", ".join(sorted(SOURCE_KINDS[identity]))
+        return f"{identity} may not publish {kind} events (it makes {makes})"
+    if kind in SOURCED_KINDS and identity != SOURCED_KINDS[kind]:
+        return f"{identity} may not publish {kind} events (only {SOURCED_KINDS[kind]} makes them)"
     if identity.startswith(SOURCE):
         # A probe is a node's answer about itself (its validation): nobody else's.
         return f"{identity} may not publish probe results" if kind == "probe" else None
