@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, get_args
 
 from pydantic import (
     AwareDatetime,
@@ -695,6 +695,12 @@ def event_json_schema() -> dict[str, Any]:
     schema["$id"] = "https://gpuops.dev/schemas/event-v1.json"
     schema["title"] = "gpuops event v1"
     return schema
+
+
+# The kinds of failure domain a host may name (gpuops.inventory.domains reads them; the
+# settings budget them, a rule's `domain:` correlates by one).
+DomainKind = Literal["rack", "pdu", "cooling_loop", "leaf_switch", "nvlink_domain"]
+DOMAIN_KINDS: tuple[str, ...] = get_args(DomainKind)
 
 
 # --- what flows between stages ---------------------------------------------------------

@@ -23,6 +23,7 @@ from pydantic import (
 
 from gpuops import shipped
 from gpuops.errors import ConfigError
+from gpuops.models import DomainKind
 from gpuops.power.config import PowerSettings
 
 
@@ -125,10 +126,6 @@ class IdentitySettings(BaseModel):
     # An agent's or a source's own key (default STATE/creds/publishers/<identity>.key,
     # which the engine writes for each inventory node on its own state dir).
     publisher_key: Path | None = None
-
-
-# The kinds of failure domain a host may name (gpuops.inventory.domains reads them).
-DomainKind = Literal["rack", "pdu", "cooling_loop", "leaf_switch", "nvlink_domain"]
 
 
 class DomainBudget(BaseModel):

@@ -12,7 +12,7 @@ budget together. A drop names the domain and its budget, and hands the fault to 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -24,7 +24,6 @@ from gpuops.errors import BusError
 from gpuops.inventory.domains import Domains
 from gpuops.match.durations import format_duration
 from gpuops.models import Reason
-from gpuops.settings import DomainBudget, DomainKind
 
 
 class DomainRecord(BaseModel):
@@ -54,13 +53,13 @@ class DomainBudgets(BaseStage):
         kv: KV,
         catalog: Catalog,
         domains: Domains,
-        budgets: Mapping[DomainKind, DomainBudget],
+        budgets: Mapping[str, Callable[[int], int]],
         window_s: float = 600.0,
     ) -> None:
         self.store = domain_store(kv)
         self.catalog = catalog
         self.domains = domains
-        self.budgets: dict[str, DomainBudget] = {str(k): v for k, v in budgets.items()}
+        self.budgets = budgets  # kind -> a domain's limit, given its size
         self.window_s = window_s
 
     def _mine(self, p: Proposal) -> list[tuple[str, str]]:
@@ -84,7 +83,7 @@ class DomainBudgets(BaseStage):
 
     async def _enter(self, p: Proposal, kind: str, name: str) -> Drop | None:
         found, rev = await p.reads.get(self.store, kind, name)
-        limit = self.budgets[kind].limit(self.domains.size(kind, name))
+        limit = self.budgets[kind](self.domains.size(kind, name))
         for _ in range(CAS_TRIES):
             state = found or DomainRecord()
             recent = state.recent(p.now, self.window_s)

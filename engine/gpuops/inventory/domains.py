@@ -12,12 +12,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import get_args
 
 from gpuops.inventory.hosts import Inventory
-from gpuops.settings import DomainKind
+from gpuops.models import DOMAIN_KINDS
 
-KINDS: tuple[str, ...] = get_args(DomainKind)
+KINDS = DOMAIN_KINDS
 # Hosts of this group are facility equipment (a CDU's or PDU's controller): the inventory
 # knows them, so their readings are acted upon, but they are not capacity of a domain.
 FACILITY = "facility"

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Any
 
 from gpuops.match.durations import PATTERN as DURATION_PATTERN
-from gpuops.models import EVENT_KINDS
-from gpuops.settings import DomainKind
-
-DOMAIN_KINDS = get_args(DomainKind)
+from gpuops.models import DOMAIN_KINDS, EVENT_KINDS
 
 _DURATION: dict[str, Any] = {
     "oneOf": [

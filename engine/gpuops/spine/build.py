@@ -188,7 +188,7 @@ def build_engine(
             buckets.control,
             catalog,
             domains,
-            s.domain_budgets,
+            {kind: budget.limit for kind, budget in s.domain_budgets.items()},
             s.domain_window_s,
         ),
         FleetBreaker(
