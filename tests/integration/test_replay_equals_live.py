@@ -6,7 +6,8 @@ fleet's agents would send at that time, waits until the engine has decided it an
 run has ended, then moves on. Everything published is also written to a recording,
 which `replay` then feeds through the shadow engine (in-memory stores, the same stages).
 The stream holds every fault family, a silence given by a person, a ladder that climbs
-a rung, validation after remediation, and a storm that trips the fleet breaker.
+a rung, validation after remediation, and a storm over three racks that spends two
+racks' budgets (two nodes of a rack at a time) and trips the fleet breaker.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def _faults(fleet: SimFleet, t: float) -> None:
     if at in (500, 1000):
         fleet.inject("node-004", "xid", 1, xid=79)  # again within the ladder's day: climb
     if at == 700:
-        for n in range(10, 16):  # a cooling failure in a row: 30% of the fleet
+        for n in range(10, 18):  # a cooling failure in a row: 40% of the fleet, 3 racks
             fleet.inject(f"node-{n:03d}", "overheat", 0)
 
 
@@ -188,8 +189,9 @@ async def test_replay_of_the_recorded_stream_decides_like_the_live_engine(
 ) -> None:
     fleet = SimFleet.create(tmp_path / "sim", nodes=20, gpus=2)
     # One partition: the live engine decides in the order the events were stored, as the
-    # replay does. With several, partitions decide side by side, and which 4 of the 6
-    # storm nodes the breaker lets through depends on which partition got there first.
+    # replay does. With several, partitions decide side by side, and which 4 of the 8
+    # storm nodes the breaker and the racks' budgets let through depends on which
+    # partition got there first.
     bus = await connect(nats_server.url, NatsSettings(partitions=1))
     settings = engine_settings(
         tmp_path,
@@ -211,7 +213,10 @@ async def test_replay_of_the_recorded_stream_decides_like_the_live_engine(
     replayed = _audit_decisions([r["body"] for r in audit if r["type"] == "decision"])
 
     reasons = {r for *_, r in live}
-    for wanted in ("accepted", "silenced", "breaker_open", "needs_human", "no_action", "cooldown"):
+    for wanted in (
+        *("accepted", "silenced", "breaker_open", "domain_budget"),
+        *("needs_human", "no_action", "cooldown"),
+    ):
         assert wanted in reasons, f"the stream exercises {wanted}: {sorted(reasons)}"
     rules_seen = {rule for _, rule, _, _ in live}
     families = ("gpu-overheat", "power-limit-below-policy", "xid-79-gpu-lost", "probe-failed")
