@@ -48,6 +48,8 @@ def load_inventory(path: Path) -> Inventory:
             f"inventory {path} does not exist: pass --inventory, or create a simulated "
             "fleet with `gpuops simulate` (it writes inventories/sim)"
         )
+    if not (path.is_file() or path.is_dir()):
+        raise ConfigError(f"inventory {path} is neither a file nor a directory of inventories")
     start = time.perf_counter()
     try:
         parts = inventory_fast.read(path)

@@ -49,3 +49,8 @@ def test_a_good_inventory_loads(tmp_path: Path) -> None:
     path = tmp_path / "hosts.yml"
     path.write_text("all:\n  hosts:\n    node-001:\n")
     assert load_inventory(path).hosts == {"node-001"}
+
+
+def test_a_device_or_fifo_is_no_inventory_and_says_so() -> None:
+    with pytest.raises(ConfigError, match="inventory /dev/null is neither a file nor a directory"):
+        load_inventory(Path("/dev/null"))
