@@ -18,9 +18,11 @@ from gpuops.act.playbooks import resolve
 from gpuops.act.runner import RunRequest, run_playbook
 from gpuops.catalog import load_catalog
 from gpuops.clock import SystemClock
+from gpuops.fence.dra import find_device, taint_rule
 from gpuops.models import RunStatus
 from gpuops.sim import state as node_state
 from gpuops.sim.fleet import SimFleet
+from gpuops.sim.wlm_shims import resource_slice
 
 from tests.conftest import ROOT, calls
 
@@ -79,8 +81,19 @@ def _done(intent_key: str, then: Setup = _healthy) -> Setup:
 
 
 K8S = {"workload_manager": "kubernetes"}
+
+
 # Every catalogued playbook has a case; drain and return to service one per workload
 # manager. Diagnostics are collected anew every time: that case has no settled node.
+def _fenced(fleet: SimFleet, node: str) -> None:
+    """GPU 1 fenced NoSchedule already, as fence_gpu.yml leaves it (the simulated API)."""
+    slices = {"items": [resource_slice(fleet.state(node))]}
+    uuid = fleet.state(node)["gpus"][1]["uuid"]
+    rule = taint_rule(find_device(slices, node, uuid), "NoSchedule", "check")
+    with node_state.locked(fleet.node_dir(node)) as s:
+        s.setdefault("taint_rules", {})[rule["metadata"]["name"]] = rule
+
+
 CASES: dict[str, Case] = {
     "power_limit.yml": Case(_gpu1(power_limit_w=400.0), _healthy, {"gpu": 1}),
     "gpu_reset.yml": Case(_healthy, _done("k-reset"), {"gpu": 1, "intent_key": "k-reset"}),
@@ -96,6 +109,7 @@ CASES: dict[str, Case] = {
         _both(_drained, _gpu1(mig_mode=True, mig_instances=["9", "9"])),
         {"gpu": 1, "mig_profiles": [9, 9]},
     ),
+    "fence_gpu.yml": Case(_healthy, _fenced, {"gpu": 1, "effect": "NoSchedule"}, K8S),
     "collect_diagnostics.yml": Case(_healthy, None),
     "diagnose.yml": Case(_healthy, None, {"grade": 1}),
 }

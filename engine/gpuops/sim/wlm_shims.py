@@ -293,28 +293,33 @@ def dra_kubectl(node_dir: Path, argv: list[str]) -> int:
         return _apply_taint_rule(
             node_dir, sys.stdin.read() if argv[-1] == "-" else Path(argv[-1]).read_text()
         )
-    with locked(node_dir) as s:
-        rules: dict[str, Any] = s.setdefault("taint_rules", {})
-        if verb == "get" and what == "devicetaintrule" and len(argv) > 2:
-            rule = rules.get(argv[2])
-            if rule is None:
-                what = f'devicetaintrules.resource.k8s.io "{argv[2]}"'
-                print(f"Error from server (NotFound): {what} not found", file=sys.stderr)
-                return 1
-            print(json.dumps(rule, indent=2))
-            return 0
-        if verb == "get" and what == "devicetaintrules":
-            print(json.dumps({"apiVersion": "v1", "kind": "List", "items": list(rules.values())}))
-            return 0
-        if verb == "delete" and what == "devicetaintrules" and "-l" in argv:
-            key, _, value = argv[argv.index("-l") + 1].partition("=")
-            gone = [
-                n for n, r in rules.items() if r["metadata"].get("labels", {}).get(key) == value
-            ]
-            for name in gone:
+    if verb == "get":  # reading changes nothing (check mode reads too)
+        return _get_taint_rules(read(node_dir).get("taint_rules", {}), what, argv)
+    if verb == "delete" and what == "devicetaintrules" and "-l" in argv:
+        key, _, value = argv[argv.index("-l") + 1].partition("=")
+        with locked(node_dir) as s:
+            rules: dict[str, Any] = s.get("taint_rules", {})
+            for name in [n for n, r in rules.items() if r["metadata"]["labels"].get(key) == value]:
                 del rules[name]
                 print(f'devicetaintrule.resource.k8s.io "{name}" deleted')
-            return 0
+        return 0
+    print(f"kubectl: unknown command {argv}", file=sys.stderr)
+    return 1
+
+
+def _get_taint_rules(rules: dict[str, Any], what: str, argv: list[str]) -> int:
+    """`get devicetaintrule NAME -o json`, or every rule with `get devicetaintrules`."""
+    if what == "devicetaintrules":
+        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": list(rules.values())}))
+        return 0
+    if what == "devicetaintrule" and len(argv) > 2:
+        rule = rules.get(argv[2])
+        if rule is None:
+            missing = f'devicetaintrules.resource.k8s.io "{argv[2]}"'
+            print(f"Error from server (NotFound): {missing} not found", file=sys.stderr)
+            return 1
+        print(json.dumps(rule, indent=2))
+        return 0
     print(f"kubectl: unknown command {argv}", file=sys.stderr)
     return 1
 
