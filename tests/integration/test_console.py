@@ -15,6 +15,7 @@ from gpuops.bus.server import EmbeddedNats
 from gpuops.decide.breaker import BreakerState
 from gpuops.decide.correlate import DomainFaults, correlation_store
 from gpuops.models import new_event, subject_for
+from gpuops.ops.commands import render_status
 from gpuops.record.audit import read_audit
 from gpuops.sim.fleet import SimFleet
 
@@ -216,6 +217,8 @@ async def test_a_domain_episode_is_one_row_on_now_and_the_fleet_groups_by_rack(
         )
         store = correlation_store(app.engine.buckets.control)
         await store.put(episode, "gpu-overheat", "rack", "rack-a1")
+        said = render_status(await app.commands().status())
+        assert "domain episode: gpu-overheat on rack rack-a1 (2 nodes: node-001, node-002)" in said
         base = f"http://127.0.0.1:{app.http_port}"
         async with aiohttp.ClientSession(base) as http:
             async with http.get("/console/now") as page:

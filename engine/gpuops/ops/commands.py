@@ -625,6 +625,11 @@ def render_status(s: dict[str, Any]) -> str:
         lines.append(
             f"silence {x['id']}: {x['target']} until {rfc3339(x['ends'])[:19]} ({x['reason']})"
         )
+    for d in s.get("domain_episodes", []):
+        lines.append(
+            f"domain episode: {d['rule']} on {d['kind']} {d['name']} ({len(d['nodes'])} nodes: "
+            f"{', '.join(d['nodes'])}), node remediations held until {rfc3339(d['until'])[:19]}"
+        )
     episodes = s.get("episodes", [])
     lines.append(f"open episodes: {len(episodes)}")
     lines += [f"  {ep['line']}" for ep in episodes[:20]]
