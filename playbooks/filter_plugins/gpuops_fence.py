@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuops.fence.dra import evidence, find_device, taint_rule
+from gpuops.fence.dra import evidence, find_device, label_value, taint_rule
 
 
 def gpuops_fence_rule(
@@ -21,6 +21,11 @@ def gpuops_fence_evidence(rule: dict[str, Any]) -> str:
     return evidence(rule)
 
 
+def gpuops_fence_label(node: str) -> str:
+    """The node as the fences' `gpuops.dev/node` label carries it (a label value)."""
+    return label_value(node)
+
+
 class FilterModule:
     """Ansible's entry point."""
 
@@ -28,4 +33,5 @@ class FilterModule:
         return {
             "gpuops_fence_rule": gpuops_fence_rule,
             "gpuops_fence_evidence": gpuops_fence_evidence,
+            "gpuops_fence_label": gpuops_fence_label,
         }

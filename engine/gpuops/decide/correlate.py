@@ -78,7 +78,8 @@ class DomainCorrelation(BaseStage):
 
     def _domain(self, p: Proposal) -> tuple[DomainRule, str] | None:
         spec = p.rule.domain
-        if spec is None or not p.acts:
+        # A ladder rule has no playbook yet: the ladder picks it after this stage.
+        if spec is None or not (p.acts or p.rule.ladder is not None):
             return None
         name = self.domains.of_node(p.node).get(spec.kind)
         return (spec, name) if name is not None else None

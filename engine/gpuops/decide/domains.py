@@ -12,6 +12,7 @@ budget together. A drop names the domain and its budget, and hands the fault to 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
@@ -74,11 +75,18 @@ class DomainBudgets(BaseStage):
     async def check(self, p: Proposal) -> Drop | None:
         """Enter the node in each of its domains in turn; the first over budget drops it,
         and the entries made before it are taken back (`abort`)."""
-        for kind, name in self._mine(p):
-            drop = await self._enter(p, kind, name)
-            if drop is not None:
+        try:
+            for kind, name in self._mine(p):
+                drop = await self._enter(p, kind, name)
+                if drop is not None:
+                    await self.abort(p)
+                    return drop
+        except Exception:
+            # A record that does not decode, or the bus gone: the decider drops (or retries)
+            # without this stage's abort, so the entries made in this loop go back here.
+            with contextlib.suppress(Exception):
                 await self.abort(p)
-                return drop
+            raise
         return None
 
     async def _enter(self, p: Proposal, kind: str, name: str) -> Drop | None:

@@ -10,7 +10,7 @@ from gpuops.bus.store import Read, Store
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.diagnose.fabric import pick_peers
 from gpuops.errors import StateUnreadable
-from gpuops.inventory.domains import Domains
+from gpuops.inventory.domains import FACILITY, Domains
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.expr import render
 from gpuops.models import ActionSpec, Reason
@@ -138,7 +138,7 @@ class FabricPeers(BaseStage):
         if not p.acts or not any(self._wants(a) for a in p.actions):
             return None
         out = {r.node for r in await self.states.all() if r.state is not NodeState.HEALTHY}
-        hosts = sorted(self.inventory.hosts)
+        hosts = sorted(self.inventory.hosts - self.inventory.group_hosts(FACILITY))
         peers = pick_peers(p.node, hosts, self.domains, out)
         p.actions = [
             a.model_copy(update={"vars": {**a.vars, "peers": peers}}) if self._wants(a) else a

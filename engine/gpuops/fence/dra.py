@@ -14,6 +14,7 @@ person's approval). The manifests are built with the official client's models.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -87,9 +88,15 @@ def find_device(slices: Mapping[str, Any], node: str, uuid: str) -> DeviceRef:
 
 
 def rule_name(node: str, device: str) -> str:
-    """The DeviceTaintRule's name: `gpuops-fence-<node>-<device>`, a DNS subdomain."""
-    name = _DNS.sub("-", f"gpuops-fence-{node}-{device}".lower()).strip("-")
-    return name[:253]
+    """The DeviceTaintRule's name: `gpuops-fence-<node>-<device>`, a DNS subdomain; where
+    the node's name had to change to be one (case, dots, length), a short hash of the
+    node and device keeps two nodes' fences apart."""
+    plain = f"gpuops-fence-{node}-{device}"
+    name = _DNS.sub("-", plain.lower()).strip("-")
+    if name != plain or len(name) > 253:
+        digest = hashlib.sha256(f"{node}\0{device}".encode()).hexdigest()[:8]
+        name = f"{name[:240].rstrip('-')}-{digest}"
+    return name
 
 
 def taint_rule(ref: DeviceRef, effect: str, reason: str) -> dict[str, Any]:
@@ -103,7 +110,7 @@ def taint_rule(ref: DeviceRef, effect: str, reason: str) -> dict[str, Any]:
         kind="DeviceTaintRule",
         metadata=client.V1ObjectMeta(
             name=rule_name(ref.node, ref.device),
-            labels={NODE_LABEL: _label_value(ref.node)},
+            labels={NODE_LABEL: label_value(ref.node)},
             annotations={f"{K8S_DOMAIN}/reason": reason[:1024], f"{K8S_DOMAIN}/uuid": ref.uuid},
         ),
         spec=client.V1DeviceTaintRuleSpec(
@@ -117,7 +124,9 @@ def taint_rule(ref: DeviceRef, effect: str, reason: str) -> dict[str, Any]:
     return out
 
 
-def _label_value(text: str) -> str:
+def label_value(text: str) -> str:
+    """`text` as a Kubernetes label value (63 characters of [A-Za-z0-9._-], alphanumeric at
+    both ends)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:63].strip("-._")
 
 

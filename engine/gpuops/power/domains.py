@@ -27,7 +27,10 @@ def domain_response(
             f"({', '.join(episode.faulting)}): the domain's, not the nodes'; node "
             f"remediations held until {until}"
         )
-        if episode.power_share is not None:
+        held = (await overrides.all()).get(episode.group)
+        if held is not None and held.by != "engine" and held.active(episode.opened):
+            said += f"; a person's power budget holds the domain ({held.by}): left as set"
+        elif episode.power_share is not None:
             total, gpus = controller.policy_total(episode.members)
             if gpus:
                 watts = episode.power_share * total

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from gpuops.bus.publish import Publisher
 from gpuops.clock import Clock, rfc3339
@@ -28,7 +31,8 @@ from gpuops.models import EVENT_ADAPTER, subject_for
 
 log = logging.getLogger(__name__)
 SOURCE = "dra"
-MAX_SLICES_BYTES = 64 << 20  # a file or an API answer larger than this is refused
+MAX_SLICES_BYTES = 64 << 20  # a file larger than this is refused
+MAX_SLICES = 100_000  # slices read from the API at most (one a node and driver, in practice)
 
 
 def taint_events(
@@ -37,8 +41,8 @@ def taint_events(
     """The events of every driver taint on a known node's device, and the unknown nodes."""
     out, unknown = [], set()
     for t in driver_taints(slices):
-        if t.key == TAINT_KEY:
-            continue
+        if t.key == TAINT_KEY or t.ref.index is None or t.ref.index < 0:
+            continue  # gpuops's own fence, or a device that is no indexed GPU
         if t.ref.node not in inventory:
             unknown.add(t.ref.node or "(no node)")
             continue
@@ -52,15 +56,20 @@ def taint_events(
             "value": t.value,
             "effect": t.effect,
         }
+        key = hashlib.sha256(f"{t.ref.node}\0{t.ref.device}\0{t.key}".encode()).hexdigest()
         event = {
-            "id": f"{SOURCE}-{t.ref.node}-{t.ref.device}-{t.key}-{int(at)}",
+            "id": f"{SOURCE}-{key[:32]}-{int(at)}",
             "node": t.ref.node,
             "ts": rfc3339(at),
             "source": f"{SOURCE}:{t.ref.driver}"[:200],
             "kind": "dra_taint",
             "data": data,
         }
-        EVENT_ADAPTER.validate_python(event)
+        try:
+            EVENT_ADAPTER.validate_python(event)
+        except ValidationError as exc:  # one odd device costs its own event, not the poll's
+            log.warning("DRA taint on %s %s not published: %s", t.ref.node, t.ref.device, exc)
+            continue
         out.append(event)
     return out, unknown
 
@@ -86,7 +95,14 @@ def slices_from_api() -> dict[str, Any]:
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         config.load_kube_config()  # type: ignore[no-untyped-call]
-    listed = client.ResourceV1Api().list_resource_slice()
+    api, items, token = client.ResourceV1Api(), [], None
+    while True:  # pages of 500, each within 30 s: a stuck API server costs one poll
+        page = api.list_resource_slice(limit=500, _continue=token, _request_timeout=(5, 30))
+        items += page.items or []
+        token = page.metadata._continue if page.metadata is not None else None
+        if not token or len(items) > MAX_SLICES:
+            break
+    listed = {"items": items[:MAX_SLICES]}
     out: dict[str, Any] = client.ApiClient().sanitize_for_serialization(listed)  # type: ignore[no-untyped-call]
     return out
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redfish
+from pydantic import ValidationError
 
 from gpuops.bus.publish import Publisher
 from gpuops.clock import Clock, rfc3339
@@ -236,15 +238,20 @@ def events_of(
         data: dict[str, Any] = {"sensor": r.sensor, "metric": r.metric, "resource": r.resource}
         data |= {"value": r.value} if r.value is not None else {}
         data |= {"state": r.state} if r.state is not None else {}
+        key = hashlib.sha256(f"{target.node}\0{r.sensor}".encode()).hexdigest()[:32]
         event = {
-            "id": f"{SOURCE}-{target.node}-{r.sensor}-{int(at * 1000)}",
+            "id": f"{SOURCE}-{key}-{int(at * 1000)}",
             "node": target.node,
             "ts": rfc3339(at),
             "source": f"{SOURCE}:{target.url}"[:200],
             "kind": "facility",
             "data": data | domains,
         }
-        EVENT_ADAPTER.validate_python(event)  # what the engine would dead-letter is not sent
+        try:
+            EVENT_ADAPTER.validate_python(event)  # what the engine would dead-letter is not sent
+        except ValidationError as exc:  # one odd reading costs itself, not the poll
+            log.warning("redfish %s %s not published: %s", target.node, r.sensor, exc)
+            continue
         out.append(event)
     return out
 
@@ -274,15 +281,20 @@ class RedfishSource:
 
     async def poll_once(self) -> list[dict[str, Any]]:
         """Every target once, concurrently; the events published."""
+        # A target that answers each request just in time could hold the poll for its
+        # every document: one interval at most, then it is down for this poll.
         results = await asyncio.gather(
-            *(asyncio.to_thread(self.read, t, self.cfg) for t in self.cfg.targets),
+            *(
+                asyncio.wait_for(asyncio.to_thread(self.read, t, self.cfg), self.cfg.interval_s)
+                for t in self.cfg.targets
+            ),
             return_exceptions=True,
         )
         now, events = self.clock.now(), []
         self.failed = {}
         for target, result in zip(self.cfg.targets, results, strict=True):
             if isinstance(result, BaseException):
-                self.failed[target.url] = str(result)
+                self.failed[target.url] = str(result) or type(result).__name__
                 log.warning("redfish %s (%s): %s", target.url, target.node, result)
                 continue
             events += events_of(target, result, self.inventory, now)

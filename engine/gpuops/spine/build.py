@@ -37,7 +37,7 @@ from gpuops.decide.stage import Decider, Stage
 from gpuops.decide.stale import StaleCutoff
 from gpuops.decide.stores import Stores
 from gpuops.intake.answers import Answers
-from gpuops.inventory.domains import Domains
+from gpuops.inventory.domains import FACILITY, Domains
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.builtin import with_builtins
 from gpuops.match.facts import Telemetry
@@ -194,7 +194,7 @@ def build_engine(
         FleetBreaker(
             stores.breaker,
             catalog,
-            len(inventory.hosts),
+            len(inventory.hosts - inventory.group_hosts(FACILITY)),  # GPU nodes, not CDUs
             share=s.breaker_share,
             absolute=s.breaker_absolute,
             floor=s.breaker_floor,

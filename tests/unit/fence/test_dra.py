@@ -5,6 +5,7 @@ selector and toleration rules; the driver's own taints as events for the right n
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,13 @@ def test_the_device_is_the_one_whose_uuid_is_the_gpu_s_on_that_node() -> None:
         taint_rule(ref, "Evict", "")
 
 
-def test_a_name_is_a_dns_subdomain_whatever_the_node_is_called() -> None:
-    assert rule_name("GPU_Node.07", "gpu-0") == "gpuops-fence-gpu-node-07-gpu-0"
-    assert len(rule_name("n" * 300, "gpu-0")) <= 253
+def test_a_name_is_a_dns_subdomain_whatever_the_node_is_called_and_never_shared() -> None:
+    assert rule_name("node-001", "gpu-3") == "gpuops-fence-node-001-gpu-3"
+    changed = rule_name("GPU_Node.07", "gpu-0")
+    assert re.fullmatch(r"gpuops-fence-gpu-node-07-gpu-0-[0-9a-f]{8}", changed), changed
+    assert rule_name("gpu.node-07", "gpu-0") != rule_name("gpu-node.07", "gpu-0")
+    long = rule_name("n" * 300, "gpu-0")
+    assert len(long) <= 253 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", long)
 
 
 @pytest.mark.parametrize(
