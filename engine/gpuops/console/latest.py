@@ -53,10 +53,9 @@ class Latest:
     def __init__(self, inventory: Inventory) -> None:
         self.nodes: tuple[str, ...] = tuple(sorted(inventory.hosts))
         # Failure domains are groups too (`rack:r1`, or the inventory group that names one).
-        domains = Domains.of(inventory).as_groups()
-        every = {**domains, **inventory.groups}
-        self.groups = {g: tuple(sorted(h)) for g, h in sorted(every.items())}
         self.domains = Domains.of(inventory)
+        every = {**self.domains.as_groups(), **inventory.groups}
+        self.groups = {g: tuple(sorted(h)) for g, h in sorted(every.items())}
         self._index = {name: i for i, name in enumerate(self.nodes)}
         self._cells: list[dict[int, Cell]] = [{} for _ in self.nodes]
         self.seq = 0

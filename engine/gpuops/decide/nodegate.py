@@ -122,9 +122,15 @@ class FabricPeers(BaseStage):
 
     name = "fabric_peers"
 
-    def __init__(self, states: NodeStates, inventory: Inventory, diagnosing: str) -> None:
+    def __init__(
+        self,
+        states: NodeStates,
+        inventory: Inventory,
+        diagnosing: str,
+        domains: Domains | None = None,
+    ) -> None:
         self.states, self.inventory, self.diagnosing = states, inventory, diagnosing
-        self.domains = Domains.of(inventory).by_node
+        self.domains = (domains or Domains.of(inventory)).by_node
 
     def _wants(self, action: ActionSpec) -> bool:
         grade = action.vars.get("grade")
