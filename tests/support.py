@@ -1,10 +1,12 @@
 """Helpers the test suites share: a free loopback port, the CLI as a user runs it, a
-real Prometheus, one match decided through the pipeline's entry, and the headers that
-make a message a node's own (gpuops.bus.identity)."""
+real Prometheus, one match decided through the pipeline's entry, the headers that
+make a message a node's own (gpuops.bus.identity), and published messages read back as
+v1 events whatever telemetry format they went out in."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import socket
 import subprocess
@@ -17,6 +19,7 @@ import aiohttp
 import pytest
 from gpuops import subjects
 from gpuops.bus.identity import KeyRing
+from gpuops.bus.wire import Expander
 from gpuops.models import Decision, Match, Request
 from gpuops.signing import load_key
 from gpuops.spine.pipeline import Pipeline
@@ -121,3 +124,17 @@ def as_node(
     """The headers of `payload` published by the node its subject names (and its id)."""
     _kind, node = subjects.parse_event(subject)
     return keys.node(node).headers(payload, {"Nats-Msg-Id": msg_id} if msg_id else None)
+
+
+class AsEvents:
+    """Published payloads as v1 event dicts: telemetry v2 joined to the keyframes read
+    before it (one reader per stream of messages, as the engine keeps facts per node)."""
+
+    def __init__(self) -> None:
+        self._expander = Expander(1)
+
+    def __call__(self, payload: bytes) -> dict[str, Any]:
+        line = self._expander.line(payload)
+        assert line is not None, "a v2 sample before its node's keyframe"
+        event: dict[str, Any] = json.loads(line)
+        return event

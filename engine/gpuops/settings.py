@@ -410,6 +410,9 @@ class PrometheusSourceSettings(BaseModel):
     # Label matchers added to the Prometheus query, to shard a fleet over several sources.
     selector: str = Field(default="", max_length=1000, description='e.g. job="dcgm",rack=~"a.*"')
     spool_max: int = Field(default=10_000, ge=1, description="xid events held while NATS is away")
+    # Telemetry as the agents send it: 2 (static facts in a keyframe, readings as arrays,
+    # gpuops.bus.wire) or 1 (every field, JSON) for an engine older than v2.
+    telemetry_format: Literal[1, 2] = 2
 
 
 class RedfishTarget(BaseModel):

@@ -22,7 +22,7 @@ from gpuops.signing import load_key
 
 from tests.conftest import wait_for
 from tests.dcgm_exposition import exposition, serve
-from tests.support import free_port, gpuops_argv
+from tests.support import AsEvents, free_port, gpuops_argv
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +93,7 @@ async def test_ingest_publishes_every_interval_serves_metrics_and_stops_on_sigte
     tmp_path: Path, nats_server: EmbeddedNats, bus: Bus
 ) -> None:
     seen: list[dict[str, Any]] = []
+    read = AsEvents()
     signed: list[str] = []
     # The source signs as `source:prometheus` with the key an engine on this state dir
     # writes when it starts (bus.embedded.enrol): there is no engine here, so enrol.
@@ -101,7 +102,7 @@ async def test_ingest_publishes_every_interval_serves_metrics_and_stops_on_sigte
     verifier = Verifier(KeyRing(identity_key))
 
     async def keep(msg: Any) -> None:
-        seen.append(json.loads(msg.data))
+        seen.append(read(msg.data))
         signed.append(verifier.publisher(msg.headers, msg.data, "telemetry", "gpu-node-07"))
 
     nc = await nats.connect(nats_server.url)

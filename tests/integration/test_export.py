@@ -14,11 +14,15 @@ import pytest
 from gpuops import shipped
 from gpuops.bus.conn import EVENTS, TELEMETRY, Bus, open_bus
 from gpuops.bus.server import EmbeddedNats
+from gpuops.bus.wire import TelemetryWriter
+from gpuops.intake.compact import FactsBook
+from gpuops.intake.decode import decode
+from gpuops.match.facts import Telemetry
 from gpuops.match.loader import load_rules
 from gpuops.models import subject_for
 from gpuops.ops.export import Selection, _read, export
 from gpuops.settings import NatsSettings
-from gpuops.spine.replay import replay_file
+from gpuops.spine.replay import replay, replay_file
 
 from tests.support import gpuops_argv
 
@@ -35,9 +39,9 @@ async def _publish(bus: Bus, events: list[dict[str, Any]]) -> None:
         await bus.js.publish(subject_for(event["kind"], event["node"]), json.dumps(event).encode())
 
 
-async def _export(bus: Bus, selection: Selection) -> list[dict[str, Any]]:
+async def _export(bus: Bus, selection: Selection, fmt: int = 1) -> list[dict[str, Any]]:
     out = io.BytesIO()
-    await export(bus.js, selection, out)
+    await export(bus.js, selection, out, fmt)
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
@@ -146,3 +150,74 @@ def test_the_export_command_writes_lines_publish_reads(
         cwd=tmp_path,
     )
     assert bad.returncode == 2 and "bad time 'yesterday'" in bad.stderr
+
+
+def _epoch(ts: str) -> float:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+async def _publish_v2(bus: Bus, events: list[dict[str, Any]], writer: TelemetryWriter) -> None:
+    """The recording as today's agents send it: telemetry v2 (MessagePack), the rest v1."""
+    for e in events:
+        payload = json.dumps(e).encode()
+        if e["kind"] == "telemetry":
+            payload = writer.encode(e["node"], _epoch(e["ts"]), e["data"]["gpus"], e["id"])
+        await bus.js.publish(subject_for(e["kind"], e["node"]), payload)
+
+
+async def test_v2_telemetry_exports_in_either_format_and_replays_like_the_recording(
+    bus: Bus, tmp_path: Path
+) -> None:
+    events = _recorded()
+    await _publish_v2(bus, events, TelemetryWriter("agent"))
+    expected = await _would_run(RECORDING)
+    for fmt in (1, 2):
+        out = io.BytesIO()
+        done = await export(bus.js, Selection(), out, fmt)
+        assert done.total == len(events) and done.unjoined == 0
+        path = tmp_path / f"v{fmt}.jsonl"
+        path.write_bytes(out.getvalue())
+        assert await _would_run(path) == expected, f"format {fmt} replays as the recording"
+    lines = [json.loads(line) for line in path.read_bytes().splitlines()]
+    telemetry = [line for line in lines if line.get("v") == 2]
+    nodes = {e["node"] for e in events if e["kind"] == "telemetry"}
+    assert len(telemetry) == sum(e["kind"] == "telemetry" for e in events)
+    assert sum("static" in line for line in telemetry) == len(nodes), "static once per node"
+
+
+async def test_an_export_after_the_keyframes_joins_samples_to_the_facts_the_engine_kept(
+    bus: Bus, tmp_path: Path
+) -> None:
+    telemetry = [e for e in _recorded() if e["kind"] == "telemetry"]
+    half = len(telemetry) // 2
+    writer, book = TelemetryWriter("agent", every_s=1e9), FactsBook(bus.buckets.facts)
+    for e in telemetry[:half]:  # the engine reads the keyframes and keeps their facts
+        payload = writer.encode(e["node"], _epoch(e["ts"]), e["data"]["gpus"], e["id"])
+        book.telemetry(payload)
+        await bus.js.publish(subject_for("telemetry", e["node"]), payload)
+    await book.persist()
+    middle = await _last_stored(bus, TELEMETRY) + timedelta(microseconds=1)
+    later = [
+        writer.encode(e["node"], _epoch(e["ts"]), e["data"]["gpus"], e["id"])
+        for e in telemetry[half:]
+    ]
+    assert not any(b"static" in p for p in later), "no keyframe after the middle"
+    for e, payload in zip(telemetry[half:], later, strict=True):
+        await bus.js.publish(subject_for("telemetry", e["node"]), payload)
+    out = io.BytesIO()
+    done = await export(bus.js, Selection(since=middle), out, 1)
+    assert done.unjoined == 0 and done.total == len(later)
+    for line, payload in zip(out.getvalue().splitlines(), later, strict=True):
+        assert Telemetry.of(decode(line)).facts == book.telemetry(payload).facts  # type: ignore[arg-type]
+    compact = io.BytesIO()
+    await export(bus.js, Selection(since=middle), compact, 2)
+    path = tmp_path / "later.jsonl"
+    path.write_bytes(compact.getvalue())
+    rules = load_rules([shipped.shipped("rules")], shipped.shipped("playbooks"))
+    _, report = await replay(path, rules, None)
+    assert report.events == len(later) and not report.refusals()
+    for node in {e["node"] for e in telemetry}:
+        await bus.buckets.facts.delete(node)
+    lost = io.BytesIO()
+    done = await export(bus.js, Selection(since=middle), lost, 1)
+    assert done.unjoined == len(later) and done.total == 0, "not joined, not made up"

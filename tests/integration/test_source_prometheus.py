@@ -4,7 +4,6 @@ dcgm-exporter page, a real Prometheus scraping it, a real nats-server."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from gpuops.sources.prometheus import PromSource, SourceMetrics
 
 from tests.conftest import wait_for
 from tests.dcgm_exposition import exposition, inventory, serve
-from tests.support import ask
+from tests.support import AsEvents, ask
 from tests.support import prometheus as run_prometheus
 
 pytestmark = pytest.mark.integration
@@ -83,7 +82,8 @@ def _source(
 
 
 def _published(publisher: MemoryPublisher) -> list[dict[str, Any]]:
-    return [json.loads(payload) for _, payload in publisher.messages]
+    read = AsEvents()
+    return [read(payload) for _, payload in publisher.messages]
 
 
 @pytest.fixture
@@ -136,9 +136,10 @@ async def test_nats_going_away_drops_telemetry_spools_xids_and_sends_them_on_ret
     tmp_path: Path, exporter: Exporter, nats_server: EmbeddedNats, bus: Bus
 ) -> None:
     seen: list[dict[str, Any]] = []
+    read = AsEvents()
 
     async def keep(msg: Any) -> None:
-        seen.append(json.loads(msg.data))
+        seen.append(read(msg.data))
 
     watcher = await _watcher(nats_server.url, keep)
     clock = ManualClock(1_800_000_000.0)
@@ -207,9 +208,10 @@ async def test_a_real_prometheus_query_becomes_telemetry_on_real_nats(
     exporter.pages["/metrics"] = exposition(overrides={3: {"DCGM_FI_DEV_GPU_TEMP": 92}})
     await wait_for(lambda: _has_every_gpu(prometheus), 15, 0.3)
     seen: list[dict[str, Any]] = []
+    read = AsEvents()
 
     async def keep(msg: Any) -> None:
-        seen.append(json.loads(msg.data))
+        seen.append(read(msg.data))
 
     sub = await bus.nc.subscribe("gpuops.telemetry.>", cb=keep)
     clock = ManualClock(1_800_000_000.0)
@@ -233,7 +235,7 @@ async def test_a_real_prometheus_query_becomes_telemetry_on_real_nats(
     # Prometheus's own target labels come along with dcgm-exporter's.
     assert gpus[3]["labels"]["job"] == "dcgm" and gpus[3]["labels"]["Hostname"] == NODE
     stored = await bus.js.get_last_msg("GPUOPS_TELEMETRY", subjects.stored_telemetry(NODE))
-    assert json.loads(stored.data)["id"] == event["id"]
+    assert AsEvents()(stored.data)["id"] == event["id"]
     await sub.unsubscribe()
 
 

@@ -31,6 +31,7 @@ from gpuops.agent.probe import requested_nonce, run_probe
 from gpuops.agent.spool import Spool, Spooled
 from gpuops.agent.topology import observe
 from gpuops.bus.identity import Signer
+from gpuops.bus.wire import KEYFRAME_EVERY_S, TelemetryWriter
 from gpuops.clock import Clock
 from gpuops.diagnose.topology import differences, load_manifest
 from gpuops.models import new_event, subject_for
@@ -64,6 +65,11 @@ class AgentSettings:
     topology: Path | None = None
     topology_every_s: float = 300.0
     sys_root: Path = Path("/sys")
+    # Telemetry format: 2 (static facts in a keyframe, readings as arrays; gpuops.bus.wire)
+    # or 1 (every field every sample, for an engine older than v2). A v2 keyframe goes
+    # out on start, on a change, after NATS was away, and this often.
+    telemetry_format: int = 2
+    keyframe_every_s: float = KEYFRAME_EVERY_S
 
 
 def event(
@@ -97,6 +103,9 @@ class Agent:
         self.js = nc.jetstream(timeout=5)
         self.clock = clock
         self.spool = Spool(settings.spool_path, settings.spool_max)
+        self.writer = TelemetryWriter(
+            "agent", version=settings.telemetry_format, every_s=settings.keyframe_every_s
+        )
         self.seq = 0
         self.sent: dict[str, int] = {}
         self._signals: asyncio.Queue[HealthSignal] = asyncio.Queue()
@@ -204,15 +213,17 @@ class Agent:
             await self.publish_health(signal.kind, signal.data)
         if gpus:
             await self.check_topology(gpus)
+        node = self.s.node
         if not gpus or not self.nc.is_connected:
+            self.writer.lost(node)  # once NATS answers, the first sample has the facts
             return  # not spooled: the next sample replaces it
-        body = json.dumps(event("telemetry", self.s.node, self.clock.now(), {"gpus": gpus}))
-        with contextlib.suppress(NatsError):  # not spooled: the next sample replaces it
-            data = body.encode()
-            await self.nc.publish(
-                subject_for("telemetry", self.s.node), data, headers=self._headers(data)
-            )
-            self.sent["telemetry"] = self.sent.get("telemetry", 0) + 1
+        data = self.writer.encode(node, self.clock.now(), gpus)
+        try:
+            await self.nc.publish(subject_for("telemetry", node), data, headers=self._headers(data))
+        except NatsError:  # not spooled: the next sample replaces it
+            self.writer.lost(node)
+            return
+        self.sent["telemetry"] = self.sent.get("telemetry", 0) + 1
 
     async def check_topology(self, gpus: list[dict[str, Any]]) -> None:
         """The node against its manifest, on the first sample and every `topology_every_s`

@@ -111,14 +111,29 @@ def bench_inventory(hosts: int, compare: bool, compare_hosts: int) -> None:
     show_default=True,
     help="partitions of the streams (nats.partitions), all owned by this one engine",
 )
-def bench_intake(gpus: int, seconds: float, health: int, partitions: int) -> None:
+@click.option(
+    "--telemetry-format",
+    type=click.Choice(["1", "2"]),
+    default="2",
+    show_default=True,
+    help="what the publisher sends: 2 compact (MessagePack), 1 every field (JSON)",
+)
+def bench_intake(
+    gpus: int, seconds: float, health: int, partitions: int, telemetry_format: str
+) -> None:
     """Engine CPU per GPU sample and health event -> intent latency under telemetry."""
     from gpuops.bench.intake import IntakeBench
     from gpuops.bench.intake import bench_intake as run_bench
 
     if min(gpus, health) < 1 or seconds <= 0:
         raise click.BadParameter("--gpus and --health must be at least 1, --seconds above 0")
-    spec = IntakeBench(gpus=gpus, seconds=seconds, health=health, partitions=partitions)
+    spec = IntakeBench(
+        gpus=gpus,
+        seconds=seconds,
+        health=health,
+        partitions=partitions,
+        telemetry_format=int(telemetry_format),
+    )
     for line in run_bench(spec):
         click.echo(line)
 

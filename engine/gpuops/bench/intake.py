@@ -30,6 +30,7 @@ from typing import Any
 
 from gpuops import shipped, subjects
 from gpuops.bus.identity import KeyRing
+from gpuops.bus.wire import TelemetryWriter
 from gpuops.clock import rfc3339, to_datetime
 
 WARMUP_S = 5.0
@@ -48,6 +49,7 @@ class IntakeBench:
     health: int = 200
     partitions: int = 8
     warmup_s: float = WARMUP_S
+    telemetry_format: int = 2  # what the publisher sends (gpuops.bus.wire)
 
     @property
     def nodes(self) -> int:
@@ -70,12 +72,18 @@ def render(spec: IntakeBench, r: dict[str, Any]) -> Iterator[str]:
     """The report of one run."""
     yield (
         f"fleet: {spec.nodes} nodes x {spec.gpus_per_node} GPUs at 1 Hz "
-        f"({spec.nodes * spec.gpus_per_node} samples/s offered, {spec.partitions} partitions), "
+        f"({spec.nodes * spec.gpus_per_node} samples/s offered, {spec.partitions} partitions, "
+        f"telemetry v{spec.telemetry_format}), "
         f"{spec.seconds:.0f} s measured "
         f"after {spec.warmup_s:.0f} s warm-up; {os.cpu_count()} cores, "
         f"load average {r['load']:.2f} at the start, {r['load_end']:.2f} at the end"
     )
     yield f"publisher: {r['published']} samples sent, at most {r['publisher_late_s']:.2f} s late"
+    yield (
+        f"wire: {r['bytes_per_gpu']:.0f} bytes per GPU sample over the run "
+        f"({r['keyframes']} keyframes of {r['keyframe_bytes']:,} bytes each included; "
+        f"{r['steady_bytes_per_gpu']:.0f} without them)"
+    )
     yield (
         f"handled: {r['samples_per_s']:,.0f} GPU samples/s "
         f"({r['samples']:,} samples in {r['wall_s']:.1f} s), "
@@ -85,6 +93,11 @@ def render(spec: IntakeBench, r: dict[str, Any]) -> Iterator[str]:
         f"engine CPU: {r['cpu_s']:.2f} s, {r['cpu_per_1k']:.4f} CPU s per 1,000 samples "
         f"({100 * r['cpu_s'] / r['wall_s']:.0f}% of one core)"
     )
+    if r["nats_cpu_s"] is not None:
+        yield (
+            f"nats-server CPU: {r['nats_cpu_s']:.2f} s, "
+            f"{r['nats_cpu_s'] / max(1, r['samples']) * 1000:.4f} CPU s per 1,000 samples"
+        )
     lat = r["latency_ms"]
     if lat:
         yield (
@@ -112,12 +125,12 @@ async def _bench(spec: IntakeBench) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gpuops-bench-intake-") as tmp:
         server = EmbeddedNats(Path(tmp) / "nats").start()
         try:
-            return await _with_server(spec, server.url, Path(tmp))
+            return await _with_server(spec, server.url, Path(tmp), server.pid)
         finally:
             server.stop()
 
 
-async def _with_server(spec: IntakeBench, url: str, work: Path) -> dict[str, Any]:
+async def _with_server(spec: IntakeBench, url: str, work: Path, pid: int | None) -> dict[str, Any]:
     from gpuops.bus.conn import connect
     from gpuops.clock import SystemClock
     from gpuops.match.loader import load_rules
@@ -132,7 +145,7 @@ async def _with_server(spec: IntakeBench, url: str, work: Path) -> dict[str, Any
     settle_heap()  # as `gpuops run` does once it has loaded
     engine = asyncio.create_task(app.run())
     try:
-        out = await _measure(spec, url, app)
+        out = await _measure(spec, url, app, pid)
         out["pending"] = await _pending(bus, app.settings.nats.partitions)
         await _settle(app, spec)
         out.update(await _intents(bus, spec))
@@ -214,22 +227,34 @@ class GcPauses:
         }
 
 
-async def _measure(spec: IntakeBench, url: str, app: Any) -> dict[str, Any]:
+def _process_cpu(pid: int | None) -> float | None:
+    """A process's user + system CPU seconds (Linux /proc), None where unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _measure(spec: IntakeBench, url: str, app: Any, pid: int | None) -> dict[str, Any]:
     from gpuops.record.metrics import total
     from gpuops.spine.app import identity_key_path
 
     argv = [sys.executable, "-m", "gpuops.bench.intake", url, str(spec.nodes)]
     argv += [str(spec.gpus_per_node), str(spec.warmup_s), str(spec.seconds), str(spec.health)]
     argv += ["--identity-key", str(identity_key_path(app.settings))]
+    argv += ["--telemetry-format", str(spec.telemetry_format)]
     child = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
     assert child.stdout is not None
     start = float((await child.stdout.readline()).decode().split()[1])
     events = app.engine.metrics.events
     await asyncio.sleep(max(0.0, start + spec.warmup_s - time.time()))
     load, cpu0, n0, t0 = os.getloadavg()[0], _cpu(), total(events, "telemetry"), time.monotonic()
+    nats0 = _process_cpu(pid)
     with GcPauses() as gc_pauses:
         await asyncio.sleep(max(0.0, start + spec.warmup_s + spec.seconds - time.time()))
     cpu1, n1, t1 = _cpu(), total(events, "telemetry"), time.monotonic()
+    nats1 = _process_cpu(pid)
     report = json.loads((await child.stdout.read()).decode().strip().splitlines()[-1])
     await child.wait()
     samples = int((n1 - n0) * spec.gpus_per_node)
@@ -243,6 +268,12 @@ async def _measure(spec: IntakeBench, url: str, app: Any) -> dict[str, Any]:
         "samples_per_s": samples / (t1 - t0),
         "cpu_s": cpu1 - cpu0,
         "cpu_per_1k": (cpu1 - cpu0) / max(1, samples) * 1000,
+        "nats_cpu_s": None if nats0 is None or nats1 is None else nats1 - nats0,
+        "bytes_per_gpu": report["bytes"] / max(1, report["published"] * spec.gpus_per_node),
+        "steady_bytes_per_gpu": report["steady_bytes"]
+        / max(1, (report["published"] - report["keyframes"]) * spec.gpus_per_node),
+        "keyframes": report["keyframes"],
+        "keyframe_bytes": report["keyframe_bytes"],
         "health": spec.health,
         "gc": gc_pauses.summary(),
         "tracked": len(gc.get_objects()),
@@ -335,9 +366,11 @@ async def publish(
     seconds: float,
     health: int,
     identity: bytes = b"",
+    telemetry_format: int = 2,
 ) -> dict[str, Any]:
     """Send every node's sample once a second for warm-up + seconds, and the XIDs, each
-    with its node's MAC (as agents sign them) when given the identity key."""
+    with its node's MAC (as agents sign them) when given the identity key; telemetry in
+    format v1 (pre-serialized, as fast as a publisher can be) or v2 (as agents write it)."""
     import nats
 
     nc = await nats.connect(url, pending_size=256 * 1024 * 1024)
@@ -346,6 +379,9 @@ async def publish(
     signers = [keys.node(n) if keys else None for n in names]
     tel = [subjects.telemetry(n) for n in names]
     datas = _samples(gpus)
+    variants = [json.loads(d)["gpus"] for d in datas]
+    writer = TelemetryWriter("bench", version=telemetry_format)
+    sizes = {"bytes": 0, "steady_bytes": 0, "keyframes": 0, "keyframe_bytes": 0}
     step = max(1, nodes // max(1, health))
     due = [(warmup_s + (i + 0.5) * seconds / health, i) for i in range(health)]
     start = float(int(time.time()) + 1)
@@ -357,9 +393,20 @@ async def publish(
             at = start + sec + s / SLICES
             late = max(late, time.time() - at)
             await asyncio.sleep(max(0.0, at - time.time()))
-            ts = rfc3339(time.time()).encode()
+            now = time.time()
+            ts = rfc3339(now).encode()
             for i in range(s * per, min(nodes, (s + 1) * per)):
-                body = _telemetry(names[i], ts, sec, datas[(i + sec) % VARIANTS])
+                if telemetry_format == 1:
+                    body = _telemetry(names[i], ts, sec, datas[(i + sec) % VARIANTS])
+                else:
+                    before = writer.keyframes
+                    body = writer.encode(names[i], now, variants[(i + sec) % VARIANTS])
+                    if writer.keyframes > before:
+                        sizes["keyframes"] += 1
+                        sizes["keyframe_bytes"] = len(body)
+                    else:
+                        sizes["steady_bytes"] += len(body)
+                sizes["bytes"] += len(body)
                 signer = signers[i]
                 await nc.publish(tel[i], body, headers=signer.headers(body) if signer else None)
                 sent += 1
@@ -372,7 +419,9 @@ async def publish(
                 await nc.publish(subjects.event("xid", node), body, headers=headers)
         await nc.flush()
     await nc.drain()
-    return {"published": sent, "late_s": late}
+    if telemetry_format == 1:
+        sizes["steady_bytes"] = sizes["bytes"]
+    return {"published": sent, "late_s": late, **sizes}
 
 
 def publisher_main(argv: list[str] | None = None) -> int:
@@ -384,9 +433,12 @@ def publisher_main(argv: list[str] | None = None) -> int:
         p.add_argument(name, type=float)
     p.add_argument("health", type=int)
     p.add_argument("--identity-key", type=Path, help="the engine's identity key file")
+    p.add_argument("--telemetry-format", type=int, choices=(1, 2), default=2)
     a = p.parse_args(argv)
     identity = a.identity_key.read_text().strip().encode() if a.identity_key else b""
-    report = asyncio.run(publish(a.url, a.nodes, a.gpus, a.warmup, a.seconds, a.health, identity))
+    report = asyncio.run(
+        publish(a.url, a.nodes, a.gpus, a.warmup, a.seconds, a.health, identity, a.telemetry_format)
+    )
     print(json.dumps(report), flush=True)
     return 0
 

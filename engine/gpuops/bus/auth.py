@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from gpuops import subjects
-from gpuops.bus.buckets import BUCKETS, LEASES_KEY, REPLAY_KEY
+from gpuops.bus.buckets import BUCKETS, FACTS_KEY, LEASES_KEY, REPLAY_KEY
 from gpuops.bus.identity import ENGINE_ONLY_KINDS
 from gpuops.errors import BusError
 from gpuops.signing import create_private
@@ -39,7 +39,10 @@ LEASES = BUCKETS[LEASES_KEY].bucket
 # ChatOps request ids seen: only engines write them. Another role that could delete one
 # would let a captured request be served again; the others only open the bucket.
 REPLAY = BUCKETS[REPLAY_KEY].bucket
-ENGINE_ONLY = (LEASES, REPLAY)
+# Nodes' static telemetry facts: what rules compare readings with (thresholds, limits).
+# Only engines learn them, from samples whose publisher they proved.
+FACTS = BUCKETS[FACTS_KEY].bucket
+ENGINE_ONLY = (LEASES, REPLAY, FACTS)
 KV_BUCKETS = tuple(c.bucket for c in BUCKETS.values() if c.bucket not in ENGINE_ONLY)
 
 

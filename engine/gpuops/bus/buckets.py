@@ -25,6 +25,7 @@ REPLAY_KEY = "replay"  # ChatOps request ids seen; written by engines only (bus.
 # as long as the largest window allows, by the server's clock, so every engine sharing
 # the bucket refuses it again within its window (a later one is refused as stale).
 REPLAY_TTL_S = 2 * MAX_SKEW_S
+FACTS_KEY = "facts"
 
 # Each bucket by purpose, as JetStream creates it; `Buckets` below has a field per key.
 BUCKETS: dict[str, KeyValueConfig] = {
@@ -41,6 +42,9 @@ BUCKETS: dict[str, KeyValueConfig] = {
     # ChatOps requests already served (Slack, Mattermost): the first engine to create a
     # request's key serves it, any other refuses it as a replay
     REPLAY_KEY: KeyValueConfig(bucket="gpuops_replay", history=1, ttl=REPLAY_TTL_S),
+    # each node's telemetry v2 static facts (gpuops.intake.compact), written by engines
+    # only: a replica taking a partition over joins its samples to them
+    FACTS_KEY: KeyValueConfig(bucket="gpuops_facts", history=1),
 }
 
 
@@ -56,6 +60,7 @@ class Buckets:
     claims: KV
     leases: KV
     replay: KV
+    facts: KV
 
     @classmethod
     def of(cls, kv: dict[str, KeyValue]) -> Buckets:

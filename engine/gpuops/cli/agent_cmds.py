@@ -46,6 +46,20 @@ from gpuops.errors import ConfigError, EngineError
 @click.option(
     "--topology-every", type=float, default=300.0, show_default=True, help="seconds between checks"
 )
+@click.option(
+    "--telemetry-format",
+    type=click.Choice(["1", "2"]),
+    default="2",
+    show_default=True,
+    help="2: static facts once and readings as arrays (MessagePack); 1: every field, JSON",
+)
+@click.option(
+    "--keyframe-every",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="format 2: seconds between the samples that carry the static facts again",
+)
 @click.option("--once", is_flag=True, help="one telemetry event and probe results, no NATS")
 @click.option(
     "--health-check",

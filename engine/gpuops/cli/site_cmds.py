@@ -73,9 +73,23 @@ def init(directory: Path, force: bool, ci: str) -> None:
     "--kind", "kinds", multiple=True, help="only this kind: telemetry, xid, ... (repeatable)"
 )
 @click.option("-o", "--output", type=click.File("wb"), default="-", help="file (default: stdout)")
+@click.option(
+    "--telemetry-format",
+    type=click.Choice(["1", "2"]),
+    default="2",
+    show_default=True,
+    help="2: compact (static facts once per node); 1: every field of every sample",
+)
 @click.option("--nats", help="NATS URL (default: the running engine's embedded server)")
 @click.pass_context
-def export(ctx: click.Context, /, output: IO[bytes], nats: str | None, **filters: Any) -> None:
+def export(
+    ctx: click.Context,
+    /,
+    output: IO[bytes],
+    telemetry_format: str,
+    nats: str | None,
+    **filters: Any,
+) -> None:
     """Write events from JetStream as JSON lines, for `gpuops replay` and `gpuops publish`.
 
     Times are when the stream stored each event; the export stops at the end of the
@@ -94,19 +108,27 @@ def export(ctx: click.Context, /, output: IO[bytes], nats: str | None, **filters
         )
     except EngineError as exc:
         raise click.BadParameter(str(exc)) from exc
-    done = run_async(_export(settings_from(ctx, nats=nats), selection, output))
+    settings = settings_from(ctx, nats=nats)
+    done = run_async(_export(settings, selection, output, int(telemetry_format)))
     per_stream = ", ".join(f"{n} from {s}" for s, n in sorted(done.lines.items())) or "none"
     skipped = f"; {done.skipped} unreadable messages left out" if done.skipped else ""
+    if done.unjoined:
+        skipped += (
+            f"; {done.unjoined} v2 samples without their node's static facts "
+            "(replay refuses them as facts_unknown; v1 leaves them out)"
+        )
     err.print(f"exported {done.total} events ({per_stream}){skipped}", highlight=False)
 
 
-async def _export(settings: Settings, selection: Selection, output: IO[bytes]) -> Exported:
+async def _export(
+    settings: Settings, selection: Selection, output: IO[bytes], telemetry_format: int
+) -> Exported:
     from gpuops.bus.conn import open_bus
     from gpuops.ops.export import export as run_export
 
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     async with open_bus(settings.nats, settings.state_dir, name="gpuops-export", role="cli") as bus:
-        return await run_export(bus.js, selection, output)
+        return await run_export(bus.js, selection, output, telemetry_format)
 
 
 @click.group()

@@ -20,6 +20,7 @@ from gpuops import subjects
 from gpuops.bus.identity import PUBLISHER, Verifier
 from gpuops.clock import Clock
 from gpuops.errors import BusError, ConsumerGone, EventError, LeaseLost
+from gpuops.intake.compact import FactsBook, FactsUnknown
 from gpuops.intake.decode import dead_letter, decode_intake
 from gpuops.intake.fetch import Puller, ack, nak
 from gpuops.match.facts import Telemetry
@@ -90,6 +91,7 @@ class Intake:
         urgent: bool = False,
         create: bool = True,
         identity: Verifier | None = None,
+        facts: FactsBook | None = None,
     ) -> None:
         self.js = js
         self.nc: Client = js._nc  # the context's connection: acks and pulls go on it
@@ -111,6 +113,9 @@ class Intake:
         # Every message's publisher is checked before its payload is read (None: the
         # shadow's and the tests' intakes, whose messages were checked when they came).
         self.identity = identity
+        # Telemetry v2's static facts per node, shared by an engine's intakes (None:
+        # v2 samples are refused as `schema`).
+        self.facts = facts
         self.dead: Counter[str] = Counter()
 
     def consumer_config(self) -> ConsumerConfig:
@@ -184,7 +189,7 @@ class Intake:
 
     async def _one(self, msg: Msg) -> None:
         try:
-            event = self._decode(msg)
+            event = await self._read(msg)
         except EventError as exc:
             await self._dead_letter(msg, exc)
             if not self.ack_all:
@@ -202,6 +207,31 @@ class Intake:
         if not self.ack_all:
             await ack(self.nc, msg)
 
+    async def _read(self, msg: Msg) -> Event | Telemetry:
+        """The message decoded; a v2 sample whose node's static facts another replica
+        learnt is decoded again once they are read from KV, and facts learnt here are
+        in KV before the sample is handled (a takeover then finds them)."""
+        try:
+            event = self._decode(msg)
+        except FactsUnknown as exc:
+            if self.facts is None or not await self._load(exc.node):
+                raise
+            event = self._decode(msg)
+        if self.facts is not None and self.facts.unsaved:
+            try:
+                await self.facts.persist()
+            except (BusError, NatsError, OSError) as exc:
+                log.warning("static facts not written to KV (%s); kept for the next sample", exc)
+        return event
+
+    async def _load(self, node: str) -> bool:
+        assert self.facts is not None
+        try:
+            return await self.facts.load(node)
+        except (BusError, NatsError, OSError) as exc:
+            log.warning("static facts of %s not read from KV (%s)", node, exc)
+            return False
+
     def _decode(self, msg: Msg) -> Event | Telemetry:
         return decode_intake(
             msg.data,
@@ -210,6 +240,7 @@ class Intake:
             max_future_s=self.max_future_s,
             headers=msg.headers,
             verifier=self.identity,
+            book=self.facts,
         )
 
     async def _dead_letter(self, msg: Msg, exc: EventError) -> None:

@@ -11,8 +11,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuops import subjects
+from gpuops.bus import wire
 from gpuops.bus.identity import Verifier
+from gpuops.clock import rfc3339
 from gpuops.errors import EventError
+from gpuops.intake.compact import FactsBook
 from gpuops.intake.fastdecode import telemetry_facts
 from gpuops.match.facts import Telemetry
 from gpuops.models import EVENT_ADAPTER, Event, TelemetryEvent
@@ -51,13 +54,13 @@ def decode(
     return event
 
 
-def check_future(event: Event, now: float, max_future_s: float = MAX_FUTURE_S) -> None:
+def check_future(event: Event | Telemetry, now: float, max_future_s: float = MAX_FUTURE_S) -> None:
     """Refuse, as `future`, an event dated more than `max_future_s` after `now` (the
     intake's clock live, the recording's own time in `gpuops replay`)."""
     if event.epoch - now > max_future_s:
         raise EventError(
             "future",
-            f"ts {event.ts.isoformat()} is {event.epoch - now:.0f} s after the engine's clock "
+            f"ts {rfc3339(event.epoch)} is {event.epoch - now:.0f} s after the engine's clock "
             f"(limit {max_future_s:.0f} s): check the sender's clock (NTP)",
         )
 
@@ -70,6 +73,7 @@ def decode_intake(
     *,
     headers: Mapping[str, str] | None = None,
     verifier: Verifier | None = None,
+    book: FactsBook | None = None,
 ) -> Event | Telemetry:
     """`decode`, with telemetry straight to facts: what the intake hands the pipeline.
 
@@ -78,13 +82,23 @@ def decode_intake(
     broken sample) goes through `decode`, so what is refused, and why, is the model's.
     With a `verifier`, the publisher the `headers` name is proved (gpuops.bus.identity)
     before the payload is read, from the subject parsed once for both checks, and kept
-    on the event for the record; whatever the payload says there is replaced.
+    on the event for the record; whatever the payload says there is replaced. Telemetry
+    v2 is joined to its node's static facts in `book` (without one it is refused).
     """
     publisher, parsed = "", None
     if verifier is not None and subject is not None:
         parsed = subjects.parse_event(subject)
         publisher = verifier.publisher(headers, payload, *parsed)
     maybe_telemetry = subject is None or subject.startswith(subjects.TELEMETRY_PREFIX)
+    if maybe_telemetry and len(payload) <= MAX_EVENT_BYTES and wire.is_v2(payload):
+        if book is None:
+            raise EventError("schema", "telemetry v2 where only v1 is read")
+        compact = book.telemetry(payload, publisher)
+        if subject is not None:
+            _check_parsed(compact, subject, parsed or subjects.parse_event(subject))
+        if now is not None:
+            check_future(compact, now, max_future_s)
+        return compact
     if maybe_telemetry and len(payload) <= MAX_EVENT_BYTES:
         fast = telemetry_facts(payload, publisher)
         if fast is not None:

@@ -1,5 +1,8 @@
 """`gpuops export`: events from JetStream as JSON lines, the format `replay` and `publish` read.
 
+Telemetry is written in one format, v2 (compact, the default) or v1, whichever format
+each sample was published in (gpuops.bus.wire.Expander).
+
 Each stream (health events, telemetry) is read by an ephemeral ordered consumer that
 starts at `since` (the time the stream stored a message) and stops at the end of the
 stream as it was when the export began, or at `until`: an export of a busy stream ends.
@@ -15,12 +18,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import IO
 
+import msgspec
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
+from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
 
+from gpuops.bus.buckets import BUCKETS, FACTS_KEY
 from gpuops.bus.conn import EVENTS, TELEMETRY
+from gpuops.bus.store import kv_key
+from gpuops.bus.wire import V2, Expander, Kept, read_kept
 from gpuops.clock import Clock
 from gpuops.errors import BusError, ConfigError
 from gpuops.match.durations import parse_duration
@@ -73,6 +82,7 @@ class Exported:
 
     lines: dict[str, int] = field(default_factory=dict)
     skipped: int = 0
+    unjoined: int = 0  # v2 samples whose static facts neither the stream nor KV had
 
     @property
     def total(self) -> int:
@@ -80,18 +90,67 @@ class Exported:
         return sum(self.lines.values())
 
 
-async def export(js: JetStreamContext, selection: Selection, out: IO[bytes]) -> Exported:
-    """Write the selected events to `out`, one JSON object per line, in stored order."""
+async def export(
+    js: JetStreamContext, selection: Selection, out: IO[bytes], telemetry_format: int = V2
+) -> Exported:
+    """Write the selected events to `out`, one JSON object per line, in stored order;
+    telemetry in format `telemetry_format` whichever format each sample came in (a v2
+    sample whose keyframe came before the selection joined to the facts in KV)."""
     done = Exported()
+    expander = Expander(telemetry_format)
+    facts = _Facts(js)
     readers = [_read(js, s, subjects, selection) for s, subjects in selection.filters().items()]
     async for stream, payload in _merge(readers):
-        line = _one_line(payload)
+        if stream == TELEMETRY:
+            line = await _telemetry_line(expander, facts, payload)
+        else:
+            line = _one_line(payload)
         if line is None:
             done.skipped += 1
             continue
         out.write(line + b"\n")
         done.lines[stream] = done.lines.get(stream, 0) + 1
+    done.unjoined = expander.unjoined
     return done
+
+
+async def _telemetry_line(expander: Expander, facts: _Facts, payload: bytes) -> bytes | None:
+    try:
+        node = expander.needs(payload)
+        if node is not None:
+            kept = await facts.get(node)
+            if kept is not None:
+                expander.learn(node, kept)
+        line = expander.line(payload.strip())
+    except (msgspec.DecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None  # as an unreadable v1 line is: counted, left out
+    return None if line is None else _one_line(line)
+
+
+class _Facts:
+    """The engine's copy of nodes' static facts (KV), opened at the first need."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self.js = js
+        self._kv: KeyValue | None = None
+        self._none = False
+
+    async def get(self, node: str) -> Kept | None:
+        if self._none:
+            return None
+        try:
+            if self._kv is None:
+                self._kv = await self.js.key_value(BUCKETS[FACTS_KEY].bucket)
+            entry = await self._kv.get(kv_key(node))
+        except (BucketNotFoundError, NotFoundError, KeyNotFoundError, KeyDeletedError):
+            return None
+        except NatsError:
+            self._none = True  # the bucket is not readable: the stream's keyframes only
+            return None
+        try:
+            return read_kept(entry.value) if entry.value else None
+        except msgspec.DecodeError:
+            return None
 
 
 def _one_line(payload: bytes) -> bytes | None:

@@ -21,6 +21,7 @@ from gpuops import subjects
 from gpuops.agent.probe import requested_nonce
 from gpuops.bus.conn import Bus
 from gpuops.bus.identity import KeyRing
+from gpuops.bus.wire import TelemetryWriter
 from gpuops.clock import ScaledClock
 from gpuops.models import subject_for
 from gpuops.sim.fleet import SimFleet, envelope
@@ -68,6 +69,9 @@ class SimDriver:
         self.telemetry_s, self.heartbeat_s, self.probe_s = telemetry_s, heartbeat_s, probe_s
         self.on_inject = on_inject
         self.stats = DriverStats()
+        # Samples as the agents send them: format v2, a keyframe per node on its first
+        # sample, when its static facts change (a power cap) and every two minutes.
+        self.writer = TelemetryWriter("sim")
         self.t0 = clock.now()
         self._stop = asyncio.Event()
 
@@ -115,7 +119,7 @@ class SimDriver:
             sample = self.fleet.telemetry(node, now)
             if sample is None:
                 continue  # a silent agent sends nothing at all
-            await self._telemetry(node, sample)
+            await self._telemetry(node, now, sample["data"]["gpus"])
             ib = self.fleet.ib(node, now)
             if ib is not None:
                 await self._ib(ib)
@@ -126,15 +130,16 @@ class SimDriver:
             if probe:
                 await self._health(envelope("probe", node, now, self.fleet.probe(node)))
 
-    async def _telemetry(self, node: str, sample: dict[str, Any]) -> None:
+    async def _telemetry(self, node: str, now: float, gpus: list[dict[str, Any]]) -> None:
         # While NATS is away the client's reconnect buffer fills and publish raises; an
         # agent loses such samples too (the next one replaces them), so drop and count.
-        data = json.dumps(sample).encode()
+        data = self.writer.encode(node, now, gpus)
         try:
             await self.bus.nc.publish(
                 subject_for("telemetry", node), data, headers=self._signed(node, data)
             )
         except (NatsError, OSError):
+            self.writer.lost(node)
             self.stats.telemetry_dropped += 1
             return
         self.stats.telemetry += 1

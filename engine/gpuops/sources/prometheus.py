@@ -30,6 +30,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal
 
 import aiohttp
@@ -42,6 +43,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpuops.agent.spool import Spool, Spooled
 from gpuops.bus.publish import Publisher
+from gpuops.bus.wire import TelemetryWriter
 from gpuops.clock import Clock
 from gpuops.errors import ConfigError, SourceError
 from gpuops.match.rules import RuleSet
@@ -50,7 +52,7 @@ from gpuops.settings import PrometheusSourceSettings
 from gpuops.sources import dcgm
 from gpuops.sources.binding import Binding, Bound, Refusals, Refused, letter
 from gpuops.sources.quiet import Read, Told, quiet_targets
-from gpuops.sources.readings import Series, XidWatch, group, telemetry_event
+from gpuops.sources.readings import SOURCE, Series, XidWatch, group, telemetry_event
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +248,7 @@ class PromSource:
         self.binding = binding
         self.refusals = Refusals()
         self.publisher = publisher
+        self.writer = TelemetryWriter(SOURCE, version=settings.telemetry_format)
         self.clock = clock
         self.spool = spool
         self.metrics = metrics or SourceMetrics()
@@ -364,17 +367,18 @@ class PromSource:
         """XID events through the spool, in order; telemetry only while NATS answers."""
         up = await self.flush_spool()
         for event in events:
-            kind = event["kind"]
-            item = Spooled(subject_for(kind, event["node"]), json.dumps(event), event["id"])
+            kind, node = event["kind"], event["node"]
+            if kind == "telemetry":
+                up = up and await self._telemetry(event)
+                self.metrics.events.labels(kind, "published" if up else "dropped").inc()
+                continue
+            item = Spooled(subject_for(kind, node), json.dumps(event), event["id"])
             if up and await self._send(item):
                 self.metrics.events.labels(kind, "published").inc()
                 continue
             up = False  # one failure is enough: the rest would each wait for a timeout
-            if kind == "telemetry":
-                self.metrics.events.labels(kind, "dropped").inc()
-            else:
-                self.spool.push(item)
-                self.metrics.events.labels(kind, "spooled").inc()
+            self.spool.push(item)
+            self.metrics.events.labels(kind, "spooled").inc()
 
     async def dead_letters(self, refused: list[Refused], at: float) -> None:
         """A dead letter per refusal that just began; lost while NATS is away (the counts stay)."""
@@ -386,13 +390,27 @@ class PromSource:
         """Publish held events in order; False when one failed (NATS is still away)."""
         return await self.spool.flush(self._send)
 
+    async def _telemetry(self, event: dict[str, Any]) -> bool:
+        """A sample in the configured format, never spooled (the next one replaces it); a
+        lost one makes the node's next sample a keyframe."""
+        node = event["node"]
+        t = datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
+        payload = self.writer.encode(node, t, event["data"]["gpus"], event["id"])
+        if await self._publish(subject_for("telemetry", node), payload, event["id"]):
+            return True
+        self.writer.lost(node)
+        return False
+
     async def _send(self, item: Spooled) -> bool:
+        return await self._publish(item.subject, item.payload.encode(), item.msg_id)
+
+    async def _publish(self, subject: str, payload: bytes, msg_id: str | None) -> bool:
         if not self.connected():
             return False
         try:
-            await self.publisher.publish(item.subject, item.payload.encode(), item.msg_id)
+            await self.publisher.publish(subject, payload, msg_id)
         except (NatsError, JsError, TimeoutError, OSError) as exc:
-            log.warning("publish to %s failed (%s)", item.subject, exc)
+            log.warning("publish to %s failed (%s)", subject, exc)
             return False
         return True
 

@@ -40,6 +40,7 @@ from gpuops.decide.breaker import BreakerState
 from gpuops.errors import ConfigError, EngineError
 from gpuops.http import HttpServer
 from gpuops.intake.alertmanager import AlertmanagerReceiver
+from gpuops.intake.compact import FactsBook
 from gpuops.intake.consumer import Intake, Priority
 from gpuops.intake.scheduler import DriftScheduler
 from gpuops.inventory.hosts import Inventory, load_inventory
@@ -140,11 +141,13 @@ class App:
     priority: Priority = field(init=False, default_factory=Priority)
     keys: KeyRing = field(init=False)
     verifier: Verifier = field(init=False)
+    facts: FactsBook = field(init=False)
 
     def __post_init__(self) -> None:
         s = self.settings
         self.keys = KeyRing(identity_key(s))
         self.verifier = Verifier(self.keys, required=s.identity.required)
+        self.facts = FactsBook(self.bus.buckets.facts)  # telemetry v2, shared by the intakes
         self.started = self.clock.now()
         self.notifier = Notifier([Webhook(w.kind, w.url, w.channel) for w in s.chatops.webhooks])
         self.catalog = load_catalog(s.playbooks_dir)
@@ -242,6 +245,7 @@ class App:
             priority=self.priority,  # health events first: telemetry pauses for them
             urgent=not telemetry,
             identity=self.verifier,
+            facts=self.facts,
         )
 
     @property

@@ -20,9 +20,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpuops.bus.wire import is_v2
 from gpuops.errors import EventError
+from gpuops.intake.compact import FactsBook
 from gpuops.intake.decode import check_future, decode
 from gpuops.inventory.hosts import load_inventory
+from gpuops.match.facts import Telemetry
 from gpuops.match.rules import RuleSet
 from gpuops.models import NODE_PATTERN, Event, Reason
 from gpuops.settings import Settings
@@ -49,7 +52,7 @@ async def replay(
     settings = settings or Settings()
     shadow = _shadow(path, rules, inventory, settings)
     report = Report()
-    ahead: deque[tuple[int, Event]] = deque()
+    ahead: deque[tuple[int, Event | Telemetry]] = deque()
     for number, read in _lines(path):
         if isinstance(read, EventError):
             report.refuse(number, read.reason, read.message)
@@ -63,7 +66,7 @@ async def replay(
 
 
 async def _judge(
-    shadow: Shadow, report: Report, ahead: deque[tuple[int, Event]], max_future_s: float
+    shadow: Shadow, report: Report, ahead: deque[tuple[int, Event | Telemetry]], max_future_s: float
 ) -> None:
     """The first event read ahead: refused as the intake would, or fed to the engine."""
     number, event = ahead.popleft()
@@ -94,14 +97,16 @@ def _shadow(path: Path, rules: RuleSet, inventory: Path | None, settings: Settin
     return Shadow(rules, inv.hosts, settings, hostvars=inv.hostvars, groups=inv.groups)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, Event | EventError]]:
-    """Each non-blank line's number and its event, or why the intake refuses it."""
+def _lines(path: Path) -> Iterator[tuple[int, Event | Telemetry | EventError]]:
+    """Each non-blank line's number and its event, or why the intake refuses it: a v2
+    sample joined to its node's static facts as the recording carried them last."""
+    book = FactsBook()
     with path.open("rb") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                yield number, decode(line)
+                yield number, book.telemetry(line) if is_v2(line) else decode(line)
             except EventError as exc:
                 yield number, exc
 

@@ -24,6 +24,7 @@ from gpuops.clock import ManualClock, rfc3339
 from gpuops.decide.silence import silence_span
 from gpuops.errors import EngineError
 from gpuops.inventory.hosts import Inventory
+from gpuops.match.facts import Telemetry
 from gpuops.match.rules import RuleSet
 from gpuops.models import (
     ChatopsEvent,
@@ -131,7 +132,7 @@ class Shadow:
         """The replay's clock: the latest time fed, None before the first."""
         return self.clock.now() if self._seeded else None
 
-    async def feed(self, event: Event) -> list[Decision]:
+    async def feed(self, event: Event | Telemetry) -> list[Decision]:
         """Evaluate one event at its own time (ticking `absent` rules up to it first); the
         decisions made, the ticks' first."""
         out = await self.advance(event.epoch)

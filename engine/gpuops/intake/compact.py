@@ -1,0 +1,186 @@
+"""Telemetry v2 to facts: each node's static facts kept (in memory and in KV), joined to
+every sample's arrays at decode, so rules see the same fields as from v1.
+
+A keyframe's static facts are checked by the model's own validator (`GpuSample`, with
+its bounds and its cut of free text) once, when learnt; a sample's arrays by msgspec
+with the same bounds (gpuops.bus.wire). The facts go to KV (`Buckets.facts`, written by
+engines only) before the sample is handled, so a replica that takes the node's
+partition over reads them there at the node's first sample; one that finds no facts,
+or others than the sample names, refuses the sample as `facts_unknown` until the
+agent's next keyframe (at most `wire.KEYFRAME_EVERY_S`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import msgspec
+from pydantic import ValidationError
+
+from gpuops.bus import wire
+from gpuops.bus.store import KV, kv_key
+from gpuops.errors import EventError
+from gpuops.match.facts import Fact, Telemetry, with_derived
+from gpuops.models import GpuSample
+
+log = logging.getLogger(__name__)
+
+# Nodes whose facts one engine keeps in memory (a site's fleet, with room): past it the
+# longest-unseen node's are dropped, read again from KV at its next sample.
+MAX_NODES = 250_000
+
+
+class FactsUnknown(EventError):
+    """A sample names static facts this engine does not have (yet)."""
+
+    def __init__(self, node: str, facts: str, had: str | None) -> None:
+        had_text = f"it has {had}" if had else "it has none"
+        super().__init__(
+            "facts_unknown",
+            f"sample of {node} goes with static facts {facts}; {had_text} "
+            f"(the agent sends them again within {wire.KEYFRAME_EVERY_S:.0f} s)",
+        )
+        self.node = node
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """One node's static facts as the decoder uses them."""
+
+    id: str
+    rows: wire.Rows
+    templates: tuple[Fact, ...]  # per GPU: every model field, the static ones filled
+    encoded: bytes  # what KV keeps (wire.Kept)
+
+
+class FactsBook:
+    """The static facts of the nodes an engine reads, and the join of v2 samples to them.
+
+    `kv` None: in memory only (replay, test-rules, the shadow). Learning is synchronous
+    (the decode is); `persist` writes what was learnt since, and `load` reads a node's
+    facts a sample names but this book lacks.
+    """
+
+    def __init__(self, kv: KV | None = None, max_nodes: int = MAX_NODES) -> None:
+        self.kv = kv
+        self.max_nodes = max_nodes
+        self._nodes: dict[str, NodeFacts] = {}
+        self._unsaved: dict[str, NodeFacts] = {}
+        self.learnt = 0
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def facts_of(self, node: str) -> NodeFacts | None:
+        """What this book holds for `node`."""
+        return self._nodes.get(node)
+
+    # --- decoding -----------------------------------------------------------------
+
+    def telemetry(self, payload: bytes, publisher: str = "") -> Telemetry:
+        """A v2 sample (MessagePack or JSON) as facts; EventError with the dead-letter
+        reason when it does not decode, or FactsUnknown when its facts are not here."""
+        json = not wire.is_msgpack(payload)
+        try:
+            doc = wire.read(payload)
+        except msgspec.ValidationError as exc:
+            raise EventError("schema", f"telemetry v2: {exc}") from exc
+        except msgspec.DecodeError as exc:
+            raise EventError("json", f"telemetry v2: neither JSON nor MessagePack ({exc})") from exc
+        known = self._nodes.get(doc.node)
+        if doc.static is not None and (known is None or known.id != doc.facts):
+            known = self._learn(doc.node, doc.facts, doc.static)
+        if known is None or known.id != doc.facts:
+            raise FactsUnknown(doc.node, doc.facts, known.id if known else None)
+        self._touch(doc.node, known)
+        try:
+            rows = known.rows.decode(doc.gpus, json)
+        except msgspec.DecodeError as exc:
+            raise EventError("schema", f"telemetry v2 gpus: {exc}") from exc
+        templates = known.templates
+        if len(rows) != len(templates):
+            raise EventError(
+                "schema", f"telemetry v2: {len(rows)} GPU arrays for {len(templates)} GPUs' facts"
+            )
+        fields = known.rows.fields
+        facts = []
+        for template, row in zip(templates, rows, strict=True):
+            fact = template.copy()
+            fact.update(zip(fields, row, strict=True))  # msgspec checked each length
+            facts.append(fact)
+        with_derived(facts, doc.node)
+        return Telemetry(doc.id, doc.node, doc.ts, doc.source, facts, publisher=publisher)
+
+    def _learn(self, node: str, fid: str, static: wire.Static) -> NodeFacts:
+        learnt = _node_facts(fid, static)
+        self._touch(node, learnt)
+        self._unsaved[node] = learnt
+        self.learnt += 1
+        return learnt
+
+    def _touch(self, node: str, facts: NodeFacts) -> None:
+        """Keep `node`'s facts as the most recently seen; drop the oldest past the bound."""
+        self._nodes.pop(node, None)
+        self._nodes[node] = facts
+        while len(self._nodes) > self.max_nodes:
+            del self._nodes[next(iter(self._nodes))]
+
+    # --- KV -----------------------------------------------------------------------
+
+    @property
+    def unsaved(self) -> bool:
+        """Facts learnt and not yet in KV."""
+        return bool(self._unsaved) and self.kv is not None
+
+    async def persist(self) -> None:
+        """Write the facts learnt since the last call; kept for the next call when KV
+        fails (the sample is decoded all the same: losing the KV copy costs a takeover
+        one keyframe interval, not a sample)."""
+        if self.kv is None:
+            self._unsaved.clear()
+            return
+        for node, facts in list(self._unsaved.items()):
+            await self.kv.put(kv_key(node), facts.encoded)
+            if self._unsaved.get(node) is facts:
+                del self._unsaved[node]
+
+    async def load(self, node: str) -> bool:
+        """Read `node`'s facts from KV; False when there are none (or they do not decode)."""
+        if self.kv is None:
+            return False
+        entry = await self.kv.get(kv_key(node))
+        if entry is None:
+            return False
+        try:
+            kept = wire.read_kept(entry.value)
+            facts = _node_facts(kept.facts, kept.static)
+        except (msgspec.DecodeError, EventError) as exc:
+            log.warning("static facts of %s in KV do not decode: %s", node, exc)
+            return False
+        self._touch(node, facts)
+        return True
+
+
+def _node_facts(fid: str, static: wire.Static) -> NodeFacts:
+    """Check a keyframe's facts and build the templates; EventError("schema") when bad."""
+    fields = tuple(static.fields)
+    try:
+        rows = wire.rows(fields)
+    except ValueError as exc:
+        raise EventError("schema", f"telemetry v2 static.fields: {exc}") from exc
+    templates = []
+    for i, gpu in enumerate(static.gpus):
+        both = sorted(set(gpu) & set(fields))
+        if both:
+            raise EventError("schema", f"telemetry v2 static.gpus.{i}: {both[0]} is also in fields")
+        try:
+            model = GpuSample.model_validate(gpu)
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            where = ".".join(map(str, first["loc"]))
+            raise EventError(
+                "schema", f"telemetry v2 static.gpus.{i}.{where}: {first['msg']}"
+            ) from exc
+        templates.append(dict(model.__dict__))
+    return NodeFacts(fid, rows, tuple(templates), wire.kept(fid, static))

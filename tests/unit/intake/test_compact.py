@@ -1,0 +1,247 @@
+"""Telemetry v2: the same facts as v1 of the same sample, static facts that change reach
+the rules at the next sample, a replica taking over joins from KV, and a hostile v2
+sample is refused with the dead-letter reason its fault names."""
+
+from __future__ import annotations
+
+import json
+import math
+import typing
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from gpuops.bus import wire
+from gpuops.bus.store import MemoryKV
+from gpuops.errors import EventError
+from gpuops.intake.compact import FactsBook, FactsUnknown
+from gpuops.intake.decode import decode_intake
+from gpuops.match.facts import GPU_FIELDS, Telemetry
+from gpuops.models import GpuSample
+from gpuops.sim.fleet import SimFleet
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+NOW = 1_800_000_000.0
+NODE = "node-001"
+SUBJECT = f"gpuops.telemetry.{NODE}"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "nvml"
+
+
+def _facts(payload: bytes, book: FactsBook) -> Telemetry:
+    got = decode_intake(payload, SUBJECT, NOW, book=book)
+    assert isinstance(got, Telemetry)
+    return got
+
+
+def _same_facts(gpus: list[dict[str, Any]]) -> None:
+    """v1 JSON, v2 MessagePack and v2 JSON of one sample: equal facts, key order, types."""
+    v1 = _facts(wire.TelemetryWriter("agent", version=1).encode(NODE, NOW, gpus, "e1"), FactsBook())
+    for writer in (wire.TelemetryWriter("agent"), wire.TelemetryWriter("agent", json=True)):
+        v2 = _facts(writer.encode(NODE, NOW, gpus, "e1"), FactsBook())
+        assert (v2.id, v2.node, v2.epoch, v2.source) == (v1.id, v1.node, v1.epoch, v1.source)
+        assert v2.facts == v1.facts
+        for a, b in zip(v2.facts, v1.facts, strict=True):
+            assert list(a) == list(b), "the same keys in the same order (the audit's)"
+            assert [type(a[k]) for k in a] == [type(b[k]) for k in b]
+
+
+def _fleet_gpus(tmp_path: Path) -> list[dict[str, Any]]:
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=8)
+    sample = fleet.telemetry(fleet.nodes[0], NOW)
+    assert sample is not None
+    gpus: list[dict[str, Any]] = sample["data"]["gpus"]
+    return gpus
+
+
+def test_the_simulated_fleets_sample_gives_the_same_facts_in_v1_and_v2(tmp_path: Path) -> None:
+    _same_facts(_fleet_gpus(tmp_path))
+
+
+def test_a_recorded_h200_sample_gives_the_same_facts_in_v1_and_v2() -> None:
+    snapshot = json.loads((FIXTURES / "h200_snapshot.json").read_text())
+    gpus = snapshot.get("gpus") or [snapshot]
+    fields = set(GPU_FIELDS)
+    _same_facts(
+        [{k: v for k, v in g.items() if k in fields} | {"index": i} for i, g in enumerate(gpus)]
+    )
+
+
+def _value(name: str) -> st.SearchStrategy[Any]:
+    """Values the model takes as they are for one field (None: not reported)."""
+    base = next(
+        a for a in typing.get_args(GpuSample.model_fields[name].annotation) if a is not type(None)
+    )
+    base = typing.get_args(base)[0] if typing.get_origin(base) is typing.Annotated else base
+    kinds: dict[Any, st.SearchStrategy[Any]] = {
+        float: st.floats(-1e19, 1e19, allow_nan=False) | st.integers(-(2**53), 2**53),
+        int: st.integers(-(2**63), 2**63 - 1),
+        bool: st.booleans(),
+        str: st.text(max_size=12),
+    }
+    if base in kinds:
+        return st.none() | kinds[base]
+    return st.none() | st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3)
+
+
+_GPU = st.fixed_dictionaries(
+    {}, optional={name: _value(name) for name in GPU_FIELDS if name != "index"}
+)
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_GPU, min_size=1, max_size=8))
+def test_any_sample_gives_the_same_facts_in_v1_and_v2(gpus: list[dict[str, Any]]) -> None:
+    _same_facts([{"index": i, **g} for i, g in enumerate(gpus)])
+
+
+def _gpus(n: int = 2, **over: Any) -> list[dict[str, Any]]:
+    base = {"uuid": "GPU-1", "name": "NVIDIA H200", "power_limit_w": 700.0, "mig_mode": False}
+    return [{"index": i, **base, "temp_c": 40.0 + i, "power_w": 300.0, **over} for i in range(n)]
+
+
+def test_static_facts_that_change_mid_stream_reach_the_rules_at_the_next_sample() -> None:
+    writer, book = wire.TelemetryWriter("agent"), FactsBook()
+    first = _facts(writer.encode(NODE, NOW, _gpus()), book)
+    steady = writer.encode(NODE, NOW + 1, _gpus(temp_c=50.0))
+    assert b"static" not in steady, "nothing static changed: the sample carries readings only"
+    assert _facts(steady, book).facts[1]["temp_c"] == 50.0
+    capped = _facts(writer.encode(NODE, NOW + 2, _gpus(power_limit_w=500.0, mig_mode=True)), book)
+    assert first.facts[0]["power_limit_w"] == 700.0 and first.facts[0]["mig_mode"] is False
+    assert [f["power_limit_w"] for f in capped.facts] == [500.0, 500.0]
+    assert [f["mig_mode"] for f in capped.facts] == [True, True]
+    after = _facts(writer.encode(NODE, NOW + 3, _gpus(power_limit_w=500.0, mig_mode=True)), book)
+    assert after.facts[0]["power_limit_w"] == 500.0, "the new facts stay"
+    assert writer.keyframes == 2 and book.learnt == 2
+
+
+def test_a_writer_sends_a_keyframe_first_after_a_loss_and_every_interval() -> None:
+    writer = wire.TelemetryWriter("agent", every_s=60.0)
+    keyframe = [b"static" in writer.encode(NODE, NOW + t, _gpus()) for t in (0, 1, 59)]
+    assert keyframe == [True, False, False]
+    assert b"static" in writer.encode(NODE, NOW + 60, _gpus())
+    writer.lost(NODE)
+    assert b"static" in writer.encode(NODE, NOW + 61, _gpus())
+    assert b"static" in writer.encode("node-002", NOW + 61, _gpus()), "per node"
+
+
+async def test_a_replica_taking_over_joins_the_nodes_samples_to_the_facts_in_kv() -> None:
+    kv = MemoryKV("facts")
+    writer, first = wire.TelemetryWriter("agent"), FactsBook(kv)
+    _facts(writer.encode(NODE, NOW, _gpus()), first)
+    assert first.unsaved
+    await first.persist()
+    assert not first.unsaved and list(kv.data) == [NODE]
+    sample = writer.encode(NODE, NOW + 1, _gpus(temp_c=61.0))
+    takeover = FactsBook(kv)
+    with pytest.raises(FactsUnknown) as missing:
+        _facts(sample, takeover)
+    assert missing.value.reason == "facts_unknown" and missing.value.node == NODE
+    assert await takeover.load(NODE)
+    assert _facts(sample, takeover).facts == _facts(sample, first).facts
+    assert _facts(sample, takeover).facts[0]["power_limit_w"] == 700.0
+
+
+async def test_facts_in_kv_that_are_not_the_samples_are_not_joined() -> None:
+    kv = MemoryKV("facts")
+    old, book = wire.TelemetryWriter("agent"), FactsBook(kv)
+    _facts(old.encode(NODE, NOW, _gpus()), book)
+    await book.persist()
+    newer = wire.TelemetryWriter("agent")
+    newer.encode(NODE, NOW, _gpus(power_limit_w=400.0))  # its keyframe never arrived
+    takeover = FactsBook(kv)
+    assert await takeover.load(NODE)
+    with pytest.raises(FactsUnknown, match="it has"):
+        _facts(newer.encode(NODE, NOW + 1, _gpus(power_limit_w=400.0)), takeover)
+
+
+def test_a_book_holds_at_most_its_bound_of_nodes() -> None:
+    writer, book = wire.TelemetryWriter("agent"), FactsBook(max_nodes=3)
+    for i in range(5):
+        decode_intake(writer.encode(f"n{i}", NOW, _gpus()), None, NOW, book=book)
+    assert len(book) == 3 and book.facts_of("n0") is None and book.facts_of("n4") is not None
+
+
+def _keyframe(**over: Any) -> dict[str, Any]:
+    """A v2 sample as a dict (MessagePack-encoded by `_refused`), changed by `over`."""
+    fields = ["temp_c", "power_w"]
+    static = {"fields": fields, "gpus": [{"index": 0, "power_limit_w": 700.0}]}
+    body: dict[str, Any] = {"v": 2, "id": "e1", "kind": "telemetry", "node": NODE, "ts": NOW}
+    body |= {"source": "agent", "facts": "ab12", "static": static, "gpus": [[40.0, 300.0]]}
+    for key, value in over.items():
+        if key.startswith("static_"):
+            static[key.removeprefix("static_")] = value
+        else:
+            body[key] = value
+    return body
+
+
+HOSTILE: list[tuple[str, dict[str, Any], str]] = [
+    ("nan", _keyframe(gpus=[[math.nan, 1.0]]), "schema"),
+    ("infinity", _keyframe(gpus=[[math.inf, 1.0]]), "schema"),
+    ("huge", _keyframe(gpus=[[1e30, 1.0]]), "schema"),
+    ("string reading", _keyframe(gpus=[["41", 1.0]]), "schema"),
+    ("short array", _keyframe(gpus=[[41.0]]), "schema"),
+    ("long array", _keyframe(gpus=[[41.0, 1.0, 2.0]]), "schema"),
+    ("more arrays than GPUs", _keyframe(gpus=[[41.0, 1.0], [42.0, 1.0]]), "schema"),
+    ("too many GPUs", _keyframe(gpus=[[41.0, 1.0]] * 65), "schema"),
+    ("unknown field", _keyframe(static_fields=["temp_c", "hbm_gen"]), "schema"),
+    ("index in the arrays", _keyframe(static_fields=["index", "temp_c"]), "schema"),
+    ("field twice", _keyframe(static_fields=["temp_c", "temp_c"]), "schema"),
+    ("text as a reading", _keyframe(static_fields=["uuid", "temp_c"]), "schema"),
+    ("static and array", _keyframe(static_gpus=[{"index": 0, "temp_c": 1.0}]), "schema"),
+    ("bad static", _keyframe(static_gpus=[{"index": 0, "power_limit_w": "x"}]), "schema"),
+    ("static index out of range", _keyframe(static_gpus=[{"index": 64}]), "schema"),
+    ("bad node", _keyframe(node="node 001"), "schema"),
+    ("bad facts id", _keyframe(facts="not hex"), "schema"),
+    ("negative time", _keyframe(ts=-1.0), "schema"),
+    ("future", _keyframe(ts=NOW + 3600), "future"),
+    ("other node", _keyframe(node="node-002"), "subject_mismatch"),
+    ("extra key", _keyframe(extra=1), "schema"),
+    ("version 3", _keyframe(v=3), "schema"),
+    ("no keyframe yet", {k: v for k, v in _keyframe().items() if k != "static"}, "facts_unknown"),
+]
+
+
+# JSON has no NaN or infinity (msgspec writes them as null): MessagePack alone carries them.
+_NOT_JSON = {"nan", "infinity"}
+
+
+@pytest.mark.parametrize(("what", "body", "reason"), HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_v2_samples_are_refused_by_reason(
+    what: str, body: dict[str, Any], reason: str
+) -> None:
+    payloads = [msgspec.msgpack.encode(body)]
+    payloads += [] if what in _NOT_JSON else [msgspec.json.encode(body)]
+    for payload in payloads:
+        with pytest.raises(EventError) as refused:
+            decode_intake(payload, SUBJECT, NOW, book=FactsBook())
+        assert refused.value.reason == reason, refused.value.message
+
+
+def test_the_keyframe_itself_decodes() -> None:
+    got = _facts(msgspec.msgpack.encode(_keyframe()), FactsBook())
+    assert got.facts[0]["temp_c"] == 40.0 and got.facts[0]["power_limit_w"] == 700.0
+
+
+def test_messagepack_cut_short_is_a_json_dead_letter() -> None:
+    with pytest.raises(EventError) as refused:
+        decode_intake(b"\x85\xa1v", SUBJECT, NOW, book=FactsBook())
+    assert refused.value.reason == "json"
+
+
+def test_v2_without_a_book_is_refused_not_misread() -> None:
+    payload = wire.TelemetryWriter("agent").encode(NODE, NOW, _gpus())
+    with pytest.raises(EventError, match="only v1"):
+        decode_intake(payload, SUBJECT, NOW)
+
+
+def test_a_v2_sample_of_an_h200_is_under_200_bytes_per_gpu(tmp_path: Path) -> None:
+    writer = wire.TelemetryWriter("agent")
+    gpus = _fleet_gpus(tmp_path)
+    keyframe = writer.encode(NODE, NOW, gpus)
+    steady = writer.encode(NODE, NOW + 1, gpus)
+    v1 = wire.TelemetryWriter("agent", version=1).encode(NODE, NOW, gpus)
+    assert len(steady) / len(gpus) <= 200 < len(v1) / len(gpus)
+    assert len(keyframe) < len(v1), "even the keyframe is smaller than a v1 sample"
