@@ -125,10 +125,12 @@ async def test_facts_not_written_to_kv_cost_no_sample_and_are_written_on_return(
     handled: list[Event | Telemetry] = []
     intake = _intake(bus, book, handled)
     await _run_until(intake, lambda: len(handled) == 2)
-    assert not intake.dead and book.unsaved, "decided all the same; the facts wait for KV"
+    assert not intake.dead and book.unsaved("node-001"), (
+        "decided all the same; the facts wait for KV"
+    )
     kv.gone = False  # the server is back
     await bus.js.publish(
         "gpuops.telemetry.node-001", agent.encode("node-001", time.time() + 2, _gpus(41.0))
     )
     await _run_until(intake, lambda: len(handled) == 3)
-    assert not book.unsaved and list(kv.data) == ["node-001"]
+    assert not book.unsaved("node-001") and list(kv.data) == ["node-001"]

@@ -194,8 +194,8 @@ async def test_an_export_after_the_keyframes_joins_samples_to_the_facts_the_engi
     for e in telemetry[:half]:  # the engine reads the keyframes and keeps their facts
         payload = writer.encode(e["node"], _epoch(e["ts"]), e["data"]["gpus"], e["id"])
         book.telemetry(payload)
+        await book.save(e["node"])
         await bus.js.publish(subject_for("telemetry", e["node"]), payload)
-    await book.persist()
     middle = await _last_stored(bus, TELEMETRY) + timedelta(microseconds=1)
     later = [
         writer.encode(e["node"], _epoch(e["ts"]), e["data"]["gpus"], e["id"])

@@ -42,6 +42,7 @@ class FactsUnknown(EventError):
             f"(the agent sends them again within {wire.KEYFRAME_EVERY_S:.0f} s)",
         )
         self.node = node
+        self.facts = facts
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +59,9 @@ class FactsBook:
     """The static facts of the nodes an engine reads, and the join of v2 samples to them.
 
     `kv` None: in memory only (replay, test-rules, the shadow). Learning is synchronous
-    (the decode is); `persist` writes what was learnt since, and `load` reads a node's
-    facts a sample names but this book lacks.
+    (the decode is); `save` writes a node's facts learnt here, and `load` reads a node's
+    facts a sample names but this book lacks. A node is in one partition, so one intake
+    saves and loads it.
     """
 
     def __init__(self, kv: KV | None = None, max_nodes: int = MAX_NODES) -> None:
@@ -67,6 +69,7 @@ class FactsBook:
         self.max_nodes = max_nodes
         self._nodes: dict[str, NodeFacts] = {}
         self._unsaved: dict[str, NodeFacts] = {}
+        self._missed: dict[str, str] = {}  # node -> the facts id KV did not have
         self.learnt = 0
 
     def __len__(self) -> int:
@@ -115,7 +118,9 @@ class FactsBook:
     def _learn(self, node: str, fid: str, static: wire.Static) -> NodeFacts:
         learnt = _node_facts(fid, static)
         self._touch(node, learnt)
-        self._unsaved[node] = learnt
+        self._missed.pop(node, None)
+        if self.kv is not None:
+            self._unsaved[node] = learnt
         self.learnt += 1
         return learnt
 
@@ -128,38 +133,49 @@ class FactsBook:
 
     # --- KV -----------------------------------------------------------------------
 
-    @property
-    def unsaved(self) -> bool:
-        """Facts learnt and not yet in KV."""
-        return bool(self._unsaved) and self.kv is not None
+    def unsaved(self, node: str) -> bool:
+        """Whether `node`'s facts were learnt here and are not yet in KV."""
+        return node in self._unsaved and self.kv is not None
 
-    async def persist(self) -> None:
-        """Write the facts learnt since the last call; kept for the next call when KV
-        fails (the sample is decoded all the same: losing the KV copy costs a takeover
-        one keyframe interval, not a sample)."""
-        if self.kv is None:
-            self._unsaved.clear()
+    async def save(self, node: str) -> None:
+        """Write `node`'s facts learnt here to KV (the intake does, before it handles the
+        sample that carried them). When KV fails they stay for the node's next sample:
+        the sample is decoded all the same, and losing the KV copy costs a takeover one
+        keyframe interval, not a sample."""
+        facts = self._unsaved.pop(node, None)
+        if facts is None or self.kv is None:
             return
-        for node, facts in list(self._unsaved.items()):
+        try:
             await self.kv.put(kv_key(node), facts.encoded)
-            if self._unsaved.get(node) is facts:
-                del self._unsaved[node]
+        except BaseException:
+            self._unsaved.setdefault(node, facts)  # unless newer facts came meanwhile
+            raise
 
-    async def load(self, node: str) -> bool:
-        """Read `node`'s facts from KV; False when there are none (or they do not decode)."""
-        if self.kv is None:
+    async def load(self, node: str, wanted: str) -> bool:
+        """Read `node`'s facts from KV; False when they are not the `wanted` ones (none,
+        others, or not decodable). A miss is remembered: the node's next samples, until
+        its keyframe, do not ask KV again (only this replica writes the node's facts while
+        it owns the partition, so KV will not gain them meanwhile)."""
+        if self.kv is None or self._missed.get(node) == wanted:
             return False
         entry = await self.kv.get(kv_key(node))
-        if entry is None:
-            return False
-        try:
-            kept = wire.read_kept(entry.value)
-            facts = _node_facts(kept.facts, kept.static)
-        except (msgspec.DecodeError, EventError) as exc:
-            log.warning("static facts of %s in KV do not decode: %s", node, exc)
+        facts = None if entry is None else self._kept(node, entry.value)
+        if facts is None or facts.id != wanted:
+            self._missed[node] = wanted
+            while len(self._missed) > self.max_nodes:
+                del self._missed[next(iter(self._missed))]
             return False
         self._touch(node, facts)
         return True
+
+    @staticmethod
+    def _kept(node: str, value: bytes) -> NodeFacts | None:
+        try:
+            kept = wire.read_kept(value)
+            return _node_facts(kept.facts, kept.static)
+        except (msgspec.DecodeError, EventError) as exc:
+            log.warning("static facts of %s in KV do not decode: %s", node, exc)
+            return None
 
 
 def _node_facts(fid: str, static: wire.Static) -> NodeFacts:

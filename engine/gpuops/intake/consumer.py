@@ -214,20 +214,24 @@ class Intake:
         try:
             event = self._decode(msg)
         except FactsUnknown as exc:
-            if self.facts is None or not await self._load(exc.node):
+            if self.facts is None or not await self._load(exc.node, exc.facts):
                 raise
             event = self._decode(msg)
-        if self.facts is not None and self.facts.unsaved:
+        if self.facts is not None and self.facts.unsaved(event.node):
             try:
-                await self.facts.persist()
+                await self.facts.save(event.node)
             except (BusError, NatsError, OSError) as exc:
-                log.warning("static facts not written to KV (%s); kept for the next sample", exc)
+                log.warning(
+                    "static facts of %s not written to KV (%s); kept for its next sample",
+                    event.node,
+                    exc,
+                )
         return event
 
-    async def _load(self, node: str) -> bool:
+    async def _load(self, node: str, wanted: str) -> bool:
         assert self.facts is not None
         try:
-            return await self.facts.load(node)
+            return await self.facts.load(node, wanted)
         except (BusError, NatsError, OSError) as exc:
             log.warning("static facts of %s not read from KV (%s)", node, exc)
             return False

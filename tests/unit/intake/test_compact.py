@@ -130,15 +130,15 @@ async def test_a_replica_taking_over_joins_the_nodes_samples_to_the_facts_in_kv(
     kv = MemoryKV("facts")
     writer, first = wire.TelemetryWriter("agent"), FactsBook(kv)
     _facts(writer.encode(NODE, NOW, _gpus()), first)
-    assert first.unsaved
-    await first.persist()
-    assert not first.unsaved and list(kv.data) == [NODE]
+    assert first.unsaved(NODE)
+    await first.save(NODE)
+    assert not first.unsaved(NODE) and list(kv.data) == [NODE]
     sample = writer.encode(NODE, NOW + 1, _gpus(temp_c=61.0))
     takeover = FactsBook(kv)
     with pytest.raises(FactsUnknown) as missing:
         _facts(sample, takeover)
     assert missing.value.reason == "facts_unknown" and missing.value.node == NODE
-    assert await takeover.load(NODE)
+    assert await takeover.load(NODE, missing.value.facts)
     assert _facts(sample, takeover).facts == _facts(sample, first).facts
     assert _facts(sample, takeover).facts[0]["power_limit_w"] == 700.0
 
@@ -147,13 +147,25 @@ async def test_facts_in_kv_that_are_not_the_samples_are_not_joined() -> None:
     kv = MemoryKV("facts")
     old, book = wire.TelemetryWriter("agent"), FactsBook(kv)
     _facts(old.encode(NODE, NOW, _gpus()), book)
-    await book.persist()
+    await book.save(NODE)
     newer = wire.TelemetryWriter("agent")
     newer.encode(NODE, NOW, _gpus(power_limit_w=400.0))  # its keyframe never arrived
     takeover = FactsBook(kv)
-    assert await takeover.load(NODE)
-    with pytest.raises(FactsUnknown, match="it has"):
+    with pytest.raises(FactsUnknown) as missing:
         _facts(newer.encode(NODE, NOW + 1, _gpus(power_limit_w=400.0)), takeover)
+    assert not await takeover.load(NODE, missing.value.facts), "KV has the older facts"
+    reads = []
+    kv_get = kv.get
+
+    async def counted(key: str) -> Any:
+        reads.append(key)
+        return await kv_get(key)
+
+    kv.get = counted  # type: ignore[method-assign]
+    assert not await takeover.load(NODE, missing.value.facts)
+    assert reads == [], "a miss is remembered until the node's keyframe"
+    _facts(newer.encode(NODE, NOW + 200, _gpus(power_limit_w=400.0)), takeover)  # keyframe
+    assert takeover.facts_of(NODE) is not None
 
 
 def test_a_book_holds_at_most_its_bound_of_nodes() -> None:
