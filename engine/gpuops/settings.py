@@ -84,6 +84,12 @@ class NatsSettings(BaseModel):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     replicas: int = Field(default=1, ge=1, le=5)
+    # Telemetry is replaced by the next sample within seconds: a site may keep it cheaper
+    # than health events, intents and audit (which stay file storage at `replicas`):
+    # in memory, and with fewer replicas (docs/operations.md, "Sizing").
+    telemetry_storage: Literal["file", "memory"] = "file"
+    telemetry_replicas: int | None = Field(default=None, ge=1, le=5, description="None: replicas")
+    telemetry_max_bytes: int = Field(default=1 << 30, ge=1 << 20)
     # A command's first connect gives up after this long (a wrong URL must not hang it);
     # once connected, long-running roles reconnect for as long as NATS is away.
     connect_timeout_s: float = Field(default=10.0, gt=0, le=300)

@@ -46,7 +46,7 @@ from gpuops.settings import NatsSettings
 from gpuops.signing import load_key
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
-from nats.js.api import DiscardPolicy
+from nats.js.api import DiscardPolicy, StorageType
 from nats.js.errors import Error as JsError
 
 from tests.conftest import ROOT, wait_for
@@ -397,6 +397,34 @@ async def test_stream_limits_come_from_settings_and_update_existing_streams(
         assert (await bus.js.stream_info(EVENTS)).config.max_bytes == 32 << 20
     finally:
         await bus.close()
+
+
+async def test_telemetry_may_live_in_memory_and_a_stored_stream_says_how_to_move_it(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    on_file = await connect(nats_server.url, NatsSettings())
+    try:
+        config = (await on_file.js.stream_info(TELEMETRY)).config
+        assert config.storage == StorageType.FILE and config.max_bytes == 1 << 30
+    finally:
+        await on_file.close()
+    memory = NatsSettings(telemetry_storage="memory", telemetry_max_bytes=64 << 20)
+    with pytest.raises(BusError, match="nats stream rm GPUOPS_TELEMETRY"):
+        await connect(nats_server.url, memory)
+    fresh = EmbeddedNats(tmp_path / "fresh").start()
+    try:
+        bus = await connect(fresh.url, memory)
+        try:
+            telemetry = (await bus.js.stream_info(TELEMETRY)).config
+            assert telemetry.storage == StorageType.MEMORY and telemetry.max_bytes == 64 << 20
+            events = (await bus.js.stream_info(EVENTS)).config
+            assert events.storage == StorageType.FILE, "health events stay on file"
+            await bus.js.publish("gpuops.telemetry.node-001", b"{}")
+            assert (await bus.js.stream_info(TELEMETRY)).state.messages == 1
+        finally:
+            await bus.close()
+    finally:
+        fresh.stop()
 
 
 async def test_the_dead_letter_stream_is_capped_and_drops_its_oldest_letters(

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -54,6 +55,28 @@ def bench_rules(n_rules: int, gpus: int, seconds: float) -> None:
     from gpuops.bench.rules import bench_rules as run_bench
 
     for line in run_bench(n_rules=n_rules, gpus=gpus, seconds=seconds):
+        click.echo(line)
+
+
+@bench.command("rulebook")
+@click.option("--gpus", type=int, default=90_000, show_default=True, help="GPU samples")
+@click.option("--rules", "rule_counts", default="1,20", show_default=True, help="rule counts")
+@click.option("--repeat", type=int, default=3, show_default=True, help="interleaved rounds")
+@click.option(
+    "--venv",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="ansible-rulebook's own virtual environment [default: ~/.cache/gpuops/...]",
+)
+def bench_rulebook(gpus: int, rule_counts: str, repeat: int, venv: Path | None) -> None:
+    """gpuops replay vs ansible-rulebook 1.3.2: CPU per GPU sample on the same samples and rules."""
+    from gpuops.bench.rulebook import DEFAULT_VENV
+    from gpuops.bench.rulebook import bench_rulebook as run_bench
+
+    try:
+        counts = sorted({int(c) for c in rule_counts.split(",")})
+    except ValueError as exc:
+        raise click.BadParameter(f"{rule_counts!r} is not a list of counts like 1,20") from exc
+    for line in run_bench(gpus, counts, max(1, repeat), venv or DEFAULT_VENV):
         click.echo(line)
 
 
@@ -222,11 +245,31 @@ def bench_power(nodes: int, budget: float, window: str, seed: int) -> None:
     help="copies of each stream and bucket on the 3-server cluster",
 )
 @click.option(
+    "--telemetry-format",
+    type=click.IntRange(1, 2),
+    default=2,
+    show_default=True,
+    help="what the publishers send: 2 compact (MessagePack), 1 every field (JSON)",
+)
+@click.option(
+    "--telemetry-storage",
+    type=click.Choice(["file", "memory"]),
+    default="file",
+    show_default=True,
+    help="the telemetry stream's storage (nats.telemetry_storage)",
+)
+@click.option(
+    "--telemetry-replicas",
+    type=click.IntRange(0, 3),
+    default=0,
+    help="copies of the telemetry stream (default: --stream-replicas)",
+)
+@click.option(
     "--keep-logs",
     type=click.Path(file_okay=False, path_type=Path),
     help="copy each round's replica logs here (the bench's work directory is deleted)",
 )
-def bench_fleet(replicas: str, keep_logs: Path | None, **options: int) -> None:
+def bench_fleet(replicas: str, keep_logs: Path | None, **options: Any) -> None:
     """A 1 Hz simulated fleet against engine replicas on a local 3-server NATS cluster."""
     from gpuops.bench.fleet import FleetSpec
     from gpuops.bench.fleet import bench_fleet as run_bench

@@ -24,6 +24,7 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.errors import (
+    APIError,
     BadRequestError,
     BucketNotFoundError,
     NotFoundError,
@@ -261,7 +262,12 @@ def stream_configs(cfg: NatsSettings | None = None) -> list[StreamConfig]:
             "max_bytes": cfg.events_max_bytes,
             "subject_transform": events_transform(cfg.partitions).as_dict(),
         },
-        TELEMETRY: {"subject_transform": telemetry_transform(cfg.partitions).as_dict()},
+        TELEMETRY: {
+            "subject_transform": telemetry_transform(cfg.partitions).as_dict(),
+            "storage": cfg.telemetry_storage,
+            "num_replicas": cfg.telemetry_replicas or cfg.replicas,
+            "max_bytes": cfg.telemetry_max_bytes,
+        },
         AUDIT: {"max_bytes": cfg.audit_max_bytes, "max_age": cfg.audit_max_age_s},
         DLQ: {"max_bytes": cfg.dlq_max_bytes, "max_age": cfg.dlq_max_age_s},
     }
@@ -315,6 +321,22 @@ async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
                     ) from refused
                 log.info("stream %s refused (%s); trying again", config.name, refused.description)
                 await asyncio.sleep(0.5)
+            except APIError as kept:  # it exists, and cannot become this configuration
+                raise BusError(_not_updated(config, kept.description)) from kept
+
+
+def _not_updated(config: StreamConfig, why: str | None) -> str:
+    """Why a stream that exists could not take the settings' configuration."""
+    text = f"stream {config.name} exists and cannot take the configured settings: {why}"
+    if config.name == TELEMETRY:
+        # Telemetry is replaced within seconds: dropping the stream loses nothing a
+        # rule needs for longer than a window; the engines make it again at start.
+        text += (
+            " (JetStream cannot change a stream's storage in place: stop the engines, "
+            f"`nats stream rm {TELEMETRY}`, and start them with the new nats.telemetry_* "
+            "settings)"
+        )
+    return text
 
 
 async def ensure_bucket(

@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gpuops import shipped
 from gpuops.bench.fleet.figures import (
@@ -93,8 +94,9 @@ def run_round(spec: FleetSpec, fleet: SimFleet, count: int, work: Path, say: Say
     cores = len(os.sched_getaffinity(0))
     work.mkdir(parents=True)
     say(
-        f"--- {count} replica(s); R{spec.nats_replicas} streams on a 3-server NATS cluster; "
-        f"{cores} cores, load {os.getloadavg()[0]:.1f}"
+        f"--- {count} replica(s); R{spec.nats_replicas} streams on a 3-server NATS cluster, "
+        f"telemetry v{spec.telemetry_format} in R{spec.telemetry_replicas or spec.nats_replicas} "
+        f"{spec.telemetry_storage} storage; {cores} cores, load {os.getloadavg()[0]:.1f}"
     )
     cluster = LocalCluster(work / "nats", size=3).start()
     identity = load_key(_identity_key_file(work), "identity key")  # every publisher's root
@@ -115,12 +117,20 @@ def run_round(spec: FleetSpec, fleet: SimFleet, count: int, work: Path, say: Say
 
 
 async def _measure(round_: Round) -> RoundFigures:
-    cfg = NatsSettings(replicas=round_.spec.nats_replicas)
+    cfg = NatsSettings(replicas=round_.spec.nats_replicas, **_telemetry_stream(round_.spec))
     bus = await connect(round_.cluster.url, cfg, "gpuops-bench", setup="none")
     try:
         return await round_.run(bus)
     finally:
         await bus.close()
+
+
+def _telemetry_stream(spec: FleetSpec) -> dict[str, Any]:
+    """The round's telemetry stream settings (nats.telemetry_*)."""
+    out: dict[str, Any] = {"telemetry_storage": spec.telemetry_storage}
+    if spec.telemetry_replicas:
+        out["telemetry_replicas"] = spec.telemetry_replicas
+    return out
 
 
 def _identity_key_file(work: Path) -> Path:
@@ -135,7 +145,14 @@ def _jobs(
     run_s = spec.warmup + spec.seconds
     return [
         PublisherJob(
-            fleet.root, tuple(fleet.nodes[i::n]), spec.gpus, url, run_s, spec.refresh_s, identity
+            fleet.root,
+            tuple(fleet.nodes[i::n]),
+            spec.gpus,
+            url,
+            run_s,
+            spec.refresh_s,
+            identity,
+            spec.telemetry_format,
         )
         for i in range(n)
     ]
@@ -152,10 +169,17 @@ def _replica(spec: FleetSpec, fleet: SimFleet, url: str, work: Path, i: int) -> 
         "GPUOPS_SIGNING_KEY": str(key),
         "GPUOPS_IDENTITY__KEY_FILE": str(_identity_key_file(work)),
         "GPUOPS_NATS__REPLICAS": str(spec.nats_replicas),
+        "GPUOPS_NATS__TELEMETRY_STORAGE": spec.telemetry_storage,
+        **(
+            {"GPUOPS_NATS__TELEMETRY_REPLICAS": str(spec.telemetry_replicas)}
+            if spec.telemetry_replicas
+            else {}
+        ),
         # Injected faults land on distinct nodes: the fleet breaker would turn most of
         # them into drops, which is not what is measured here.
         "GPUOPS_SAFETY__BREAKER_SHARE": "1",
         "GPUOPS_SAFETY__BREAKER_ABSOLUTE": "1000000",
+        "GPUOPS_SAFETY__DOMAIN_BUDGETS": "{}",  # nor the racks' budgets
         **replica_id_env(f"bench-r{i}"),
     }
     argv = engine_argv(

@@ -30,6 +30,9 @@ class FleetSpec:
     refresh_s: float = 60.0  # each node's sample is rebuilt from the fleet this often
     nats_replicas: int = 3
     ready_timeout_s: float = 900.0
+    telemetry_format: int = 2  # what the publishers send (gpuops.bus.wire)
+    telemetry_storage: str = "file"  # nats.telemetry_storage: file or memory
+    telemetry_replicas: int = 0  # nats.telemetry_replicas (0: nats_replicas)
 
     def check(self) -> None:
         """A BenchError for options that cannot make a round."""
@@ -39,6 +42,8 @@ class FleetSpec:
             raise BenchError("--replicas must list counts of at least 1, like 1,2,4")
         if self.health < 0 or self.publishers < 0:
             raise BenchError("--health and --publishers must be >= 0")
+        if self.telemetry_format not in (1, 2) or self.telemetry_storage not in ("file", "memory"):
+            raise BenchError("--telemetry-format is 1 or 2, --telemetry-storage file or memory")
 
     def publisher_count(self, cores: int) -> int:
         """How many publisher processes."""
@@ -60,6 +65,7 @@ class RoundFigures:
     published: int  # of them, sent
     missed: int  # of them, not sent (the publisher was more than a second behind)
     published_total: int  # events sent over the whole run (warm-up and window)
+    bytes_total: int  # bytes of telemetry the publishers sent over the whole run
     stored: int  # events the telemetry stream took
     handled_total: int  # events the replicas handled over the whole run
     pending_end: int  # events still unread when the drain gave up (0: drained)
@@ -121,6 +127,10 @@ def round_lines(f: RoundFigures) -> Iterable[str]:
         f"({f.dropped * g:,} dropped by NATS), {f.handled_total * g:,} handled (what a "
         f"takeover decides again counts again), "
         f"{f.pending_end * g:,} unread after the drain, {f.lost * g:,} lost to the stream's cap"
+    )
+    yield (
+        f"wire: {f.bytes_total / max(1, f.published_total * g):,.0f} bytes per GPU sample "
+        "(keyframes included)"
     )
     for i, rate in enumerate(f.handled_per_s):
         cpu = f.cpu_cores[i]

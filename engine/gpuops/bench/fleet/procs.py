@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO, Any, TypeVar
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -36,6 +36,7 @@ from gpuops import subjects
 from gpuops.bench.fleet.figures import BenchError
 from gpuops.bus.client import servers
 from gpuops.bus.identity import KeyRing
+from gpuops.bus.wire import TelemetryWriter
 from gpuops.clock import rfc3339
 from gpuops.sim.fleet import SimFleet
 
@@ -57,6 +58,7 @@ class PublisherJob:
     run_s: int  # whole seconds from the start time
     refresh_s: float  # rebuild each node's sample from the fleet this often (0: never)
     identity: bytes = b""  # the identity key: each node's sample carries its node's MAC
+    telemetry_format: int = 2  # v2 as agents send it, or v1 (pre-serialized JSON)
 
 
 @dataclass(slots=True)
@@ -67,6 +69,7 @@ class PublisherResult:
     missed: list[int]  # events not sent in each second (more than a second late)
     rebuilt: int = 0  # samples rebuilt from the fleet while publishing
     cpu_s: float = 0.0
+    bytes: int = 0  # telemetry payload bytes sent
 
 
 def publisher_main(job: PublisherJob, conn: Connection) -> None:
@@ -74,7 +77,7 @@ def publisher_main(job: PublisherJob, conn: Connection) -> None:
     started = time.perf_counter()
     fleet = SimFleet(root=job.root, nodes=list(job.nodes), gpus=job.gpus)
     now = time.time()
-    cache = {node: _render(fleet, node, now) for node in job.nodes}
+    cache = {node: _render(fleet, node, now, job.telemetry_format) for node in job.nodes}
     conn.send(time.perf_counter() - started)
     t0 = float(conn.recv())
     result = asyncio.run(_publish(job, fleet, cache, t0))
@@ -83,14 +86,17 @@ def publisher_main(job: PublisherJob, conn: Connection) -> None:
     conn.send(result)
 
 
-def _render(fleet: SimFleet, node: str, t: float) -> bytes | None:
-    """The `data` part of a node's telemetry event, as JSON (None: its agent is silent)."""
+def _render(fleet: SimFleet, node: str, t: float, fmt: int) -> Any:
+    """The `data` part of a node's telemetry event, as JSON for v1, its GPUs for the v2
+    writer (None: its agent is silent)."""
     event = fleet.telemetry(node, t)
-    return None if event is None else json.dumps(event["data"]).encode()
+    if event is None:
+        return None
+    return json.dumps(event["data"]).encode() if fmt == 1 else event["data"]["gpus"]
 
 
 async def _publish(
-    job: PublisherJob, fleet: SimFleet, cache: dict[str, bytes | None], t0: float
+    job: PublisherJob, fleet: SimFleet, cache: dict[str, Any], t0: float
 ) -> PublisherResult:
     import nats
 
@@ -102,6 +108,7 @@ async def _publish(
     per_chunk = math.ceil(len(nodes) / (job.refresh_s * CHUNKS_PER_S)) if job.refresh_s else 0
     ids, turn = uuid.uuid4().hex[:12], 0
     keys = KeyRing(job.identity) if job.identity else None
+    writer = TelemetryWriter("sim")
     try:
         for second in range(job.run_s):
             for j, chunk in enumerate(chunks):
@@ -114,17 +121,23 @@ async def _publish(
                     await asyncio.sleep(-late)
                 for _ in range(per_chunk):  # round-robin rebuild, spread over the chunks
                     node = nodes[turn % len(nodes)]
-                    cache[node], turn = _render(fleet, node, time.time()), turn + 1
-                ts, sent = rfc3339(time.time()), 0
+                    cache[node] = _render(fleet, node, time.time(), job.telemetry_format)
+                    turn += 1
+                now, sent = time.time(), 0
+                ts = rfc3339(now)
                 for node in chunk:
                     data = cache[node]
                     if data is None:
                         continue
-                    head = (
-                        f'{{"id":"{ids}-{second}-{node}","kind":"telemetry","node":"{node}",'
-                        f'"ts":"{ts}","source":"sim","data":'
-                    )
-                    body = head.encode() + data + b"}"
+                    if job.telemetry_format == 1:
+                        head = (
+                            f'{{"id":"{ids}-{second}-{node}","kind":"telemetry","node":"{node}",'
+                            f'"ts":"{ts}","source":"sim","data":'
+                        )
+                        body = head.encode() + data + b"}"
+                    else:
+                        body = writer.encode(node, now, data, f"{ids}-{second}-{node}")
+                    result.bytes += len(body)
                     headers = keys.node(node).headers(body) if keys else None
                     await nc.publish(subjects.telemetry(node), body, headers=headers)
                     sent += 1

@@ -237,6 +237,7 @@ def _counts(spec: FleetSpec, nodes: int, results: list[PublisherResult]) -> dict
         "published": sum(sum(r.published[window]) for r in results),
         "missed": sum(sum(r.missed[window]) for r in results),
         "published_total": sum(sum(r.published) for r in results),
+        "bytes_total": sum(r.bytes for r in results),
     }
 
 
