@@ -29,6 +29,7 @@ from gpuops.spine.replay import replay_file
 from tests.conftest import ROOT
 from tests.dcgm_exposition import exposition, inventory, serve
 from tests.fake_pynvml import FakeNvml
+from tests.support import AsEvents
 
 pytestmark = pytest.mark.integration
 NODE, HOT, T0 = "gpu-node-07", 3, 1_800_000_000.0
@@ -62,7 +63,8 @@ async def _dcgm_events(tmp_path: Path) -> list[dict[str, Any]]:
             clock.set(t)
             report = await source.scrape_once()
             assert report.failed == {}
-    return [json.loads(payload) for _, payload in publisher.messages]
+    read = AsEvents()  # v2 telemetry, as the source sends it, joined to its keyframes
+    return [read(payload) for _, payload in publisher.messages]
 
 
 def _recording(events: list[dict[str, Any]], path: Path) -> Path:

@@ -93,6 +93,13 @@ def render(spec: IntakeBench, r: dict[str, Any]) -> Iterator[str]:
         f"engine CPU: {r['cpu_s']:.2f} s, {r['cpu_per_1k']:.4f} CPU s per 1,000 samples "
         f"({100 * r['cpu_s'] / r['wall_s']:.0f}% of one core)"
     )
+    live_us = r["cpu_s"] / max(1, r["samples"]) * 1e6
+    yield (
+        f"same samples offline ({r['offline_samples']:,}): replay {r['replay_us']:.1f} us a "
+        f"sample, matcher alone {r['match_us']:.1f} us; live {live_us:.1f} us, "
+        f"live/replay {live_us / max(r['replay_us'], 1e-9):.2f}"
+        + (f" ({r['replay_refused']} lines refused by replay)" if r["replay_refused"] else "")
+    )
     if r["nats_cpu_s"] is not None:
         yield (
             f"nats-server CPU: {r['nats_cpu_s']:.2f} s, "
@@ -149,12 +156,54 @@ async def _with_server(spec: IntakeBench, url: str, work: Path, pid: int | None)
         out["pending"] = await _pending(bus, app.settings.nats.partitions)
         await _settle(app, spec)
         out.update(await _intents(bus, spec))
+        app.stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(engine, 30)
+        out.update(await _offline(bus, settings, rules, work))
         return out
     finally:
         app.stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(engine, 30)
         await bus.close()
+
+
+async def _offline(bus: Any, settings: Any, rules: Any, work: Path) -> dict[str, Any]:
+    """The same samples off the stream (`gpuops export`), replayed (`gpuops replay`: the
+    live engine's code on memory stores) and through the matcher alone, once the live
+    engine has stopped: CPU per GPU sample of each."""
+    from gpuops.bus.wire import is_v2
+    from gpuops.intake.compact import FactsBook
+    from gpuops.intake.decode import decode
+    from gpuops.match.facts import facts_of
+    from gpuops.match.matcher import Matcher
+    from gpuops.ops.export import Selection, export
+    from gpuops.spine.replay import replay
+
+    path = work / "recording.jsonl"
+    with path.open("wb") as out:
+        await export(bus.js, Selection(kinds=("telemetry",)), out)
+    offline = settings.model_copy(
+        update={"safety": settings.safety.model_copy(update={"stale_after_s": float("inf")})}
+    )
+    cpu = time.process_time()
+    _, report = await replay(path, rules, None, offline)
+    replay_cpu = time.process_time() - cpu
+    book, events = FactsBook(), []
+    for line in path.open("rb"):
+        events.append(book.telemetry(line) if is_v2(line) else decode(line))
+    samples = sum(len(facts_of(e)) for e in events)
+    matcher = Matcher(rules)
+    cpu = time.process_time()
+    for e in events:
+        matcher.match(e)
+    match_cpu = time.process_time() - cpu
+    return {
+        "offline_samples": samples,
+        "replay_us": replay_cpu / max(1, samples) * 1e6,
+        "match_us": match_cpu / max(1, samples) * 1e6,
+        "replay_refused": report.refusals(),
+    }
 
 
 async def _pending(bus: Any, partitions: int) -> int:

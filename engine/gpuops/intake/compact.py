@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from gpuops.bus import wire
 from gpuops.bus.store import KV, kv_key
 from gpuops.errors import EventError
-from gpuops.match.facts import Fact, Telemetry, with_derived
+from gpuops.match.facts import Fact, Telemetry, with_derived, with_medians
 from gpuops.models import GpuSample
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class NodeFacts:
 
     id: str
     rows: wire.Rows
-    templates: tuple[Fact, ...]  # per GPU: every model field, the static ones filled
+    templates: tuple[Fact, ...]  # per GPU: every fact's key, the static ones filled
     encoded: bytes  # what KV keeps (wire.Kept)
 
 
@@ -112,11 +112,11 @@ class FactsBook:
             fact = template.copy()
             fact.update(zip(fields, row, strict=True))  # msgspec checked each length
             facts.append(fact)
-        with_derived(facts, doc.node)
+        with_medians(facts)
         return Telemetry(doc.id, doc.node, doc.ts, doc.source, facts, publisher=publisher)
 
     def _learn(self, node: str, fid: str, static: wire.Static) -> NodeFacts:
-        learnt = _node_facts(fid, static)
+        learnt = _node_facts(node, fid, static)
         self._touch(node, learnt)
         self._missed.pop(node, None)
         if self.kv is not None:
@@ -172,14 +172,16 @@ class FactsBook:
     def _kept(node: str, value: bytes) -> NodeFacts | None:
         try:
             kept = wire.read_kept(value)
-            return _node_facts(kept.facts, kept.static)
+            return _node_facts(node, kept.facts, kept.static)
         except (msgspec.DecodeError, EventError) as exc:
             log.warning("static facts of %s in KV do not decode: %s", node, exc)
             return None
 
 
-def _node_facts(fid: str, static: wire.Static) -> NodeFacts:
-    """Check a keyframe's facts and build the templates; EventError("schema") when bad."""
+def _node_facts(node: str, fid: str, static: wire.Static) -> NodeFacts:
+    """Check a keyframe's facts and build the templates (every model field, then what
+    the matcher adds: `node`, `gpu`, the medians, as v1's facts have them); EventError
+    ("schema") when bad."""
     fields = tuple(static.fields)
     try:
         rows = wire.rows(fields)
@@ -198,5 +200,5 @@ def _node_facts(fid: str, static: wire.Static) -> NodeFacts:
             raise EventError(
                 "schema", f"telemetry v2 static.gpus.{i}.{where}: {first['msg']}"
             ) from exc
-        templates.append(dict(model.__dict__))
+        templates.append(with_derived([dict(model.__dict__)], node)[0])
     return NodeFacts(fid, rows, tuple(templates), wire.kept(fid, static))

@@ -54,13 +54,22 @@ def as_telemetry(event: Event | Telemetry) -> Telemetry | None:
 
 def with_derived(facts: list[Fact], node: str) -> list[Fact]:
     """Add `node`, `gpu` and the peer medians to each GPU's fields (in place)."""
-    bandwidth: list[float | None] = [f["dram_bw_util"] for f in facts]
-    ordered = sorted(v for v in bandwidth if v is not None)
-    skip = len(ordered) < 2  # no GPU has two reporting peers: skip the medians (hot path)
-    for i, fact in enumerate(facts):
+    for fact in facts:
         fact["node"] = node
         fact["gpu"] = fact["index"]
-        fact["dram_bw_util_peer_median"] = None if skip else peer_median(bandwidth, i, ordered)
+        fact["dram_bw_util_peer_median"] = None
+    return with_medians(facts)
+
+
+def with_medians(facts: list[Fact]) -> list[Fact]:
+    """Set each GPU's peer medians (in place), its facts already holding `node` and `gpu`
+    (a v2 sample's do from its node's static facts, telemetry v2)."""
+    bandwidth: list[float | None] = [f["dram_bw_util"] for f in facts]
+    ordered = sorted(v for v in bandwidth if v is not None)
+    if len(ordered) < 2:  # no GPU has two reporting peers: the medians stay null (hot path)
+        return facts
+    for i, fact in enumerate(facts):
+        fact["dram_bw_util_peer_median"] = peer_median(bandwidth, i, ordered)
     return facts
 
 
