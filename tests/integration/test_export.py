@@ -103,7 +103,7 @@ async def test_an_export_ends_at_the_stream_end_as_it_began(bus: Bus) -> None:
     # The stream grows while the export runs, as a live fleet's telemetry does.
     await _publish(bus, [{**e, "id": f"late-{e['id']}"} for e in telemetry])
     rest = [item async for item in reader]
-    read = [json.loads(payload)["id"] for _, _, payload in [first, *rest]]
+    read = [json.loads(payload)["id"] for _, _, payload, _ in [first, *rest]]
     assert read == [e["id"] for e in telemetry]
 
 

@@ -28,9 +28,18 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
+from pydantic import ValidationError
 
-from gpuops.clock import rfc3339
-from gpuops.models import MAX_GPUS, MAX_MAGNITUDE, NODE_PATTERN, GpuSample
+from gpuops import subjects
+from gpuops.clock import rfc3339, to_datetime
+from gpuops.models import (
+    EVENT_ADAPTER,
+    MAX_GPUS,
+    MAX_MAGNITUDE,
+    NODE_PATTERN,
+    GpuSample,
+    TelemetryEvent,
+)
 
 V2 = 2
 # The fields a writer sends in the keyframe, not in every sample: what NVML reports
@@ -71,17 +80,25 @@ KEYFRAME_EVERY_S = 120.0
 # The largest epoch a v1 timestamp can have (9999-12-31T23:59:59Z).
 MAX_EPOCH = 253402300799.0
 
+# A sample's arrays and a GPU's static fields may name fields a later version adds (the
+# engine ignores them, as v1 ignores a field it does not know), within these bounds.
+MAX_FIELDS = 128
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
 _Node = Annotated[str, msgspec.Meta(pattern=NODE_PATTERN)]
 _Short = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 _FactsId = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{1,64}$")]
+# A static value is a scalar or a flat map of text (a series' labels): nothing nested,
+# so no keyframe can carry a structure deep enough to exhaust the decoder's stack.
+_Value = str | int | float | bool | None | dict[str, str]
+_Gpu = Annotated[dict[_Name, _Value], msgspec.Meta(max_length=MAX_FIELDS)]
 
 
 class Static(msgspec.Struct, forbid_unknown_fields=True):
     """A node's static facts: the order of a sample's arrays and each GPU's fixed fields
     (checked by the model's own validator where the engine learns them)."""
 
-    fields: Annotated[list[str], msgspec.Meta(max_length=len(GpuSample.model_fields))]
-    gpus: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1, max_length=MAX_GPUS)]
+    fields: Annotated[list[_Name], msgspec.Meta(max_length=MAX_FIELDS)]
+    gpus: Annotated[list[_Gpu], msgspec.Meta(min_length=1, max_length=MAX_GPUS)]
 
 
 class Compact(msgspec.Struct, forbid_unknown_fields=True):
@@ -99,12 +116,19 @@ class Compact(msgspec.Struct, forbid_unknown_fields=True):
     gpus: msgspec.Raw
     static: Static | None = None
 
+    @property
+    def epoch(self) -> float:
+        """The sample's own time, in epoch seconds (as an event's)."""
+        return self.ts
+
 
 class Kept(msgspec.Struct, forbid_unknown_fields=True):
-    """A node's static facts as the engine keeps them in KV, under their id."""
+    """A node's static facts as the engine keeps them in KV, under their id, with the
+    time of the sample that carried them (a later owner's newer facts are not replaced)."""
 
     facts: _FactsId
     static: Static
+    at: float = 0.0
 
 
 _MSGPACK = msgspec.msgpack.Decoder(Compact)
@@ -131,9 +155,9 @@ def read(payload: bytes) -> Compact:
     return _MSGPACK.decode(payload) if is_msgpack(payload) else _JSON.decode(payload)
 
 
-def kept(fid: str, static: Static) -> bytes:
-    """What KV keeps of a node's static facts."""
-    return msgspec.msgpack.encode(Kept(fid, static))
+def kept(fid: str, static: Static, at: float) -> bytes:
+    """What KV keeps of a node's static facts, learnt from a sample at `at`."""
+    return msgspec.msgpack.encode(Kept(fid, static, at))
 
 
 def read_kept(payload: bytes) -> Kept:
@@ -170,23 +194,48 @@ def _reading(name: str) -> Any:
 
 
 class Rows:
-    """Decoders of a sample's arrays for one field order, both encodings."""
+    """Decoders of a sample's arrays for one field order, both encodings. A column this
+    version does not know (a later agent's) is read as raw bytes and left out of the
+    facts, as v1 leaves out a field it does not know."""
 
     def __init__(self, fields: tuple[str, ...]) -> None:
-        unknown = [f for f in fields if f not in GpuSample.model_fields]
-        if unknown:
-            raise ValueError(f"unknown sample field(s): {', '.join(unknown[:5])}")
         if len(set(fields)) != len(fields) or "index" in fields:
             raise ValueError("a sample's fields are each named once, and never `index`")
-        row = tuple.__class_getitem__(tuple(_reading(f) for f in fields))
+        known = [f in GpuSample.model_fields for f in fields]
+        types = [_reading(f) if k else msgspec.Raw for f, k in zip(fields, known, strict=True)]
+        row = tuple.__class_getitem__(tuple(types))
         kind = Annotated[list[row], msgspec.Meta(min_length=1, max_length=MAX_GPUS)]  # type: ignore[valid-type]
         self.fields = fields
+        # The columns the facts take (None: all of them, the usual case).
+        self.keep: tuple[int, ...] | None = (
+            None if all(known) else tuple(i for i, k in enumerate(known) if k)
+        )
         self._msgpack = msgspec.msgpack.Decoder(kind)
         self._json = msgspec.json.Decoder(kind)
 
     def decode(self, raw: bytes, json: bool) -> list[tuple[Any, ...]]:
-        """Each GPU's readings, in `fields` order."""
-        return (self._json if json else self._msgpack).decode(raw)
+        """Each GPU's readings, in `fields` order; a wrong one names its field."""
+        try:
+            return (self._json if json else self._msgpack).decode(raw)
+        except msgspec.ValidationError as exc:
+            raise msgspec.ValidationError(self._named(str(exc))) from exc
+
+    def pairs(self, row: tuple[Any, ...]) -> Iterable[tuple[str, Any]]:
+        """A row's (field, reading) pairs the facts take."""
+        if self.keep is None:
+            return zip(self.fields, row, strict=True)
+        return ((self.fields[i], row[i]) for i in self.keep)
+
+    def _named(self, text: str) -> str:
+        found = _AT.search(text)
+        if found is None:
+            return text
+        gpu, column = int(found.group(1)), int(found.group(2))
+        name = self.fields[column] if column < len(self.fields) else f"column {column}"
+        return f"{text} (GPU array {gpu}, field {name})"
+
+
+_AT = re.compile(r"\$\[(\d+)\]\[(\d+)\]")
 
 
 @functools.lru_cache(maxsize=64)
@@ -233,6 +282,7 @@ class TelemetryWriter:
         eid = event_id or uuid.uuid4().hex
         if self.version == 1:
             return _v1(eid, node, t, self.source, gpus)
+        t = to_ms(t)
         fields = self.fields
         static = [{k: v for k, v in g.items() if k not in fields and v is not None} for g in gpus]
         rows = [[g.get(f) for f in fields] for g in gpus]
@@ -245,7 +295,8 @@ class TelemetryWriter:
             "ts": t,
             "source": self.source,
         }
-        if last is not None and last[0] == static and t - last[2] < self.every_s:
+        # A clock stepped back counts as time passed: the keyframes go on.
+        if last is not None and last[0] == static and abs(t - last[2]) < self.every_s:
             body["facts"] = last[1]
         else:
             facts = Static(list(fields), static)
@@ -266,6 +317,13 @@ class TelemetryWriter:
             self._sent.pop(node, None)
 
 
+def to_ms(t: float) -> float:
+    """`t` cut to the millisecond, as v1's RFC 3339 time says it: the same sample has the
+    same time in both formats."""
+    moment = to_datetime(t)
+    return moment.replace(microsecond=moment.microsecond // 1000 * 1000).timestamp()
+
+
 def _v1(eid: str, node: str, t: float, source: str, gpus: list[dict[str, Any]]) -> bytes:
     envelope = {"id": eid, "kind": "telemetry", "node": node, "ts": rfc3339(t), "source": source}
     return msgspec.json.encode({**envelope, "data": {"gpus": gpus}})
@@ -279,8 +337,11 @@ class Expander:
     v1 (every field, a v2 sample joined to its node's static facts) or v2 as JSON (the
     first line of each node, and the first after its facts change, carries them).
 
-    A v2 sample's facts are the last keyframe of its node read here, else what `kept`
-    answers (the engine's KV copy); a sample of neither is `unjoined`.
+    A v2 sample's facts are the last keyframe of its node read here (from a message on
+    that node's own subject, whose facts id is the hash of its facts), else what the
+    caller finds in the engine's KV copy (`needs`, `learn`); a sample of neither is
+    `unjoined`. Values are not checked here: `replay` checks each line as the intake
+    does, and a v1 sample that the intake would refuse is written as it came.
     """
 
     def __init__(self, version: int) -> None:
@@ -294,9 +355,9 @@ class Expander:
 
     def needs(self, payload: bytes) -> str | None:
         """The node whose kept facts a v2 sample needs (its own are not here), or None."""
-        if not is_msgpack(payload):
+        if not is_v2(payload):
             return None
-        doc = _MSGPACK.decode(payload)
+        doc = read(payload)
         known = self._facts.get(doc.node)
         fresh = doc.static is None and (known is None or known.facts != doc.facts)
         return doc.node if fresh else None
@@ -305,43 +366,54 @@ class Expander:
         """Static facts of `node` from elsewhere (KV)."""
         self._facts[node] = kept
 
-    def line(self, payload: bytes) -> bytes | None:
-        """One line of the chosen format; None where a v2 sample cannot be joined to v1."""
+    def line(self, payload: bytes, node_token: str | None = None) -> bytes | None:
+        """One line of the chosen format; None where a v2 sample cannot be joined to v1.
+        With `node_token` (the subject's), a keyframe about another node teaches nothing."""
         if not is_v2(payload):
             return self._from_v1(payload)
         doc = read(payload)
-        if doc.static is not None:
-            self._facts[doc.node] = Kept(doc.facts, doc.static)
+        json = not is_msgpack(payload)
+        own = node_token is None or subjects.token(doc.node) == node_token
+        if doc.static is not None and own and facts_id(doc.static) == doc.facts:
+            self._facts[doc.node] = Kept(doc.facts, doc.static, doc.ts)
         kept = self._facts.get(doc.node)
         if kept is None or kept.facts != doc.facts:
             self.unjoined += 1
-            return self._compact(doc, None) if self.version == V2 else None
-        table = rows(tuple(kept.static.fields)).decode(doc.gpus, not is_msgpack(payload))
+            if self.version == 1:
+                return None
+            raw = msgspec.json.decode(doc.gpus) if json else msgspec.msgpack.decode(doc.gpus)
+            return self._compact(doc, None, raw)
+        table = rows(tuple(kept.static.fields)).decode(doc.gpus, json)
         return self._compact(doc, kept, table) if self.version == V2 else self._v1(doc, kept, table)
 
     def _from_v1(self, payload: bytes) -> bytes:
+        """A v1 sample as v1, or as v2 from the values the model reads in it (a sample
+        it refuses stays as it came, for replay to refuse by the same reason)."""
         if self.version == 1:
             return payload
-        event = msgspec.json.decode(payload)
-        t = _epoch(event["ts"])
-        return self._json.encode(event["node"], t, event["data"]["gpus"], event["id"])
+        try:
+            event = EVENT_ADAPTER.validate_json(payload)
+        except ValidationError:
+            return payload
+        if not isinstance(event, TelemetryEvent):
+            return payload
+        gpus = [g.model_dump(exclude_none=True) for g in event.data.gpus]
+        return self._json.encode(event.node, event.epoch, gpus, event.id)
 
-    def _compact(
-        self, doc: Compact, kept: Kept | None, table: list[tuple[Any, ...]] | None = None
-    ) -> bytes:
+    def _compact(self, doc: Compact, kept: Kept | None, table: list[Any]) -> bytes:
         body: dict[str, Any] = {"v": V2, "id": doc.id, "kind": "telemetry", "node": doc.node}
         body |= {"ts": doc.ts, "source": doc.source, "facts": doc.facts}
         if kept is not None and self._written.get(doc.node) != kept.facts:
             body["static"] = kept.static
             self._written[doc.node] = kept.facts
-        body["gpus"] = table if table is not None else msgspec.msgpack.decode(doc.gpus)
+        body["gpus"] = table
         return msgspec.json.encode(body)
 
     def _v1(self, doc: Compact, kept: Kept, table: list[tuple[Any, ...]]) -> bytes:
-        fields = kept.static.fields
+        shape = rows(tuple(kept.static.fields))
         gpus = []
         for static, row in zip(kept.static.gpus, table, strict=True):
-            readings = {f: v for f, v in zip(fields, row, strict=True) if v is not None}
+            readings = {f: v for f, v in shape.pairs(row) if v is not None}
             gpus.append({**static, **readings})
         return _v1(doc.id, doc.node, doc.ts, doc.source, gpus)
 

@@ -214,7 +214,7 @@ class Intake:
         try:
             event = self._decode(msg)
         except FactsUnknown as exc:
-            if self.facts is None or not await self._load(exc.node, exc.facts):
+            if self.facts is None or not await self._load(exc.node, exc.facts, exc.at):
                 raise
             event = self._decode(msg)
         if self.facts is not None and self.facts.unsaved(event.node):
@@ -228,10 +228,10 @@ class Intake:
                 )
         return event
 
-    async def _load(self, node: str, wanted: str) -> bool:
+    async def _load(self, node: str, wanted: str, at: float) -> bool:
         assert self.facts is not None
         try:
-            return await self.facts.load(node, wanted)
+            return await self.facts.load(node, wanted, at)
         except (BusError, NatsError, OSError) as exc:
             log.warning("static facts of %s not read from KV (%s)", node, exc)
             return False

@@ -54,7 +54,9 @@ def decode(
     return event
 
 
-def check_future(event: Event | Telemetry, now: float, max_future_s: float = MAX_FUTURE_S) -> None:
+def check_future(
+    event: Event | Telemetry | wire.Compact, now: float, max_future_s: float = MAX_FUTURE_S
+) -> None:
     """Refuse, as `future`, an event dated more than `max_future_s` after `now` (the
     intake's clock live, the recording's own time in `gpuops replay`)."""
     if event.epoch - now > max_future_s:
@@ -93,12 +95,14 @@ def decode_intake(
     if maybe_telemetry and len(payload) <= MAX_EVENT_BYTES and wire.is_v2(payload):
         if book is None:
             raise EventError("schema", "telemetry v2 where only v1 is read")
-        compact = book.telemetry(payload, publisher)
+        doc = book.read(payload)
+        # Whose facts these are is the subject's node (its publisher proved), checked
+        # before anything is looked up or learnt: no node teaches the book another's.
         if subject is not None:
-            _check_parsed(compact, subject, parsed or subjects.parse_event(subject))
+            _check_parsed(doc, subject, parsed or subjects.parse_event(subject))
         if now is not None:
-            check_future(compact, now, max_future_s)
-        return compact
+            check_future(doc, now, max_future_s)
+        return book.join(doc, not wire.is_msgpack(payload), publisher)
     if maybe_telemetry and len(payload) <= MAX_EVENT_BYTES:
         fast = telemetry_facts(payload, publisher)
         if fast is not None:
@@ -136,7 +140,9 @@ def _check_subject(event: Event | Telemetry, subject: str) -> None:
     _check_parsed(event, subject, subjects.parse_event(subject))
 
 
-def _check_parsed(event: Event | Telemetry, subject: str, parsed: tuple[str, str]) -> None:
+def _check_parsed(
+    event: Event | Telemetry | wire.Compact, subject: str, parsed: tuple[str, str]
+) -> None:
     kind, node = parsed
     if kind != event.kind or node != subjects.token(event.node):
         raise EventError(

@@ -100,9 +100,9 @@ async def export(
     expander = Expander(telemetry_format)
     facts = _Facts(js)
     readers = [_read(js, s, subjects, selection) for s, subjects in selection.filters().items()]
-    async for stream, payload in _merge(readers):
+    async for stream, payload, subject in _merge(readers):
         if stream == TELEMETRY:
-            line = await _telemetry_line(expander, facts, payload)
+            line = await _telemetry_line(expander, facts, payload, subject.rsplit(".", 1)[-1])
         else:
             line = _one_line(payload)
         if line is None:
@@ -114,14 +114,16 @@ async def export(
     return done
 
 
-async def _telemetry_line(expander: Expander, facts: _Facts, payload: bytes) -> bytes | None:
+async def _telemetry_line(
+    expander: Expander, facts: _Facts, payload: bytes, node_token: str
+) -> bytes | None:
     try:
         node = expander.needs(payload)
         if node is not None:
             kept = await facts.get(node)
             if kept is not None:
                 expander.learn(node, kept)
-        line = expander.line(payload.strip())
+        line = expander.line(payload.strip(), node_token)
     except (msgspec.DecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None  # as an unreadable v1 line is: counted, left out
     return None if line is None else _one_line(line)
@@ -166,7 +168,7 @@ def _one_line(payload: bytes) -> bytes | None:
 
 async def _read(
     js: JetStreamContext, stream: str, subjects: list[str], selection: Selection
-) -> AsyncGenerator[tuple[float, str, bytes], None]:
+) -> AsyncGenerator[tuple[float, str, bytes, str], None]:
     """(stored at, stream, payload) of each selected message, up to the stream's end now."""
     last = await _last_seq(js, stream)
     if last == 0:
@@ -187,7 +189,7 @@ async def _read(
             stored = meta.timestamp.timestamp() if meta.timestamp else 0.0
             if meta.sequence.stream > last or _after(stored, selection.until):
                 return
-            yield stored, stream, msg.data
+            yield stored, stream, msg.data, msg.subject
             if meta.sequence.stream == last or not meta.num_pending:
                 return
     finally:
@@ -218,16 +220,16 @@ def _after(stored: float, until: datetime | None) -> bool:
 
 
 async def _merge(
-    readers: list[AsyncGenerator[tuple[float, str, bytes], None]],
-) -> AsyncIterator[tuple[str, bytes]]:
+    readers: list[AsyncGenerator[tuple[float, str, bytes, str], None]],
+) -> AsyncIterator[tuple[str, bytes, str]]:
     """The readers' messages in stored order (each reader is in order already)."""
-    heads: list[tuple[float, int, str, bytes]] = []
+    heads: list[tuple[float, int, str, bytes, str]] = []
     try:
         for index, reader in enumerate(readers):
             await _push(heads, index, reader)
         while heads:
-            _, index, stream, payload = heapq.heappop(heads)
-            yield stream, payload
+            _, index, stream, payload, subject = heapq.heappop(heads)
+            yield stream, payload, subject
             await _push(heads, index, readers[index])
     finally:
         # A reader left half-read (an error, a closed output) removes its consumer now.
@@ -236,12 +238,12 @@ async def _merge(
 
 
 async def _push(
-    heads: list[tuple[float, int, str, bytes]],
+    heads: list[tuple[float, int, str, bytes, str]],
     index: int,
-    reader: AsyncIterator[tuple[float, str, bytes]],
+    reader: AsyncIterator[tuple[float, str, bytes, str]],
 ) -> None:
     try:
-        stored, stream, payload = await anext(reader)
+        stored, stream, payload, subject = await anext(reader)
     except StopAsyncIteration:
         return
-    heapq.heappush(heads, (stored, index, stream, payload))
+    heapq.heappush(heads, (stored, index, stream, payload, subject))

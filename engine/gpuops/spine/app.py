@@ -147,7 +147,8 @@ class App:
         s = self.settings
         self.keys = KeyRing(identity_key(s))
         self.verifier = Verifier(self.keys, required=s.identity.required)
-        self.facts = FactsBook(self.bus.buckets.facts)  # telemetry v2, shared by the intakes
+        # Telemetry v2's static facts, of the inventory's nodes, shared by the intakes.
+        self.facts = FactsBook(self.bus.buckets.facts, known=self.inventory.__contains__)
         self.started = self.clock.now()
         self.notifier = Notifier([Webhook(w.kind, w.url, w.channel) for w in s.chatops.webhooks])
         self.catalog = load_catalog(s.playbooks_dir)
@@ -245,7 +246,7 @@ class App:
             priority=self.priority,  # health events first: telemetry pauses for them
             urgent=not telemetry,
             identity=self.verifier,
-            facts=self.facts,
+            facts=self.facts if telemetry else None,  # one intake per node saves its facts
         )
 
     @property

@@ -15,7 +15,7 @@ import pytest
 from gpuops.bus import wire
 from gpuops.bus.store import MemoryKV
 from gpuops.errors import EventError
-from gpuops.intake.compact import FactsBook, FactsUnknown
+from gpuops.intake.compact import MISS_TTL_S, FactsBook, FactsUnknown
 from gpuops.intake.decode import decode_intake
 from gpuops.match.facts import GPU_FIELDS, Telemetry
 from gpuops.models import GpuSample
@@ -35,11 +35,11 @@ def _facts(payload: bytes, book: FactsBook) -> Telemetry:
     return got
 
 
-def _same_facts(gpus: list[dict[str, Any]]) -> None:
+def _same_facts(gpus: list[dict[str, Any]], t: float = NOW) -> None:
     """v1 JSON, v2 MessagePack and v2 JSON of one sample: equal facts, key order, types."""
-    v1 = _facts(wire.TelemetryWriter("agent", version=1).encode(NODE, NOW, gpus, "e1"), FactsBook())
+    v1 = _facts(wire.TelemetryWriter("agent", version=1).encode(NODE, t, gpus, "e1"), FactsBook())
     for writer in (wire.TelemetryWriter("agent"), wire.TelemetryWriter("agent", json=True)):
-        v2 = _facts(writer.encode(NODE, NOW, gpus, "e1"), FactsBook())
+        v2 = _facts(writer.encode(NODE, t, gpus, "e1"), FactsBook())
         assert (v2.id, v2.node, v2.epoch, v2.source) == (v1.id, v1.node, v1.epoch, v1.source)
         assert v2.facts == v1.facts
         for a, b in zip(v2.facts, v1.facts, strict=True):
@@ -91,9 +91,62 @@ _GPU = st.fixed_dictionaries(
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(_GPU, min_size=1, max_size=8))
-def test_any_sample_gives_the_same_facts_in_v1_and_v2(gpus: list[dict[str, Any]]) -> None:
-    _same_facts([{"index": i, **g} for i, g in enumerate(gpus)])
+@given(st.lists(_GPU, min_size=1, max_size=8), st.floats(NOW - 1e8, NOW))
+def test_any_sample_gives_the_same_facts_in_v1_and_v2(gpus: list[dict[str, Any]], t: float) -> None:
+    _same_facts([{"index": i, **g} for i, g in enumerate(gpus)], t)
+
+
+def test_a_static_field_unset_then_set_then_unset_reaches_the_rules_each_time() -> None:
+    writer, book = wire.TelemetryWriter("agent"), FactsBook()
+    limits = [None, 700.0, None, 500.0]
+    got = [
+        _facts(writer.encode(NODE, NOW + i, _gpus(power_limit_w=v)), book).facts[0]["power_limit_w"]
+        for i, v in enumerate(limits)
+    ]
+    assert got == limits and writer.keyframes == 4
+
+
+def test_each_sample_has_its_own_labels() -> None:
+    writer, book = wire.TelemetryWriter("prometheus"), FactsBook()
+    first = _facts(writer.encode(NODE, NOW, _gpus(labels={"job": "dcgm"})), book)
+    first.facts[0]["labels"]["job"] = "changed by someone"
+    later = _facts(writer.encode(NODE, NOW + 1, _gpus(labels={"job": "dcgm"})), book)
+    assert later.facts[0]["labels"] == {"job": "dcgm"}
+
+
+def test_a_keyframe_about_another_node_teaches_the_book_nothing() -> None:
+    book = FactsBook(MemoryKV("facts"))
+    forged = wire.TelemetryWriter("agent").encode("node-002", NOW, _gpus(power_limit_w=1.0))
+    with pytest.raises(EventError) as refused:
+        decode_intake(forged, SUBJECT, NOW, book=book)  # node-001's subject, node-002's facts
+    assert refused.value.reason == "subject_mismatch"
+    assert book.facts_of("node-002") is None and not book.unsaved("node-002")
+    assert book.learnt == 0
+
+
+def test_a_refused_keyframe_is_not_learnt() -> None:
+    book = FactsBook(MemoryKV("facts"))
+    for bad in (_keyframe(gpus=[["41", 1.0]]), _keyframe(ts=NOW + 3600)):
+        with pytest.raises(EventError):
+            decode_intake(msgspec.msgpack.encode(bad), SUBJECT, NOW, book=book)
+    assert book.facts_of(NODE) is None and not book.unsaved(NODE)
+
+
+def test_a_later_agents_fields_are_ignored_as_v1_ignores_them() -> None:
+    body = _keyframe(static_fields=["temp_c", "hbm_gen", "power_w"], gpus=[[40.0, 3, 300.0]])
+    got = _facts(msgspec.msgpack.encode(body), FactsBook()).facts[0]
+    assert "hbm_gen" not in got and (got["temp_c"], got["power_w"]) == (40.0, 300.0)
+
+
+def test_only_the_inventorys_nodes_are_kept() -> None:
+    writer, book = wire.TelemetryWriter("prometheus"), FactsBook(known={NODE}.__contains__)
+    stranger = decode_intake(writer.encode("stranger", NOW, _gpus()), None, NOW, book=book)
+    assert (
+        isinstance(stranger, Telemetry) and stranger.node == "stranger"
+    )  # the pipeline refuses it
+    assert book.facts_of("stranger") is None and book.facts_of(NODE) is None
+    _facts(writer.encode(NODE, NOW, _gpus()), book)
+    assert book.facts_of(NODE) is not None
 
 
 def _gpus(n: int = 2, **over: Any) -> list[dict[str, Any]]:
@@ -121,6 +174,7 @@ def test_a_writer_sends_a_keyframe_first_after_a_loss_and_every_interval() -> No
     keyframe = [b"static" in writer.encode(NODE, NOW + t, _gpus()) for t in (0, 1, 59)]
     assert keyframe == [True, False, False]
     assert b"static" in writer.encode(NODE, NOW + 60, _gpus())
+    assert b"static" in writer.encode(NODE, NOW - 3600, _gpus()), "a clock stepped back"
     writer.lost(NODE)
     assert b"static" in writer.encode(NODE, NOW + 61, _gpus())
     assert b"static" in writer.encode("node-002", NOW + 61, _gpus()), "per node"
@@ -138,7 +192,7 @@ async def test_a_replica_taking_over_joins_the_nodes_samples_to_the_facts_in_kv(
     with pytest.raises(FactsUnknown) as missing:
         _facts(sample, takeover)
     assert missing.value.reason == "facts_unknown" and missing.value.node == NODE
-    assert await takeover.load(NODE, missing.value.facts)
+    assert await takeover.load(NODE, missing.value.facts, missing.value.at)
     assert _facts(sample, takeover).facts == _facts(sample, first).facts
     assert _facts(sample, takeover).facts[0]["power_limit_w"] == 700.0
 
@@ -153,7 +207,7 @@ async def test_facts_in_kv_that_are_not_the_samples_are_not_joined() -> None:
     takeover = FactsBook(kv)
     with pytest.raises(FactsUnknown) as missing:
         _facts(newer.encode(NODE, NOW + 1, _gpus(power_limit_w=400.0)), takeover)
-    assert not await takeover.load(NODE, missing.value.facts), "KV has the older facts"
+    assert not await takeover.load(NODE, missing.value.facts, NOW + 1), "KV has older facts"
     reads = []
     kv_get = kv.get
 
@@ -162,10 +216,23 @@ async def test_facts_in_kv_that_are_not_the_samples_are_not_joined() -> None:
         return await kv_get(key)
 
     kv.get = counted  # type: ignore[method-assign]
-    assert not await takeover.load(NODE, missing.value.facts)
-    assert reads == [], "a miss is remembered until the node's keyframe"
+    assert not await takeover.load(NODE, missing.value.facts, NOW + 2)
+    assert reads == [], "a miss is remembered (for MISS_TTL_S of the samples' time)"
+    assert not await takeover.load(NODE, missing.value.facts, NOW + 1 + MISS_TTL_S)
+    assert reads == [NODE], "then KV is asked again (the partition may have come back)"
     _facts(newer.encode(NODE, NOW + 200, _gpus(power_limit_w=400.0)), takeover)  # keyframe
     assert takeover.facts_of(NODE) is not None
+
+
+async def test_facts_a_later_owner_saved_are_not_replaced_by_an_earlier_owners() -> None:
+    kv = MemoryKV("facts")
+    writer, old_owner, new_owner = wire.TelemetryWriter("agent"), FactsBook(kv), FactsBook(kv)
+    _facts(writer.encode(NODE, NOW, _gpus()), old_owner)  # learnt, not saved yet
+    _facts(writer.encode(NODE, NOW + 5, _gpus(power_limit_w=400.0)), new_owner)
+    await new_owner.save(NODE)
+    await old_owner.save(NODE)  # late: its lease ran out meanwhile
+    kept = wire.read_kept(kv.data[NODE].value)
+    assert kept.at == NOW + 5 and kept.static.gpus[0]["power_limit_w"] == 400.0
 
 
 def test_a_book_holds_at_most_its_bound_of_nodes() -> None:
@@ -180,12 +247,14 @@ def _keyframe(**over: Any) -> dict[str, Any]:
     fields = ["temp_c", "power_w"]
     static = {"fields": fields, "gpus": [{"index": 0, "power_limit_w": 700.0}]}
     body: dict[str, Any] = {"v": 2, "id": "e1", "kind": "telemetry", "node": NODE, "ts": NOW}
-    body |= {"source": "agent", "facts": "ab12", "static": static, "gpus": [[40.0, 300.0]]}
+    body |= {"source": "agent", "static": static, "gpus": [[40.0, 300.0]]}
     for key, value in over.items():
         if key.startswith("static_"):
             static[key.removeprefix("static_")] = value
         else:
             body[key] = value
+    # The id the writer gives (the hash of the static facts) unless the case sets one.
+    body.setdefault("facts", wire.facts_id(wire.Static(static["fields"], static["gpus"])))
     return body
 
 
@@ -198,7 +267,8 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
     ("long array", _keyframe(gpus=[[41.0, 1.0, 2.0]]), "schema"),
     ("more arrays than GPUs", _keyframe(gpus=[[41.0, 1.0], [42.0, 1.0]]), "schema"),
     ("too many GPUs", _keyframe(gpus=[[41.0, 1.0]] * 65), "schema"),
-    ("unknown field", _keyframe(static_fields=["temp_c", "hbm_gen"]), "schema"),
+    ("nested static", _keyframe(static_gpus=[{"index": 0, "pod": {"a": {"b": "c"}}}]), "schema"),
+    ("facts not its hash", _keyframe(facts="ab12"), "schema"),
     ("index in the arrays", _keyframe(static_fields=["index", "temp_c"]), "schema"),
     ("field twice", _keyframe(static_fields=["temp_c", "temp_c"]), "schema"),
     ("text as a reading", _keyframe(static_fields=["uuid", "temp_c"]), "schema"),
@@ -230,6 +300,20 @@ def test_hostile_v2_samples_are_refused_by_reason(
         with pytest.raises(EventError) as refused:
             decode_intake(payload, SUBJECT, NOW, book=FactsBook())
         assert refused.value.reason == reason, refused.value.message
+
+
+def test_a_static_value_nested_deep_is_refused_not_a_crash() -> None:
+    """5,000 nested arrays in a keyframe (a few KB): refused by type before any recursion
+    could exhaust the stack (which would kill the intake, not dead-letter the sample)."""
+    body = _keyframe(static_gpus=[{"index": 0, "pod": "DEEP"}], facts="ab12")
+    deep = (
+        msgspec.msgpack.encode(body).replace(b"\xa4DEEP", b"\x91" * 5000 + b"\x90"),
+        msgspec.json.encode(body).replace(b'"DEEP"', b"[" * 5000 + b"]" * 5000),
+    )
+    for payload in deep:
+        with pytest.raises(EventError) as refused:
+            decode_intake(payload, SUBJECT, NOW, book=FactsBook())
+        assert refused.value.reason == "schema"
 
 
 def test_the_keyframe_itself_decodes() -> None:

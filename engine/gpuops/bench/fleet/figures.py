@@ -65,7 +65,6 @@ class RoundFigures:
     published: int  # of them, sent
     missed: int  # of them, not sent (the publisher was more than a second behind)
     published_total: int  # events sent over the whole run (warm-up and window)
-    bytes_total: int  # bytes of telemetry the publishers sent over the whole run
     stored: int  # events the telemetry stream took
     handled_total: int  # events the replicas handled over the whole run
     pending_end: int  # events still unread when the drain gave up (0: drained)
@@ -79,6 +78,7 @@ class RoundFigures:
     machine_cores: float  # busy cores of the whole machine (other people's work too)
     load: tuple[float, float]
     health_sent: int
+    bytes_total: int = 0  # bytes of telemetry the publishers sent over the whole run
     latencies_ms: list[float] = field(default_factory=list)  # probe failure -> intent
     stored_ms: list[float] = field(default_factory=list)  # of it, until the stream acked
 
