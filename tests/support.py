@@ -138,3 +138,14 @@ class AsEvents:
         assert line is not None, "a v2 sample before its node's keyframe"
         event: dict[str, Any] = json.loads(line)
         return event
+
+
+def fleet_gpus(tmp_path: Path, t: float) -> list[dict[str, Any]]:
+    """One 8-GPU sample of a simulated H200 node at `t`, as its agent reads it."""
+    from gpuops.sim.fleet import SimFleet
+
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=8)
+    sample = fleet.telemetry(fleet.nodes[0], t)
+    assert sample is not None
+    gpus: list[dict[str, Any]] = sample["data"]["gpus"]
+    return gpus

@@ -88,7 +88,7 @@ async def run_agent(settings: Settings, opts: dict[str, Any], backend: GpuBacken
         topology=opts.get("topology"),
         topology_every_s=opts.get("topology_every") or 300.0,
         sys_root=sys_root(opts, node),
-        telemetry_format=int(opts.get("telemetry_format") or 2),
+        telemetry_format=opts.get("telemetry_format") or 2,
         keyframe_every_s=opts.get("keyframe_every") or 120.0,
     )
     stop = stop_on_signals()

@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from gpuops.cli.terminal import telemetry_format_option
+
 PROGRESS_EVERY_S = 5.0
 
 
@@ -134,15 +136,9 @@ def bench_inventory(hosts: int, compare: bool, compare_hosts: int) -> None:
     show_default=True,
     help="partitions of the streams (nats.partitions), all owned by this one engine",
 )
-@click.option(
-    "--telemetry-format",
-    type=click.Choice(["1", "2"]),
-    default="2",
-    show_default=True,
-    help="what the publisher sends: 2 compact (MessagePack), 1 every field (JSON)",
-)
+@telemetry_format_option("what the publisher sends")
 def bench_intake(
-    gpus: int, seconds: float, health: int, partitions: int, telemetry_format: str
+    gpus: int, seconds: float, health: int, partitions: int, telemetry_format: int
 ) -> None:
     """Engine CPU per GPU sample and health event -> intent latency under telemetry."""
     from gpuops.bench.intake import IntakeBench
@@ -155,7 +151,7 @@ def bench_intake(
         seconds=seconds,
         health=health,
         partitions=partitions,
-        telemetry_format=int(telemetry_format),
+        telemetry_format=telemetry_format,
     )
     for line in run_bench(spec):
         click.echo(line)
@@ -244,13 +240,7 @@ def bench_power(nodes: int, budget: float, window: str, seed: int) -> None:
     show_default=True,
     help="copies of each stream and bucket on the 3-server cluster",
 )
-@click.option(
-    "--telemetry-format",
-    type=click.IntRange(1, 2),
-    default=2,
-    show_default=True,
-    help="what the publishers send: 2 compact (MessagePack), 1 every field (JSON)",
-)
+@telemetry_format_option("what the publishers send")
 @click.option(
     "--telemetry-storage",
     type=click.Choice(["file", "memory"]),

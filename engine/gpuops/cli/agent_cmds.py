@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from gpuops.agent.backend import GpuBackend
-from gpuops.cli.terminal import err, run_async, settings_from
+from gpuops.cli.terminal import err, run_async, settings_from, telemetry_format_option
 from gpuops.clock import rfc3339
 from gpuops.errors import ConfigError, EngineError
 
@@ -46,13 +46,7 @@ from gpuops.errors import ConfigError, EngineError
 @click.option(
     "--topology-every", type=float, default=300.0, show_default=True, help="seconds between checks"
 )
-@click.option(
-    "--telemetry-format",
-    type=click.Choice(["1", "2"]),
-    default="2",
-    show_default=True,
-    help="2: static facts once and readings as arrays (MessagePack); 1: every field, JSON",
-)
+@telemetry_format_option("what the agent sends (1 for an engine older than v2)")
 @click.option(
     "--keyframe-every",
     type=float,

@@ -9,7 +9,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import click
 
-from gpuops.cli.terminal import err, run_async, settings_from
+from gpuops.cli.terminal import err, run_async, settings_from, telemetry_format_option
 from gpuops.errors import EngineError
 
 if TYPE_CHECKING:
@@ -73,20 +73,14 @@ def init(directory: Path, force: bool, ci: str) -> None:
     "--kind", "kinds", multiple=True, help="only this kind: telemetry, xid, ... (repeatable)"
 )
 @click.option("-o", "--output", type=click.File("wb"), default="-", help="file (default: stdout)")
-@click.option(
-    "--telemetry-format",
-    type=click.Choice(["1", "2"]),
-    default="2",
-    show_default=True,
-    help="2: compact (static facts once per node); 1: every field of every sample",
-)
+@telemetry_format_option("the lines written")
 @click.option("--nats", help="NATS URL (default: the running engine's embedded server)")
 @click.pass_context
 def export(
     ctx: click.Context,
     /,
     output: IO[bytes],
-    telemetry_format: str,
+    telemetry_format: int,
     nats: str | None,
     **filters: Any,
 ) -> None:
@@ -109,7 +103,7 @@ def export(
     except EngineError as exc:
         raise click.BadParameter(str(exc)) from exc
     settings = settings_from(ctx, nats=nats)
-    done = run_async(_export(settings, selection, output, int(telemetry_format)))
+    done = run_async(_export(settings, selection, output, telemetry_format))
     per_stream = ", ".join(f"{n} from {s}" for s, n in sorted(done.lines.items())) or "none"
     skipped = f"; {done.skipped} unreadable messages left out" if done.skipped else ""
     if done.unjoined:

@@ -1,11 +1,12 @@
 """What every gpuops command shares: the consoles, settings from flags, running a
-coroutine, and user text made safe for Rich. Errors are reported by the CLI group."""
+coroutine, user text made safe for Rich, and the options several commands take.
+Errors are reported by the CLI group."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import click
@@ -15,6 +16,7 @@ from rich.markup import escape
 from gpuops.settings import Settings, load_settings
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 # Piped output is read in logs and CI: do not squeeze tables to 80 columns there.
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True)
@@ -33,6 +35,17 @@ def settings_from(ctx: click.Context, **flags: Any) -> Settings:
         base["nats"] = {"url": nats_url}
     base.update({k: v for k, v in flags.items() if v is not None})
     return load_settings(base.pop("config", None), base)
+
+
+def telemetry_format_option(what: str) -> Callable[[F], F]:
+    """`--telemetry-format 1|2` (an int), for the commands that write telemetry."""
+    return click.option(
+        "--telemetry-format",
+        type=click.IntRange(1, 2),
+        default=2,
+        show_default=True,
+        help=f"{what}: 2 compact (static facts once, readings as arrays), 1 every field (JSON)",
+    )
 
 
 def cells(*values: object) -> list[str]:

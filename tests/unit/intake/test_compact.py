@@ -19,9 +19,10 @@ from gpuops.intake.compact import MISS_TTL_S, FactsBook, FactsUnknown
 from gpuops.intake.decode import decode_intake
 from gpuops.match.facts import GPU_FIELDS, Telemetry
 from gpuops.models import GpuSample
-from gpuops.sim.fleet import SimFleet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.support import fleet_gpus
 
 NOW = 1_800_000_000.0
 NODE = "node-001"
@@ -47,16 +48,8 @@ def _same_facts(gpus: list[dict[str, Any]], t: float = NOW) -> None:
             assert [type(a[k]) for k in a] == [type(b[k]) for k in b]
 
 
-def _fleet_gpus(tmp_path: Path) -> list[dict[str, Any]]:
-    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=8)
-    sample = fleet.telemetry(fleet.nodes[0], NOW)
-    assert sample is not None
-    gpus: list[dict[str, Any]] = sample["data"]["gpus"]
-    return gpus
-
-
 def test_the_simulated_fleets_sample_gives_the_same_facts_in_v1_and_v2(tmp_path: Path) -> None:
-    _same_facts(_fleet_gpus(tmp_path))
+    _same_facts(fleet_gpus(tmp_path, NOW))
 
 
 def test_a_recorded_h200_sample_gives_the_same_facts_in_v1_and_v2() -> None:
@@ -335,7 +328,7 @@ def test_v2_without_a_book_is_refused_not_misread() -> None:
 
 def test_a_v2_sample_of_an_h200_is_under_200_bytes_per_gpu(tmp_path: Path) -> None:
     writer = wire.TelemetryWriter("agent")
-    gpus = _fleet_gpus(tmp_path)
+    gpus = fleet_gpus(tmp_path, NOW)
     keyframe = writer.encode(NODE, NOW, gpus)
     steady = writer.encode(NODE, NOW + 1, gpus)
     v1 = wire.TelemetryWriter("agent", version=1).encode(NODE, NOW, gpus)

@@ -19,9 +19,10 @@ from gpuops.errors import EventError
 from gpuops.intake.decode import decode, decode_intake
 from gpuops.match.facts import GPU_FIELDS, Telemetry
 from gpuops.models import MAX_ALERT_TEXT, MAX_TEXT, TelemetryEvent, new_event
-from gpuops.sim.fleet import SimFleet
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.support import fleet_gpus
 
 NOW = 1_800_000_000.0
 SUBJECT = "gpuops.telemetry.node-001"
@@ -54,16 +55,8 @@ def _sample(gpus: list[dict[str, Any]], **envelope: Any) -> bytes:
     return json.dumps(doc).encode()
 
 
-def _fleet_gpus(tmp_path: Path) -> list[dict[str, Any]]:
-    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=8)
-    sample = fleet.telemetry(fleet.nodes[0], NOW)
-    assert sample is not None
-    gpus: list[dict[str, Any]] = sample["data"]["gpus"]
-    return gpus
-
-
 def test_the_simulated_fleets_samples_decode_to_the_models_facts(tmp_path: Path) -> None:
-    gpus = _fleet_gpus(tmp_path)
+    gpus = fleet_gpus(tmp_path, NOW)
     assert _both(_sample(gpus)) == "ok"
     fast = decode_intake(_sample(gpus), SUBJECT, NOW)
     assert isinstance(fast, Telemetry) and len(fast.facts) == 8
