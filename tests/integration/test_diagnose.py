@@ -4,6 +4,8 @@ every check with its number."""
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from gpuops.inventory.hosts import load_inventory
 from gpuops.models import RunOutcome, RunStatus
 from gpuops.sim.fleet import SimFleet
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, calls
 
 pytestmark = pytest.mark.integration
 
@@ -108,6 +110,28 @@ def test_a_failing_dcgm_plugin_and_a_narrow_pcie_link_fail_grade_1(tmp_path: Pat
     failing = {(c.name, c.gpu) for c in outcome.grade.failing}
     assert ("gpus:pcie width", 6) in failing
     assert any(name.startswith("dcgm:") and gpu == 3 for name, gpu in failing), failing
+
+
+def test_grade_5_collects_the_service_bundle_on_a_node_in_service(tmp_path: Path) -> None:
+    fleet = _fleet(tmp_path)  # Slurm, in service: a bundle loads nothing
+    fleet.inject(NODE, "xid", 0, xid=79)  # the kernel log says so
+    outcome = _diagnose(fleet, 5)
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    assert outcome.grade is not None and outcome.grade.grade == 5
+    checks = {c.name: c for c in outcome.grade.checks}
+    where = Path(checks["bundle:directory"].detail)
+    assert where.parent == tmp_path / "diag" / NODE and where.name.startswith("service-")
+    report = gzip.decompress((where / "nvidia-bug-report.log.gz").read_bytes()).decode()
+    assert "Start of NVIDIA bug report log file." in report and "GPU 00000007" in report
+    assert "Linux version" in (where / "dmesg.txt").read_text()
+    assert "NVIDIA-SMI" in (where / "nvidia-smi-q.txt").read_text()
+    assert json.loads((where / "dcgm-diag.json").read_text())
+    assert (where / "bmc-sel.txt").stat().st_size > 0, "the BMC's event log (ipmitool)"
+    collected = [n for n, c in checks.items() if n != "bundle:directory" and c.ok]
+    assert len(collected) == 5, outcome.grade.summary()
+    assert outcome.grade.summary() == f"grade 5: service bundle at {where} (5 of 5 parts)"
+    assert calls(fleet, NODE, "all_reduce_perf") == [] and calls(fleet, NODE, "nvbandwidth") == []
+    assert calls(fleet, NODE, "nvidia-bug-report"), "the report ran on the node"
 
 
 def test_grade_2_refuses_a_slurm_node_in_service(tmp_path: Path) -> None:

@@ -9,6 +9,12 @@
     4 fabric  (minutes, node drained)     the GPUs, and `ib_write_bw` per HCA with a
                                           known-good peer, a second pass deciding which
                                           side of a failing pair is bad (gpuops.diagnose.fabric)
+    5 service (minutes, any node)         a bundle for a person or NVIDIA support:
+                                          nvidia-bug-report, the BMC's event log, the
+                                          kernel log, `nvidia-smi -q`, `dcgmi diag -r 1`;
+                                          a check per part collected, and the engine
+                                          hands the node to a person (the built-in rule
+                                          `service-handoff`)
 
 Grades 1 to 3 each include the ones below; 4 is the network's, beside them. The
 playbook (playbooks/diagnose.yml) runs the tools and hands their raw outputs here, by
@@ -19,21 +25,26 @@ design, never its width.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from gpuops.diagnose import fabric, parsers
-from gpuops.diagnose.results import Check, GradeResult
+from gpuops.diagnose.results import BUNDLE_DIR, Check, GradeResult
 from gpuops.diagnose.skus import SkuExpectations
 from gpuops.errors import DiagnosticsError
 
-GRADES = (1, 2, 3, 4)
+GRADES = (1, 2, 3, 4, 5)
 # The outputs each grade needs, by the names the playbook registers them under.
 TOOLS: dict[int, tuple[str, ...]] = {
     1: ("gpus", "dcgm"),
     2: ("gpus", "dcgm", "nvbandwidth"),
     3: ("gpus", "dcgm", "nvbandwidth", "nccl"),
     4: ("gpus", "fabric"),
+    5: ("bundle",),
 }
+# The parts of a service bundle (tasks/diagnose_bundle.yml writes them, and a JSON list
+# of what it wrote as the `bundle` output).
+BUNDLE_PARTS = ("nvidia-bug-report", "bmc-sel", "dmesg", "nvidia-smi-q", "dcgm-diag")
 # nvidia-smi --query-gpu=... --format=csv,noheader,nounits, in this order.
 GPU_QUERY = "index,pci.bus_id,pcie.link.gen.current,pcie.link.width.current,pcie.link.width.max"
 
@@ -64,7 +75,36 @@ def _checks(tool: str, text: str, sku: SkuExpectations) -> list[Check]:
         return parsers.nvbandwidth(text, sku.nvbandwidth_expect())
     if tool == "fabric":
         return fabric.judged(text, sku.ib_write_bw_gbps.value)
+    if tool == "bundle":
+        return bundle_checks(text)
     return parsers.all_reduce_perf(text, sku.nccl_allreduce_busbw_gbs.value)
+
+
+def bundle_checks(text: str) -> list[Check]:
+    """A service bundle as the playbook wrote it (`{"dir": ..., "parts": [{"name", "path",
+    "bytes", "error"}]}`): the directory, then a check per part, collected when it has
+    bytes (a part the playbook did not list is missing)."""
+    try:
+        doc = json.loads(text)
+        parts = {str(p["name"]): p for p in doc["parts"]}
+        where = str(doc["dir"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise DiagnosticsError("bundle", f"not the bundle's list of parts: {exc}") from exc
+    checks = [Check(name=BUNDLE_DIR, ok=True, detail=where)]
+    for name in BUNDLE_PARTS:
+        part = parts.get(name, {"error": "not collected"})
+        size = int(part.get("bytes") or 0)
+        error = str(part.get("error") or "")
+        checks.append(
+            Check(
+                name=f"bundle:{name}",
+                ok=size > 0 and not error,
+                value=float(size),
+                unit="bytes",
+                detail=error or str(part.get("path", "")),
+            )
+        )
+    return checks
 
 
 def gpu_query(csv_text: str, expect_gpus: int, expect_width: int) -> list[Check]:

@@ -52,16 +52,32 @@ class GradeResult(_Frozen):
         return tuple(c for c in self.checks if not c.ok)
 
     def summary(self) -> str:
-        """One line: `grade 2 passed (14 checks)` or the first failing check and its number."""
+        """One line: `grade 2 passed (14 checks)` or the first failing check and its number;
+        for grade 5 (the service bundle) where the bundle is and what it lacks."""
         if not self.checks:
             return f"grade {self.grade} failed: no checks ran"
+        if self.grade == SERVICE_GRADE:
+            return self._bundle()
         failing = self.failing
         if not failing:
             return f"grade {self.grade} passed ({len(self.checks)} checks)"
         more = f" (+{len(failing) - 1} more failing)" if len(failing) > 1 else ""
         return f"grade {self.grade} failed: {failing[0].describe()}{more}"
 
+    def _bundle(self) -> str:
+        where = next((c.detail for c in self.checks if c.name == BUNDLE_DIR), "")
+        parts = [c for c in self.checks if c.name != BUNDLE_DIR]
+        missing = [c.name.removeprefix("bundle:") for c in parts if not c.ok]
+        lacks = f"; missing: {', '.join(missing)}" if missing else ""
+        return (
+            f"grade 5: service bundle at {where or '?'} "
+            f"({len(parts) - len(missing)} of {len(parts)} parts){lacks}"
+        )
 
+
+# Grade 5 (service) collects a bundle for a person rather than judging the node.
+SERVICE_GRADE = 5
+BUNDLE_DIR = "bundle:directory"
 MAX_CHECKS = 256  # an 8-GPU grade 3 has ~80; more is a runaway tool, not a node
 MAX_DETAIL = 512
 

@@ -77,6 +77,18 @@ def builtin_rules(catalog: Catalog, gate_grade: int) -> tuple[Rule, ...]:
             severity="critical",
             actions=(RuleAction(notify="chatops"),),
         ),
+        # Grade 5 collected the service bundle: the node is a person's now, told where
+        # the bundle is and what it lacks (an escalation: the node's state is
+        # needs_human, and the episode's notification carries this description).
+        _rule(
+            "service-handoff",
+            "diagnostics",
+            "grade == 5",
+            "{{ summary }}: {{ node }} is handed to a person",
+            escalate=True,
+            severity="critical",
+            actions=(RuleAction(notify="chatops"),),
+        ),
         _rule(
             "chatops-drain",
             "chatops",

@@ -500,8 +500,9 @@ def _action(
     )
 
 
-# How long each grade may run: seconds, minutes, up to an hour, minutes with two peers.
-DIAGNOSE_TIMEOUTS = {1: "10m", 2: "30m", 3: "90m", 4: "30m"}
+# How long each grade may run: seconds, minutes, up to an hour, minutes with two peers,
+# minutes for nvidia-bug-report.
+DIAGNOSE_TIMEOUTS = {1: "10m", 2: "30m", 3: "90m", 4: "30m", 5: "30m"}
 
 
 def _diagnosis(raw: LineDict, playbooks_dir: Path | None) -> LineDict:

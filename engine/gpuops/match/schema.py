@@ -27,9 +27,10 @@ _ACTION: dict[str, Any] = {
         "diagnose": {
             "type": "integer",
             "minimum": 1,
-            "maximum": 4,
-            "description": "run this grade of diagnostics instead of a fix (above 1: a node "
-            "out of service only; 4, the fabric, against peers the engine picks)",
+            "maximum": 5,
+            "description": "run this grade of diagnostics instead of a fix (2-4: a node "
+            "out of service only; 4, the fabric, against peers the engine picks; 5, the "
+            "service bundle, then the node goes to a person)",
         },
     },
     "oneOf": [{"required": ["playbook"]}, {"required": ["notify"]}, {"required": ["diagnose"]}],

@@ -1,5 +1,5 @@
-"""The diagnostic tools on a simulated node: dcgmi, nvbandwidth, all_reduce_perf and
-perftest's ib_write_bw.
+"""The diagnostic tools on a simulated node: dcgmi, nvbandwidth, all_reduce_perf,
+perftest's ib_write_bw and nvidia-bug-report.
 
 Each prints its real tool's output format (gpuops.sim.diagtools renders them; the
 parsers in gpuops.diagnose read the same) with the numbers of a healthy H200 node, or of
@@ -12,6 +12,7 @@ firmware) clears them, as `gpuops.sim.shims` boots nodes.
 
 from __future__ import annotations
 
+import gzip
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,49 @@ def ib_write_bw(node_dir: Path, argv: list[str]) -> int:
         return 1
     rates = [HEALTHY["ib_gbps"], *(_hca_rate(d, hca) for d in (node_dir, peer_dir))]
     print(diagtools.ib_write_bw_report(min(rates), hca=hca))
+    return 0
+
+
+def nvidia_bug_report(node_dir: Path, argv: list[str]) -> int:
+    """`nvidia-bug-report.sh --output-file FILE`: the log, gzipped, at FILE.gz (the real
+    script appends `.gz`), with the node's GPUs as `nvidia-smi -q` would list them."""
+    if "--output-file" not in argv:
+        print("nvidia-bug-report (simulated) writes only to --output-file FILE", file=sys.stderr)
+        return 1
+    target = Path(argv[argv.index("--output-file") + 1] + ".gz")
+    s = read(node_dir)
+    lines = [
+        "____________________________________________",
+        "",
+        "Start of NVIDIA bug report log file.  Please include this file, along",
+        "with a detailed description of your problem, when reporting a graphics",
+        "driver bug via the NVIDIA Linux forum or by sending email to linux-bugs@nvidia.com.",
+        "",
+        f"nvidia-bug-report.sh Version: (simulated) on {node_dir.name}",
+        "",
+        *(f"GPU {g['index']:08x}: NVIDIA H200, faults {sorted(g['faults'])}" for g in s["gpus"]),
+        "",
+        "End of NVIDIA bug report log file.",
+    ]
+    target.write_bytes(gzip.compress("\n".join(lines).encode()))
+    print(
+        f"nvidia-bug-report.sh will now collect information about your system and create "
+        f"the file '{target}' in the current directory.\n\nComplete."
+    )
+    return 0
+
+
+def dmesg(node_dir: Path, argv: list[str]) -> int:
+    """`dmesg [--level=...]`: the node's kernel log (its /dev/kmsg records, `prio,seq,
+    usec,flags;message`) as dmesg prints it, `[seconds.micros] message`."""
+    kmsg = node_dir / "kmsg"
+    records = kmsg.read_text(errors="replace").splitlines() if kmsg.exists() else []
+    print("[    0.000000] Linux version 6.8.0 (simulated)")
+    for record in records:
+        head, _, message = record.partition(";")
+        fields = head.split(",")
+        usec = int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else 0
+        print(f"[{usec // 1_000_000:5d}.{usec % 1_000_000:06d}] {message}")
     return 0
 
 

@@ -18,7 +18,14 @@ from typing import Any
 
 from gpuops.record import mig
 from gpuops.sim import work
-from gpuops.sim.diag_shims import all_reduce_perf, dcgmi, ib_write_bw, nvbandwidth
+from gpuops.sim.diag_shims import (
+    all_reduce_perf,
+    dcgmi,
+    dmesg,
+    ib_write_bw,
+    nvbandwidth,
+    nvidia_bug_report,
+)
 from gpuops.sim.state import H200, locked, read
 from gpuops.sim.wlm_shims import kubectl, scontrol, squeue
 
@@ -337,6 +344,8 @@ TOOLS: dict[str, Tool] = {
     "nvbandwidth": nvbandwidth,
     "all_reduce_perf": all_reduce_perf,
     "ib_write_bw": ib_write_bw,
+    "nvidia-bug-report": nvidia_bug_report,
+    "dmesg": dmesg,
 }
 
 

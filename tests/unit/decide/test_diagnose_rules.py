@@ -53,7 +53,7 @@ def test_diagnose_n_is_the_catalogue_s_diagnose_playbook_at_that_grade(tmp_path:
 @pytest.mark.parametrize(
     ("action", "problem"),
     [
-        ("diagnose: 5", "diagnose"),
+        ("diagnose: 6", "diagnose"),
         ("diagnose: 2\n        vars: {grde: 1}", "does not accept variable 'grde'"),
     ],
 )

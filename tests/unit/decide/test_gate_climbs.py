@@ -181,3 +181,44 @@ async def test_a_gate_result_for_a_node_in_service_decides_nothing() -> None:
     decisions = await fleet.engine.pipeline.handle(EVENT_ADAPTER.validate_python(event))
     assert [d.reason for d in decisions] == [Reason.NOT_APPLICABLE]
     assert await fleet.state() is NodeState.HEALTHY
+
+
+BUNDLE = GradeResult(
+    grade=5,
+    checks=(
+        Check(name="bundle:directory", ok=True, detail="/var/lib/gpuops/diag/node-001/service-x"),
+        Check(name="bundle:nvidia-bug-report", ok=True, value=48213.0, unit="bytes"),
+        Check(name="bundle:bmc-sel", ok=False, detail="the node has no BMC (bmc: none)"),
+    ),
+)
+
+
+async def test_grade_5_collects_the_bundle_then_hands_the_node_to_a_person(tmp_path: Any) -> None:
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "bundle.yml").write_text(
+        "rules:\n  - name: xid-79-bundle\n    on: xid\n    when: xid == 79\n"
+        "    group_by: [node]\n    actions:\n      - diagnose: 5\n"
+    )
+    fleet = Fleet()
+    fleet.engine = engine_on(
+        fleet.clock, rules=load_rules([rules_dir], ROOT / "playbooks"), publisher=fleet.publisher
+    )
+    fleet.completion = Completion(
+        fleet.engine.recorder,
+        fleet.engine.locks,
+        fleet._ask,
+        fleet.engine.recorder.catalog,
+        fleet._tell,
+    )
+    asked = await decide(fleet.engine.pipeline, match("xid-79-bundle", gpu=None, xid=79))
+    [action] = asked.actions
+    assert (action.playbook, action.vars["grade"]) == ("diagnose.yml", 5)
+    await fleet.run(RunStatus.SUCCESSFUL, BUNDLE)
+    told = fleet.told[-1]
+    assert told["data"]["grade"] == 5 and not told["data"]["gate"]
+    [handoff] = await fleet.engine.pipeline.handle(EVENT_ADAPTER.validate_python(told))
+    assert handoff.match.rule == "service-handoff" and handoff.reason is Reason.NEEDS_HUMAN
+    assert "service bundle at /var/lib/gpuops/diag/node-001/service-x" in handoff.detail
+    assert "(1 of 2 parts); missing: bmc-sel" in handoff.detail
+    assert await fleet.state() is NodeState.NEEDS_HUMAN
