@@ -12,6 +12,7 @@ from gpuops.bus.publish import MemoryPublisher
 from gpuops.clock import ManualClock
 from gpuops.diagnose.results import Check, GradeResult
 from gpuops.match.loader import load_rules
+from gpuops.match.rules import RuleSet
 from gpuops.models import (
     EVENT_ADAPTER,
     Decision,
@@ -47,10 +48,10 @@ PASSED = GradeResult(grade=2, checks=(Check(name="dcgm:Memory bandwidth", ok=Tru
 class Fleet:
     """The engine, and the executor's side of each run: it ends as the test says."""
 
-    def __init__(self) -> None:
+    def __init__(self, rules: RuleSet = RULES) -> None:
         self.clock = ManualClock(T0)
         self.publisher = MemoryPublisher()
-        self.engine: Engine = engine_on(self.clock, rules=RULES, publisher=self.publisher)
+        self.engine: Engine = engine_on(self.clock, rules=rules, publisher=self.publisher)
         self.told: list[dict[str, Any]] = []
         self.asked: list[str] = []
         self.completion = Completion(
@@ -200,17 +201,7 @@ async def test_grade_5_collects_the_bundle_then_hands_the_node_to_a_person(tmp_p
         "rules:\n  - name: xid-79-bundle\n    on: xid\n    when: xid == 79\n"
         "    group_by: [node]\n    actions:\n      - diagnose: 5\n"
     )
-    fleet = Fleet()
-    fleet.engine = engine_on(
-        fleet.clock, rules=load_rules([rules_dir], ROOT / "playbooks"), publisher=fleet.publisher
-    )
-    fleet.completion = Completion(
-        fleet.engine.recorder,
-        fleet.engine.locks,
-        fleet._ask,
-        fleet.engine.recorder.catalog,
-        fleet._tell,
-    )
+    fleet = Fleet(load_rules([rules_dir], ROOT / "playbooks"))
     asked = await decide(fleet.engine.pipeline, match("xid-79-bundle", gpu=None, xid=79))
     [action] = asked.actions
     assert (action.playbook, action.vars["grade"]) == ("diagnose.yml", 5)
