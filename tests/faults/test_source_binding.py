@@ -40,7 +40,7 @@ from gpuops.sources.prometheus import PromSource, promql
 
 from tests.conftest import wait_for
 from tests.dcgm_exposition import exposition, inventory, serve
-from tests.support import ask, prometheus
+from tests.support import AsEvents, ask, prometheus
 
 pytestmark = pytest.mark.faults
 XID, TEMP = dcgm.XID_METRIC, "DCGM_FI_DEV_GPU_TEMP"
@@ -188,6 +188,7 @@ async def _watch(bus: Bus, verifier: Verifier) -> tuple[list[dict[str, Any]], li
     who published each (the engine's check of its MAC: EventError if forged)."""
     seen: list[dict[str, Any]] = []
     signers: list[str] = []
+    read = AsEvents()  # telemetry v2, as the source sends it, joined to its keyframes
 
     async def keep(msg: Any) -> None:
         kind, node = subjects.parse_event(msg.subject)
@@ -195,7 +196,7 @@ async def _watch(bus: Bus, verifier: Verifier) -> tuple[list[dict[str, Any]], li
             signers.append(verifier.publisher(msg.headers, msg.data, kind, node))
         except EventError as exc:
             signers.append(f"forged: {exc}")
-        seen.append(json.loads(msg.data))
+        seen.append(read(msg.data))
 
     await bus.nc.subscribe("gpuops.events.>", cb=keep)
     await bus.nc.subscribe("gpuops.telemetry.>", cb=keep)
