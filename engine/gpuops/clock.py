@@ -68,6 +68,11 @@ def rfc3339(t: float) -> str:
     return to_datetime(t).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def from_rfc3339(text: str) -> float:
+    """An RFC 3339 time with its zone (`rfc3339`'s, or a `Z`) to epoch seconds."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 def cron_trigger(cron: str, timezone: str, what: str) -> CronTrigger:
     """APScheduler's trigger of a crontab line in a time zone; ValueError names `what`."""
     try:

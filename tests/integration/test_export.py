@@ -15,6 +15,7 @@ from gpuops import shipped
 from gpuops.bus.conn import EVENTS, TELEMETRY, Bus, open_bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.bus.wire import TelemetryWriter
+from gpuops.clock import from_rfc3339
 from gpuops.intake.compact import FactsBook
 from gpuops.intake.decode import decode
 from gpuops.match.facts import Telemetry
@@ -152,16 +153,12 @@ def test_the_export_command_writes_lines_publish_reads(
     assert bad.returncode == 2 and "bad time 'yesterday'" in bad.stderr
 
 
-def _epoch(ts: str) -> float:
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-
-
 async def _publish_v2(bus: Bus, events: list[dict[str, Any]], writer: TelemetryWriter) -> None:
     """The recording as today's agents send it: telemetry v2 (MessagePack), the rest v1."""
     for e in events:
         payload = json.dumps(e).encode()
         if e["kind"] == "telemetry":
-            payload = writer.encode(e["node"], _epoch(e["ts"]), e["data"]["gpus"], e["id"])
+            payload = writer.encode(e["node"], from_rfc3339(e["ts"]), e["data"]["gpus"], e["id"])
         await bus.js.publish(subject_for(e["kind"], e["node"]), payload)
 
 
@@ -192,13 +189,13 @@ async def test_an_export_after_the_keyframes_joins_samples_to_the_facts_the_engi
     half = len(telemetry) // 2
     writer, book = TelemetryWriter("agent", every_s=1e9), FactsBook(bus.buckets.facts)
     for e in telemetry[:half]:  # the engine reads the keyframes and keeps their facts
-        payload = writer.encode(e["node"], _epoch(e["ts"]), e["data"]["gpus"], e["id"])
+        payload = writer.encode(e["node"], from_rfc3339(e["ts"]), e["data"]["gpus"], e["id"])
         book.telemetry(payload)
         await book.save(e["node"])
         await bus.js.publish(subject_for("telemetry", e["node"]), payload)
     middle = await _last_stored(bus, TELEMETRY) + timedelta(microseconds=1)
     later = [
-        writer.encode(e["node"], _epoch(e["ts"]), e["data"]["gpus"], e["id"])
+        writer.encode(e["node"], from_rfc3339(e["ts"]), e["data"]["gpus"], e["id"])
         for e in telemetry[half:]
     ]
     assert not any(b"static" in p for p in later), "no keyframe after the middle"

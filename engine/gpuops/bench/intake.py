@@ -172,9 +172,8 @@ async def _offline(bus: Any, settings: Any, rules: Any, work: Path) -> dict[str,
     """The same samples off the stream (`gpuops export`), replayed (`gpuops replay`: the
     live engine's code on memory stores) and through the matcher alone, once the live
     engine has stopped: CPU per GPU sample of each."""
-    from gpuops.bus.wire import is_v2
     from gpuops.intake.compact import FactsBook
-    from gpuops.intake.decode import decode
+    from gpuops.intake.decode import decode_line
     from gpuops.match.facts import facts_of
     from gpuops.match.matcher import Matcher
     from gpuops.ops.export import Selection, export
@@ -191,7 +190,7 @@ async def _offline(bus: Any, settings: Any, rules: Any, work: Path) -> dict[str,
     replay_cpu = time.process_time() - cpu
     book, events = FactsBook(), []
     for line in path.open("rb"):
-        events.append(book.telemetry(line) if is_v2(line) else decode(line))
+        events.append(decode_line(line, book))
     samples = sum(len(facts_of(e)) for e in events)
     matcher = Matcher(rules)
     cpu = time.process_time()

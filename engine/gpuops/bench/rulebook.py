@@ -31,12 +31,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from gpuops.bench.replay import record
 from gpuops.bus.wire import TelemetryWriter
+from gpuops.clock import from_rfc3339
 from gpuops.errors import ConfigError
 from gpuops.match.loader import build_rule
 from gpuops.match.rules import RuleSet
@@ -211,7 +211,7 @@ def samples(recording: Path, out_v2: Path, out_events: Path) -> int:
     with out_v2.open("wb") as v2, out_events.open("w") as flat:
         for line in recording.open("rb"):
             event = json.loads(line)
-            t = _epoch(event["ts"])
+            t = from_rfc3339(event["ts"])
             gpus = event["data"]["gpus"]
             v2.write(writer.encode(event["node"], t, gpus, event["id"]) + b"\n")
             for gpu in gpus:
@@ -219,10 +219,6 @@ def samples(recording: Path, out_v2: Path, out_events: Path) -> int:
                 flat.write(json.dumps({"node": event["node"], "gpu": gpu["index"], **fact}) + "\n")
                 n += 1
     return n
-
-
-def _epoch(ts: str) -> float:
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 def _replay_cpu(path: Path, rules: RuleSet) -> tuple[float, int]:

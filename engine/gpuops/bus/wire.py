@@ -24,7 +24,6 @@ import re
 import typing
 import uuid
 from collections.abc import Iterable
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -276,12 +275,19 @@ class TelemetryWriter:
         self.keyframes = 0
 
     def encode(
-        self, node: str, t: float, gpus: list[dict[str, Any]], event_id: str | None = None
+        self,
+        node: str,
+        t: float,
+        gpus: list[dict[str, Any]],
+        event_id: str | None = None,
+        source: str | None = None,
     ) -> bytes:
-        """One sample of `node`'s GPUs (v1 field names and values) at `t`, on the wire."""
+        """One sample of `node`'s GPUs (v1 field names and values) at `t`, on the wire,
+        from this writer's source (or `source`: a sample written again keeps its own)."""
         eid = event_id or uuid.uuid4().hex
+        source = source or self.source
         if self.version == 1:
-            return _v1(eid, node, t, self.source, gpus)
+            return _v1(eid, node, t, source, gpus)
         t = to_ms(t)
         fields = self.fields
         static = [{k: v for k, v in g.items() if k not in fields and v is not None} for g in gpus]
@@ -293,7 +299,7 @@ class TelemetryWriter:
             "kind": "telemetry",
             "node": node,
             "ts": t,
-            "source": self.source,
+            "source": source,
         }
         # A clock stepped back counts as time passed: the keyframes go on.
         if last is not None and last[0] == static and abs(t - last[2]) < self.every_s:
@@ -310,11 +316,6 @@ class TelemetryWriter:
     def lost(self, node: str) -> None:
         """The last sample of `node` may not have arrived: the next one is a keyframe."""
         self._sent.pop(node, None)
-
-    def forget(self, nodes: Iterable[str]) -> None:
-        """Drop what is remembered of nodes this writer no longer speaks for."""
-        for node in nodes:
-            self._sent.pop(node, None)
 
 
 def to_ms(t: float) -> float:
@@ -350,28 +351,28 @@ class Expander:
         self.version = version
         self._facts: dict[str, Kept] = {}
         self._written: dict[str, str] = {}  # node -> the facts id its static went out with
-        self._json = TelemetryWriter("export", json=True, every_s=float("inf"))
+        self._json = TelemetryWriter("", json=True, every_s=float("inf"))  # each its own source
         self.unjoined = 0
 
-    def needs(self, payload: bytes) -> str | None:
-        """The node whose kept facts a v2 sample needs (its own are not here), or None."""
-        if not is_v2(payload):
-            return None
-        doc = read(payload)
+    def needs(self, doc: Compact) -> bool:
+        """Whether a v2 sample needs its node's kept facts (its own are not here)."""
         known = self._facts.get(doc.node)
-        fresh = doc.static is None and (known is None or known.facts != doc.facts)
-        return doc.node if fresh else None
+        return doc.static is None and (known is None or known.facts != doc.facts)
 
     def learn(self, node: str, kept: Kept) -> None:
         """Static facts of `node` from elsewhere (KV)."""
         self._facts[node] = kept
 
-    def line(self, payload: bytes, node_token: str | None = None) -> bytes | None:
-        """One line of the chosen format; None where a v2 sample cannot be joined to v1.
-        With `node_token` (the subject's), a keyframe about another node teaches nothing."""
-        if not is_v2(payload):
-            return self._from_v1(payload)
-        doc = read(payload)
+    def line(
+        self, payload: bytes, doc: Compact | None = None, node_token: str | None = None
+    ) -> bytes | None:
+        """One line of the chosen format (`doc`: the payload's v2 envelope, when read
+        already); None where a v2 sample cannot be joined to v1. With `node_token` (the
+        subject's), a keyframe about another node teaches nothing."""
+        if doc is None:
+            if not is_v2(payload):
+                return self._from_v1(payload)
+            doc = read(payload)
         json = not is_msgpack(payload)
         own = node_token is None or subjects.token(doc.node) == node_token
         if doc.static is not None and own and facts_id(doc.static) == doc.facts:
@@ -398,7 +399,7 @@ class Expander:
         if not isinstance(event, TelemetryEvent):
             return payload
         gpus = [g.model_dump(exclude_none=True) for g in event.data.gpus]
-        return self._json.encode(event.node, event.epoch, gpus, event.id)
+        return self._json.encode(event.node, event.epoch, gpus, event.id, event.source)
 
     def _compact(self, doc: Compact, kept: Kept | None, table: list[Any]) -> bytes:
         body: dict[str, Any] = {"v": V2, "id": doc.id, "kind": "telemetry", "node": doc.node}
@@ -416,7 +417,3 @@ class Expander:
             readings = {f: v for f, v in shape.pairs(row) if v is not None}
             gpus.append({**static, **readings})
         return _v1(doc.id, doc.node, doc.ts, doc.source, gpus)
-
-
-def _epoch(ts: str) -> float:
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()

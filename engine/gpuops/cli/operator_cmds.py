@@ -362,15 +362,14 @@ def publish(ctx: click.Context, file: Any, nats: str | None, direct: bool) -> No
 def rejected_lines(lines: list[bytes]) -> list[tuple[int, str]]:
     """(line number, why) of each line the intake would dead-letter (a v2 sample joined
     to the static facts the lines before it carried, as the intake would)."""
-    from gpuops.bus.wire import is_v2
     from gpuops.intake.compact import FactsBook
-    from gpuops.intake.decode import decode
+    from gpuops.intake.decode import decode_line
 
     out = []
     book = FactsBook()
     for number, line in enumerate(lines, start=1):
         try:
-            book.telemetry(line) if is_v2(line) else decode(line)
+            decode_line(line, book)
         except EventError as exc:
             out.append((number, str(exc)))
     return out

@@ -117,6 +117,12 @@ def decode_intake(
     return Telemetry.of(event) if isinstance(event, TelemetryEvent) else event
 
 
+def decode_line(line: bytes, book: FactsBook) -> Event | Telemetry:
+    """One line of a file (a recording, events to publish), v1 or v2 as `gpuops export`
+    writes them: a v2 sample joined to the static facts the lines before it carried."""
+    return book.telemetry(line) if wire.is_v2(line) else decode(line)
+
+
 def _reason(exc: ValidationError) -> str:
     kinds = {e["type"] for e in exc.errors()}
     if "json_invalid" in kinds or "json_type" in kinds:

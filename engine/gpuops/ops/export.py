@@ -29,7 +29,7 @@ from nats.js.kv import KeyValue
 from gpuops.bus.buckets import BUCKETS, FACTS_KEY
 from gpuops.bus.conn import EVENTS, TELEMETRY
 from gpuops.bus.store import kv_key
-from gpuops.bus.wire import V2, Expander, Kept, read_kept
+from gpuops.bus.wire import V2, Expander, Kept, is_v2, read, read_kept
 from gpuops.clock import Clock
 from gpuops.errors import BusError, ConfigError
 from gpuops.match.durations import parse_duration
@@ -118,12 +118,13 @@ async def _telemetry_line(
     expander: Expander, facts: _Facts, payload: bytes, node_token: str
 ) -> bytes | None:
     try:
-        node = expander.needs(payload)
-        if node is not None:
-            kept = await facts.get(node)
+        payload = payload.strip()
+        doc = read(payload) if is_v2(payload) else None
+        if doc is not None and expander.needs(doc):
+            kept = await facts.get(doc.node)
             if kept is not None:
-                expander.learn(node, kept)
-        line = expander.line(payload.strip(), node_token)
+                expander.learn(doc.node, kept)
+        line = expander.line(payload, doc, node_token)
     except (msgspec.DecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None  # as an unreadable v1 line is: counted, left out
     return None if line is None else _one_line(line)

@@ -30,7 +30,6 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Literal
 
 import aiohttp
@@ -44,7 +43,7 @@ from pydantic import BaseModel, ValidationError
 from gpuops.agent.spool import Spool, Spooled
 from gpuops.bus.publish import Publisher
 from gpuops.bus.wire import TelemetryWriter
-from gpuops.clock import Clock
+from gpuops.clock import Clock, from_rfc3339
 from gpuops.errors import ConfigError, SourceError
 from gpuops.match.rules import RuleSet
 from gpuops.models import subject_for
@@ -394,7 +393,7 @@ class PromSource:
         """A sample in the configured format, never spooled (the next one replaces it); a
         lost one makes the node's next sample a keyframe."""
         node = event["node"]
-        t = datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
+        t = from_rfc3339(event["ts"])  # the time the sample was made with
         payload = self.writer.encode(node, t, event["data"]["gpus"], event["id"])
         if await self._publish(subject_for("telemetry", node), payload, event["id"]):
             return True

@@ -20,10 +20,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpuops.bus.wire import is_v2
 from gpuops.errors import EventError
 from gpuops.intake.compact import FactsBook
-from gpuops.intake.decode import check_future, decode
+from gpuops.intake.decode import check_future, decode_line
 from gpuops.inventory.hosts import load_inventory
 from gpuops.match.facts import Telemetry
 from gpuops.match.rules import RuleSet
@@ -106,7 +105,7 @@ def _lines(path: Path) -> Iterator[tuple[int, Event | Telemetry | EventError]]:
             if not line.strip():
                 continue
             try:
-                yield number, book.telemetry(line) if is_v2(line) else decode(line)
+                yield number, decode_line(line, book)
             except EventError as exc:
                 yield number, exc
 

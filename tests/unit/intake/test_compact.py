@@ -334,3 +334,10 @@ def test_a_v2_sample_of_an_h200_is_under_200_bytes_per_gpu(tmp_path: Path) -> No
     v1 = wire.TelemetryWriter("agent", version=1).encode(NODE, NOW, gpus)
     assert len(steady) / len(gpus) <= 200 < len(v1) / len(gpus)
     assert len(keyframe) < len(v1), "even the keyframe is smaller than a v1 sample"
+
+
+def test_a_v1_sample_written_again_as_v2_keeps_its_own_source_and_facts() -> None:
+    v1 = wire.TelemetryWriter("prometheus", version=1).encode(NODE, NOW, _gpus(), "e1")
+    line = wire.Expander(2).line(v1)
+    assert line is not None and json.loads(line)["source"] == "prometheus"
+    assert _facts(line, FactsBook()).facts == _facts(v1, FactsBook()).facts
