@@ -1,6 +1,11 @@
 """Stage: the remediation ladder. Each recurrence of a fault on a node within the ladder's
 window steps one rung up (reset GPU -> reboot -> reprovision -> a person); a rung whose
 run failed counts as an attempt, so the next recurrence climbs past it.
+
+A recurrence while the last rung still runs (its lock held) is not a failed rung: the
+fault often outlives the cooldown until the fix ends (a driver keeps its taint until the
+reset). Past the last rung it is dropped as locked, so a person is called only when the
+rungs ran out and nothing of theirs is still running.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from collections.abc import Sequence
 
 from gpuops.bus.store import KV, Read, Store, kv_key
 from gpuops.decide.history import AttemptLog, append
+from gpuops.decide.lock import NodeLocks
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.match.durations import format_duration
 from gpuops.match.expr import render
@@ -20,12 +26,15 @@ class LadderStage(BaseStage):
 
     name = "ladder"
 
-    def __init__(self, kv: KV) -> None:
+    def __init__(self, kv: KV, locks: NodeLocks) -> None:
         self.store: Store[AttemptLog] = Store(kv, AttemptLog, "ladder")
+        self.locks = locks
 
     def reads(self, p: Proposal) -> Sequence[Read]:
         ladder = p.rule.ladder
-        return () if ladder is None else (self.store.read(kv_key(p.node, ladder.name)),)
+        if ladder is None:
+            return ()
+        return (self.store.read(kv_key(p.node, ladder.name)), self.locks.store.read(p.node))
 
     async def check(self, p: Proposal) -> Drop | None:
         ladder = p.rule.ladder
@@ -34,6 +43,8 @@ class LadderStage(BaseStage):
         log, _ = await p.reads.get(self.store, kv_key(p.node, ladder.name))
         step = len((log or AttemptLog()).within(p.now, ladder.window_s, p.event_id))
         if step >= len(ladder.rungs) or ladder.rungs[step].needs_human:
+            if running := await self._running(p):
+                return Drop(Reason.LOCKED, running)
             return Drop(
                 Reason.NEEDS_HUMAN,
                 f"ladder {ladder.name}: {step} attempts within "
@@ -53,6 +64,13 @@ class LadderStage(BaseStage):
         p.approval = p.approval or rung.approval
         p.notes.append(f"ladder {ladder.name} rung {step + 1}/{len(ladder.rungs)}")
         return None
+
+    async def _running(self, p: Proposal) -> str:
+        """Why the node is still busy with an earlier decision ("" when it is not)."""
+        held, _ = await p.reads.get(self.locks.store, p.node)
+        if held is None or held.event_id == p.event_id or held.until <= p.now:
+            return ""
+        return f"{p.node} is locked by {held.rule}: its run ends before the ladder goes on"
 
     async def commit(self, p: Proposal) -> None:
         ladder = p.rule.ladder

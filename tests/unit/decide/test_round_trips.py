@@ -206,12 +206,12 @@ async def test_stages_below_the_ladder_read_after_it_picked_the_rung() -> None:
     assert _wheres(first) == {
         "cooldowns:cooldown.*",
         "history:ladder.node-001.gpu-lost",
+        "locks:node.node-001",  # past the last rung, a run still in flight holds the ladder
     }
     assert _wheres(second) == {
         "history:heavy.node-001",
         "nodes:state.node-001",
         "nodes:episode.xid-79-gpu-lost.node-001",  # the episode its intent names
-        "locks:node.node-001",
         "history:attempts.node-001",
         "control:breaker.fleet",
     }

@@ -108,6 +108,27 @@ async def test_ladder_reboot_then_reprovision_then_needs_human(rules: dict[str, 
     assert seen[2][0] is Reason.NEEDS_HUMAN
 
 
+async def test_past_the_last_rung_a_run_still_in_flight_is_waited_for_not_escalated(
+    rules: dict[str, Rule],
+) -> None:
+    clock = ManualClock(T0)
+    engine = engine_on(clock, lock_lease_s=4 * 3600)  # a reprovision's lease: longer than 2 h
+    rule, decider = rules["xid-79-gpu-lost"], engine.pipeline.decider
+    first = await decider.decide(match(rule.name, t=clock.now(), gpu=None), rule)
+    await engine.locks.release("node-001", first.match.event_id)
+    clock.advance(2 * 3600)
+    running = await decider.decide(match(rule.name, t=clock.now(), gpu=None), rule)
+    assert running.actions[0].playbook == "reprovision.yml"  # the last rung, still running
+    clock.advance(2 * 3600)  # the fault outlived the cooldown, not the reprovision
+    waits = await decider.decide(match(rule.name, t=clock.now(), gpu=None), rule)
+    assert waits.reason is Reason.LOCKED and "its run ends before" in waits.detail
+    assert (await engine.states.get("node-001")).state.value != "needs_human"
+    await engine.locks.release("node-001", running.match.event_id)  # it ended; the fault is back
+    clock.advance(60)
+    done = await decider.decide(match(rule.name, t=clock.now(), gpu=None), rule)
+    assert done.reason is Reason.NEEDS_HUMAN and "2 attempts" in done.detail
+
+
 async def test_attempt_cap_survives_a_restart(rules: dict[str, Rule]) -> None:
     clock, shared = ManualClock(T0), Buckets.memory()
     rule = rules["xid-reset-class"]
