@@ -475,6 +475,10 @@ class DiagnosticsData(_Open):
     fault_rule: Text = ""
     fault_key: Text = ""
     run_id: Text = ""
+    # What the fleet compares (GradeResult.measures; null where the grade measured none).
+    busbw_gbs: Num | None = None  # NCCL all-reduce busbw, GB/s (grade 3)
+    d2d_gbs: Num | None = None  # nvbandwidth's lowest device<->device cell, GB/s (2, 3)
+    h2d_gbs: Num | None = None  # nvbandwidth's lowest host<->device cell, GB/s (2, 3)
 
 
 class ChatopsData(_Open):
@@ -669,7 +673,14 @@ DERIVED_FACTS: dict[str, dict[str, type]] = {
         # The fleet baseline (gpuops.match.baselines): the node's mean, its peers' median.
         "node_dram_bw_util": float,
         "dram_bw_util_fleet_median": float,
-    }
+    },
+    # The grades' baseline (gpuops.match.baselines): the other nodes' median of the same
+    # SKU, each node's latest result.
+    "diagnostics": {
+        "busbw_gbs_fleet_median": float,
+        "d2d_gbs_fleet_median": float,
+        "h2d_gbs_fleet_median": float,
+    },
 }
 # The event field each derived fact is computed from: a source that fills the field
 # serves the fact too.
@@ -677,6 +688,9 @@ DERIVED_FROM: dict[str, str] = {
     "dram_bw_util_peer_median": "dram_bw_util",
     "node_dram_bw_util": "dram_bw_util",
     "dram_bw_util_fleet_median": "dram_bw_util",
+    "busbw_gbs_fleet_median": "busbw_gbs",
+    "d2d_gbs_fleet_median": "d2d_gbs",
+    "h2d_gbs_fleet_median": "h2d_gbs",
 }
 
 

@@ -53,6 +53,7 @@ def diagnostics_event(
         "fault_rule": record.rule if gate else "",
         "fault_key": fault_key(record) if gate else "",
         "run_id": outcome.run_id or "",
+        **g.measures(),
     }
     event = new_event("diagnostics", intent.node, outcome.ended, data, "gpuops-executor")
     return event | {"id": f"diagnostics-{intent.key}"}

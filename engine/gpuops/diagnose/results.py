@@ -51,6 +51,17 @@ class GradeResult(_Frozen):
         """The checks that failed, in order."""
         return tuple(c for c in self.checks if not c.ok)
 
+    def measures(self) -> dict[str, float]:
+        """The numbers a node is compared with its peers on (gpuops.match.baselines):
+        `busbw_gbs` (NCCL all-reduce busbw, grade 3), `d2d_gbs` and `h2d_gbs` (the lowest
+        nvbandwidth cell device<->device and host<->device, grades 2 and 3)."""
+        out = {}
+        for measure, check in MEASURES.items():
+            values = [c.value for c in self.checks if c.name == check and c.value is not None]
+            if values:
+                out[measure] = min(values)
+        return out
+
     def summary(self) -> str:
         """One line: `grade 2 passed (14 checks)` or the first failing check and its number;
         for grade 5 (the service bundle) where the bundle is and what it lacks."""
@@ -74,6 +85,13 @@ class GradeResult(_Frozen):
             f"({len(parts) - len(missing)} of {len(parts)} parts){lacks}"
         )
 
+
+# What `measures` reads: the check each fleet-compared number comes from.
+MEASURES = {
+    "busbw_gbs": "nccl:all_reduce busbw",
+    "d2d_gbs": "nvbandwidth:device_to_device",
+    "h2d_gbs": "nvbandwidth:host_to_device",
+}
 
 # Grade 5 (service) collects a bundle for a person rather than judging the node.
 SERVICE_GRADE = 5

@@ -16,11 +16,18 @@ every REFRESH_S of the events' time per band, so a sample costs a dict update, n
 sort of the fleet; state is one number per node (bounded by the inventory). The engine
 keeps it per matcher: a replica sees the nodes of its own partitions, a sample of the
 fleet large enough for a median.
+
+The grades are baselined the same way (GradeBaseline): a `diagnostics` event's measured
+numbers (NCCL busbw, nvbandwidth's lowest cells: GradeResult.measures) get the median of
+the other nodes' latest passing results of the same SKU (the inventory's `gpu_sku`)
+within GRADE_MAX_AGE_S, as `<measure>_fleet_median`: a node that passes its SKU's bound
+at 70% of what its twins reach is caught where the bound alone passes it.
 """
 
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Any
@@ -30,21 +37,54 @@ MIN_PEERS = 5
 REFRESH_S = 5.0
 MAX_AGE_S = 120.0
 FIELDS = ("node_dram_bw_util", "dram_bw_util_fleet_median")
+# A grade runs after a remediation or on a rule's word, not every second: a node's last
+# passing result stands for it this long (a month covers a fleet's periodic deep checks).
+GRADE_MAX_AGE_S = 30 * 86400.0
+GRADE_MEASURES = ("busbw_gbs", "d2d_gbs", "h2d_gbs")  # diagnose.results.MEASURES
+GRADE_FIELDS = tuple(f"{m}_fleet_median" for m in GRADE_MEASURES)
 
 
 @dataclass
-class _Band:
-    latest: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (t, mean)
-    ordered: list[float] = field(default_factory=list)  # the means, sorted, as of `at`
-    used: dict[str, float] = field(default_factory=dict)  # node -> its mean in `ordered`
+class _Latest:
+    """The latest value of every node of one peer group, and the median of the others."""
+
+    max_age_s: float
+    latest: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (t, value)
+    ordered: list[float] = field(default_factory=list)  # the values, sorted, as of `at`
+    used: dict[str, float] = field(default_factory=dict)  # node -> its value in `ordered`
     at: float = float("-inf")
+
+    def median(self, node: str, t: float, gone: Callable[[str], object]) -> float | None:
+        """The median of the other nodes' values (None with fewer than MIN_PEERS), the
+        sorted values recomputed at most every REFRESH_S of event time; `gone` hears of
+        each node dropped for age."""
+        if t - self.at >= REFRESH_S or t < self.at:
+            fresh = {n: v for n, (seen, v) in self.latest.items() if t - seen <= self.max_age_s}
+            for old in self.latest.keys() - fresh.keys():
+                del self.latest[old]
+                gone(old)
+            self.ordered, self.used, self.at = sorted(fresh.values()), fresh, t
+        ordered, own = self.ordered, self.used.get(node)
+        # The median of the others (the node is not its own peer), without copying: the
+        # others are `ordered` with one copy of the node's own value skipped.
+        skip = bisect.bisect_left(ordered, own) if own is not None else len(ordered)
+        count = len(ordered) - (1 if own is not None else 0)
+        if count < MIN_PEERS:
+            return None
+
+        def other(j: int) -> float:
+            return ordered[j] if j < skip else ordered[j + 1]
+
+        mid = count // 2
+        value = other(mid) if count % 2 else (other(mid - 1) + other(mid)) / 2
+        return round(value, 2)
 
 
 class FleetBaseline:
     """The latest mean bandwidth of every node, by GPU model and load band."""
 
     def __init__(self) -> None:
-        self._bands: dict[tuple[str, int], _Band] = {}
+        self._bands: dict[tuple[str, int], _Latest] = {}
         self._band_of: dict[str, tuple[str, int]] = {}
 
     def observe(self, node: str, facts: list[dict[str, Any]], t: float) -> None:
@@ -60,32 +100,36 @@ class FleetBaseline:
         moved_from = self._band_of.get(node)
         if moved_from is not None and moved_from != key:
             self._bands[moved_from].latest.pop(node, None)
-        band = self._bands.setdefault(key, _Band())
+        band = self._bands.setdefault(key, _Latest(MAX_AGE_S))
         band.latest[node] = (t, mine)
         self._band_of[node] = key
-        median = self._median(band, node, t)
+        median = band.median(node, t, lambda old: self._band_of.pop(old, None))
         for fact in facts:
             fact["node_dram_bw_util"] = round(mine, 2)
             fact["dram_bw_util_fleet_median"] = median
 
-    def _median(self, band: _Band, node: str, t: float) -> float | None:
-        if t - band.at >= REFRESH_S or t < band.at:
-            fresh = {n: v for n, (seen, v) in band.latest.items() if t - seen <= MAX_AGE_S}
-            for gone in band.latest.keys() - fresh.keys():
-                del band.latest[gone]
-                self._band_of.pop(gone, None)
-            band.ordered, band.used, band.at = sorted(fresh.values()), fresh, t
-        ordered, own = band.ordered, band.used.get(node)
-        # The median of the others (the node is not its own peer), without copying: the
-        # others are `ordered` with one copy of the node's own value skipped.
-        skip = bisect.bisect_left(ordered, own) if own is not None else len(ordered)
-        count = len(ordered) - (1 if own is not None else 0)
-        if count < MIN_PEERS:
-            return None
 
-        def other(j: int) -> float:
-            return ordered[j] if j < skip else ordered[j + 1]
+class GradeBaseline:
+    """Each node's latest passing grade numbers, by SKU (`sku_of(node)`), and the median
+    of the other nodes' for each `diagnostics` event. State: three numbers per node."""
 
-        mid = count // 2
-        value = other(mid) if count % 2 else (other(mid - 1) + other(mid)) / 2
-        return round(value, 2)
+    def __init__(self, sku_of: Callable[[str], str]) -> None:
+        self.sku_of = sku_of
+        self._groups: dict[tuple[str, str], _Latest] = {}
+
+    def observe(self, node: str, fact: dict[str, Any], t: float) -> None:
+        """Learn the event's numbers (a passing run's only: a failed one is acted on as a
+        fault, not a peer) and give the fact each measure's fleet median."""
+        sku = self.sku_of(node)
+        for measure, median_field in zip(GRADE_MEASURES, GRADE_FIELDS, strict=True):
+            group = self._groups.get((sku, measure))
+            value = fact.get(measure)
+            if value is not None and fact.get("ok"):
+                if group is None:
+                    group = self._groups[(sku, measure)] = _Latest(GRADE_MAX_AGE_S)
+                group.latest[node] = (t, float(value))
+            fact[median_field] = None if group is None else group.median(node, t, _kept)
+
+
+def _kept(node: str) -> None:
+    """A node aged out of a grade's group: nothing else holds it."""

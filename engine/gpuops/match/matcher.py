@@ -18,7 +18,7 @@ from typing import Any
 from gpuops.clock import Clock
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.aggregates import Aggregates
-from gpuops.match.baselines import FIELDS, FleetBaseline
+from gpuops.match.baselines import FIELDS, GRADE_FIELDS, FleetBaseline, GradeBaseline
 from gpuops.match.codegen import Cleared, Entry, KindEval, compile_kind
 from gpuops.match.expr import fact_keys
 from gpuops.match.facts import Fact, Telemetry, facts_of
@@ -134,6 +134,7 @@ class Matcher:
         self.sweep_grace_s = sweep_grace_s
         self.rules = rules
         self.baseline: FleetBaseline | None = None
+        self.grades: GradeBaseline | None = None
         self.replace(rules)
 
     def replace(self, rules: RuleSet) -> None:
@@ -166,7 +167,16 @@ class Matcher:
         # (a reload that keeps such a rule keeps what it has learnt).
         reads = any(set(FIELDS) & fact_keys(r.expr) for r in rules.rules if r.on == "telemetry")
         self.baseline = (self.baseline or FleetBaseline()) if reads else None
+        graded = any(
+            set(GRADE_FIELDS) & fact_keys(r.expr) for r in rules.rules if r.on == "diagnostics"
+        )
+        self.grades = (self.grades or GradeBaseline(self._sku_of)) if graded else None
         self.rules = rules
+
+    def _sku_of(self, node: str) -> str:
+        """The node's SKU as the diagnose playbook reads it (host variable `gpu_sku`)."""
+        hostvars = self.inventory.hostvars.get(node, {}) if self.inventory else {}
+        return str(hostvars.get("gpu_sku") or "")
 
     def set_inventory(self, inventory: Inventory) -> None:
         """Group keys and inventory facts from a new inventory; windows and aggregates stay.
@@ -212,6 +222,8 @@ class Matcher:
         facts = facts_of(event)
         if self.baseline is not None and event.kind == "telemetry":
             self.baseline.observe(event.node, facts, t)
+        elif self.grades is not None and event.kind == "diagnostics":
+            self.grades.observe(event.node, facts[0], t)
         for fact in facts:
             evaluate(fact, t, event_id, out)
         return consolidated(out, self._per_node) if len(out) > 1 and self._per_node else out
@@ -225,6 +237,10 @@ class Matcher:
                 facts = list(facts)
                 if facts:
                     self.baseline.observe(str(facts[0]["node"]), facts, t)
+            elif self.grades is not None and kind == "diagnostics":
+                facts = list(facts)
+                for fact in facts:
+                    self.grades.observe(str(fact["node"]), fact, t)
             for fact in facts:
                 evaluate(fact, t, event_id, out)
         return consolidated(out, self._per_node) if len(out) > 1 and self._per_node else out

@@ -177,7 +177,9 @@ def build_engine(
         # and the ladder count it as the node's.
         DomainCorrelation(buckets.control, domains, domain_opened),
         Cooldown(buckets.cooldowns, catalog),
-        LadderStage(buckets.history, stores.locks),  # picks the rung: the stages below judge its playbook
+        LadderStage(
+            buckets.history, stores.locks
+        ),  # picks the rung: the stages below judge its playbook
         Equivalence(buckets.history, catalog, s.equivalence_window_s),
         NodeReadable(stores.states),  # whatever acts reads its node's state record
         EpisodeName(episode_records(buckets.nodes)),  # read with it: the episode acted on

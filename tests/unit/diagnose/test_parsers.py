@@ -111,6 +111,11 @@ def test_nvbandwidth_checks_the_lowest_cell_of_each_matrix() -> None:
     d2d = checks["nvbandwidth:device_to_device"]
     assert (d2d.value, d2d.ok) == (375.80, True)
     assert "GPU 5 (row) with GPU 3 (column)" in d2d.detail
+    nccl = all_reduce_perf(text("all_reduce_perf_h200_at_threshold.txt"), 431)
+    graded = GradeResult(grade=3, checks=(*checks.values(), *nccl))
+    assert graded.measures() == {"busbw_gbs": 431.62, "d2d_gbs": 375.80, "h2d_gbs": 55.12}, (
+        "what the fleet compares a node on (gpuops.match.baselines)"
+    )
 
 
 def test_nvbandwidth_one_slow_gpu_fails_and_is_named() -> None:

@@ -4,12 +4,22 @@ under the same load, fed the same way on the live path and replay's."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 from typing import Any
 
-from gpuops.match.baselines import MAX_AGE_S, MIN_PEERS, REFRESH_S, FleetBaseline
+from gpuops.inventory.hosts import Inventory
+from gpuops.match.baselines import (
+    GRADE_MAX_AGE_S,
+    MAX_AGE_S,
+    MIN_PEERS,
+    REFRESH_S,
+    FleetBaseline,
+    GradeBaseline,
+)
 from gpuops.match.facts import Telemetry
 from gpuops.match.loader import load_rules
 from gpuops.match.matcher import Matcher
+from gpuops.models import EVENT_ADAPTER, Event, new_event
 
 from tests.unit.decide.helpers import ROOT
 
@@ -77,3 +87,49 @@ def matcher_fields() -> tuple[str, ...]:
     from gpuops.match.facts import GPU_FIELDS
 
     return (*GPU_FIELDS, "dram_bw_util_peer_median")
+
+
+def _graded(node: str, busbw: float | None, t: float, ok: bool = True) -> Event:
+    data: dict[str, Any] = {"grade": 3, "ok": ok, "checks": 40, "busbw_gbs": busbw}
+    return EVENT_ADAPTER.validate_python(new_event("diagnostics", node, t, data, "gpuops-executor"))
+
+
+def _inventory(skus: dict[str, str]) -> Inventory:
+    return Inventory(
+        Path("<test>"), frozenset(skus), {}, {n: {"gpu_sku": s} for n, s in skus.items()}
+    )
+
+
+def test_a_grade_passing_its_bound_at_70_percent_of_its_peers_busbw_is_flagged() -> None:
+    """One node among 20 passes grade 3 (busbw above the SKU's 431 GB/s) at 70% of the
+    others' median; the shipped rule tells a person about it and about none of the 19."""
+    rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
+    nodes = {f"n{i:02d}": "h200-8gpu" for i in range(1, 21)} | {"b200": "b200-8gpu"}
+    matcher = Matcher(rules, inventory=_inventory(nodes))
+    assert matcher.grades is not None, "rules/baselines.yml reads the grades' baseline"
+    fired = []
+    for t, node in enumerate(sorted(nodes)):
+        busbw = {"b200": 900.0, "n07": 0.7 * 660.0}.get(node, 650.0 + t)
+        found = matcher.match(_graded(node, busbw, 10.0 * t))
+        fired += [(m.rule, m.node) for m in found if m.rule.startswith("nccl")]
+    assert fired == [("nccl-busbw-below-fleet", "n07")], "six peers were known by then"
+    again = matcher.match(_graded("n07", 0.7 * 660.0, 1000.0))  # its peers all known now
+    [match] = [m for m in again if m.rule == "nccl-busbw-below-fleet"]
+    assert match.facts["busbw_gbs_fleet_median"] == statistics.median(
+        650.0 + t for t, n in enumerate(sorted(nodes)) if n not in ("b200", "n07")
+    ), "the median is of the other h200 nodes: the B200 and the node itself are not peers"
+
+
+def test_only_passing_results_teach_the_grades_baseline() -> None:
+    baseline = GradeBaseline(lambda node: "h200-8gpu")
+    for i in range(MIN_PEERS):
+        baseline.observe(f"n{i}", {"ok": True, "busbw_gbs": 600.0}, 0.0)
+    for i in range(10):  # failed runs (acted on as faults): not peers
+        baseline.observe(f"bad{i}", {"ok": False, "busbw_gbs": 100.0}, 0.0)
+    fact: dict[str, Any] = {"ok": True, "busbw_gbs": 590.0, "d2d_gbs": None}
+    baseline.observe("new", fact, REFRESH_S)
+    assert fact["busbw_gbs_fleet_median"] == 600.0
+    assert fact["d2d_gbs_fleet_median"] is None, "no node measured device<->device"
+    later: dict[str, Any] = {"ok": True, "busbw_gbs": 590.0}
+    baseline.observe("new", later, GRADE_MAX_AGE_S + 10)
+    assert later["busbw_gbs_fleet_median"] is None, "a month-old result stands for no one"
