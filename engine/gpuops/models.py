@@ -812,6 +812,7 @@ class Decision(_Frozen):
     notify: bool = False
     rung: int | None = None
     holds_lock: bool = False  # the node's lock is held for this decision's run
+    peers_locked: tuple[str, ...] = ()  # a fabric check's peers, held with the node
     closes_breaker: bool = False  # the half-open breaker closes when this runs
     approved_by: str | None = None
     episode: str = ""  # the open episode it folds into, when an acting proposal found one
@@ -838,6 +839,14 @@ class Intent(_Frozen):
     def holds_lock(self) -> bool:
         """Whether the node's lock was taken for this intent's decision (the run gives it back)."""
         return self.decision is not None and self.decision.holds_lock
+
+    @property
+    def locked(self) -> tuple[str, ...]:
+        """The nodes whose locks the run gives back: its node and a fabric check's peers."""
+        if not self.holds_lock:
+            return ()
+        assert self.decision is not None
+        return (self.node, *self.decision.peers_locked)
 
 
 class RunStatus(StrEnum):

@@ -82,8 +82,8 @@ class Completion:
         """Record the outcome, free the node, and ask its agent to validate it when the
         run left it validating."""
         record = await self.recorder.run_ended(intent, outcome)
-        if intent.holds_lock:
-            await self.locks.release(intent.node, intent.event_id)
+        for node in intent.locked:  # the node, and a fabric check's peers
+            await self.locks.release(node, intent.event_id)
         if record.state is NodeState.VALIDATING and outcome.status is RunStatus.SUCCESSFUL:
             await self.ask_probe(intent.node, validation_nonce(record))
         spec = self.catalog.get(intent.action.playbook) if self.catalog else None

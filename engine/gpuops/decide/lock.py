@@ -5,6 +5,11 @@ node. It is taken with a short pending lease while the decision is written and
 extended to the full lease when it is committed, so a crash in between frees the node
 within a minute. The executor gives it back through `NodeLocks.release` when the run
 has ended; a holder that died loses it when the lease runs out.
+
+A fabric check (grade 4) holds its peers too (`Proposal.peers`, picked by the
+FabricPeers stage): a peer rebooted or drained mid-test would fail the pair and blame a
+healthy node. Each peer's lock names the node under test (`peer_of`); all are taken,
+extended and given back with the node's, and one peer already held drops the decision.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuops.bus.store import KV, Read, Store
+from gpuops.bus.store import KV, Read, Store, together
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.match.durations import format_duration
 from gpuops.models import Reason
@@ -32,6 +37,7 @@ class LockRecord(BaseModel):
     owner: str
     since: float
     until: float
+    peer_of: str = ""  # held as a fabric check's peer: the node under test
 
 
 class NodeLocks:
@@ -43,6 +49,10 @@ class NodeLocks:
     async def holder(self, node: str) -> tuple[LockRecord | None, int]:
         """The node's lock and its revision."""
         return await self.store.get(node)
+
+    async def held(self, now: float) -> set[str]:
+        """The nodes locked now (leases not run out)."""
+        return {key.removeprefix("node.") for key, r in await self.store.all() if r.until > now}
 
     async def release(self, node: str, event_id: str) -> bool:
         """Give the node's lock back if this event's decision holds it.
@@ -66,25 +76,45 @@ class NodeLock(BaseStage):
         self.owner = owner
 
     def reads(self, p: Proposal) -> Sequence[Read]:
-        return (self.locks.store.read(p.node),) if p.acts else ()
+        if not p.acts:
+            return ()
+        return tuple(self.locks.store.read(n) for n in (p.node, *p.peers))
 
     async def check(self, p: Proposal) -> Drop | None:
         if not p.acts:
             return None
-        held, revision = await p.reads.get(self.locks.store, p.node)
-        if held is not None and held.event_id == p.event_id:
-            p.holds_lock = True  # the same event decided again after a crash: still ours
-            return None
-        if held is not None and held.until > p.now:
-            left = format_duration(held.until - p.now)
-            return Drop(Reason.LOCKED, f"{p.node} is locked by {held.rule} ({left} of lease left)")
-        pending = self._record(p, PENDING_LEASE_S)
-        if not await p.reads.cas(self.locks.store, pending, revision, p.node):
-            return Drop(Reason.LOCKED, f"{p.node} was locked by another replica just now")
+        for node in (p.node, *p.peers):
+            dropped = await self._take(p, node)
+            if dropped is not None:
+                await self.abort(p)  # the locks taken so far go back
+                return dropped
         p.holds_lock = True
         return None
 
-    def _record(self, p: Proposal, lease: float) -> LockRecord:
+    async def _take(self, p: Proposal, node: str) -> Drop | None:
+        held, revision = await p.reads.get(self.locks.store, node)
+        if held is not None and held.event_id == p.event_id:
+            self._taken(p, node)  # the same event decided again after a crash: still ours
+            return None
+        whose = "" if node == p.node else f"fabric peer {node} of {p.node}: "
+        if held is not None and held.until > p.now:
+            left = format_duration(held.until - p.now)
+            return Drop(
+                Reason.LOCKED, f"{whose}{node} is locked by {held.rule} ({left} of lease left)"
+            )
+        pending = self._record(p, PENDING_LEASE_S, node)
+        if not await p.reads.cas(self.locks.store, pending, revision, node):
+            return Drop(Reason.LOCKED, f"{whose}{node} was locked by another replica just now")
+        self._taken(p, node)
+        return None
+
+    @staticmethod
+    def _taken(p: Proposal, node: str) -> None:
+        p.holds_lock = True  # abort gives back what this decision holds
+        if node not in p.locked:
+            p.locked.append(node)
+
+    def _record(self, p: Proposal, lease: float, node: str) -> LockRecord:
         return LockRecord(
             rule=p.rule.name,
             key=p.match.key,
@@ -92,19 +122,24 @@ class NodeLock(BaseStage):
             owner=self.owner,
             since=p.now,
             until=p.now + lease,
+            peer_of="" if node == p.node else p.node,
         )
 
     async def commit(self, p: Proposal) -> None:
         if not p.holds_lock:
             return
-        full = self._record(p, self.lease_s)
+        await together(*(self._extend(p, node) for node in p.locked))
+
+    async def _extend(self, p: Proposal, node: str) -> None:
+        full = self._record(p, self.lease_s, node)
 
         def extend(held: LockRecord | None) -> LockRecord | None:
             return full if held is not None and held.event_id == p.event_id else None
 
-        await self.locks.store.update(extend, p.node, known=p.reads.known(self.locks.store, p.node))
+        await self.locks.store.update(extend, node, known=p.reads.known(self.locks.store, node))
 
     async def abort(self, p: Proposal) -> None:
         if p.holds_lock:
-            await self.locks.release(p.node, p.event_id)
+            await together(*(self.locks.release(node, p.event_id) for node in p.locked))
             p.holds_lock = False
+            p.locked.clear()

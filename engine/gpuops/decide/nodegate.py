@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpuops.bus.store import Read, Store
+from gpuops.decide.lock import NodeLocks
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.diagnose.fabric import pick_peers
 from gpuops.errors import StateUnreadable
@@ -116,9 +117,11 @@ class Escalate(BaseStage):
 class FabricPeers(BaseStage):
     """A grade-4 diagnosis (the fabric) runs against known-good peers the engine picks:
     in none of the node's failure domains (rack, leaf switch, PDU, cooling loop), not out
-    of service or under remediation (every node not healthy in the state records), two
-    of them for the second pass (gpuops.diagnose.fabric). A rule that names `peers`
-    keeps its own. None to be had: the run's verdict says so and fails."""
+    of service or under remediation (every node not healthy in the state records, and
+    every node locked now), two of them for the second pass (gpuops.diagnose.fabric). A
+    rule that names `peers` keeps its own. None to be had: the run's verdict says so and
+    fails. Either way the peers are held with the node (`Proposal.peers`: NodeLock takes
+    their locks) so nothing remediates one mid-test."""
 
     name = "fabric_peers"
 
@@ -128,27 +131,36 @@ class FabricPeers(BaseStage):
         inventory: Inventory,
         diagnosing: str,
         domains: Domains | None = None,
+        locks: NodeLocks | None = None,
     ) -> None:
         self.states, self.inventory, self.diagnosing = states, inventory, diagnosing
         self.domains = (domains or Domains.of(inventory)).by_node
+        self.locks = locks
 
-    def _wants(self, action: ActionSpec) -> bool:
-        grade = action.vars.get("grade")
-        return (
-            action.playbook == self.diagnosing
-            and str(grade) == "4"
-            and not action.vars.get("peers")
-        )
+    def _fabric(self, action: ActionSpec) -> bool:
+        return action.playbook == self.diagnosing and str(action.vars.get("grade")) == "4"
 
     async def check(self, p: Proposal) -> Drop | None:
-        if not p.acts or not any(self._wants(a) for a in p.actions):
+        fabric = [a for a in p.actions if self._fabric(a)] if p.acts else []
+        if not fabric:
             return None
-        out = {r.node for r in await self.states.all() if r.state is not NodeState.HEALTHY}
-        hosts = sorted(self.inventory.hosts - self.inventory.group_hosts(FACILITY))
-        peers = pick_peers(p.node, hosts, self.domains, out)
-        p.actions = [
-            a.model_copy(update={"vars": {**a.vars, "peers": peers}}) if self._wants(a) else a
-            for a in p.actions
-        ]
-        p.notes.append(f"fabric peers: {', '.join(peers) or 'none known-good'}")
+        if any(not a.vars.get("peers") for a in fabric):
+            peers = await self._pick(p)
+            p.actions = [
+                a.model_copy(update={"vars": {**a.vars, "peers": peers}})
+                if self._fabric(a) and not a.vars.get("peers")
+                else a
+                for a in p.actions
+            ]
+            p.notes.append(f"fabric peers: {', '.join(peers) or 'none known-good'}")
+        fabric = [a for a in p.actions if self._fabric(a)]  # each with its peers now
+        named = (str(n) for a in fabric for n in a.vars.get("peers") or () if str(n) != p.node)
+        p.peers = tuple(dict.fromkeys(named))
         return None
+
+    async def _pick(self, p: Proposal) -> list[str]:
+        out = {r.node for r in await self.states.all() if r.state is not NodeState.HEALTHY}
+        if self.locks is not None:
+            out |= await self.locks.held(p.now)
+        hosts = sorted(self.inventory.hosts - self.inventory.group_hosts(FACILITY))
+        return pick_peers(p.node, hosts, self.domains, out)

@@ -61,6 +61,8 @@ class Proposal:
     approved_by: str | None = None
     closes_breaker: bool = False
     holds_lock: bool = False
+    peers: tuple[str, ...] = ()  # nodes a fabric check pairs with: locked with the node
+    locked: list[str] = field(default_factory=list)  # the locks this decision holds
     rung: int | None = None
     notes: list[str] = field(default_factory=list)
     reads: Reads = field(default_factory=Reads)  # what the stages read from KV
@@ -229,6 +231,7 @@ def decision(p: Proposal, accepted: bool, reason: Reason, detail: str) -> Decisi
         notify=p.notify,
         rung=p.rung,
         holds_lock=p.holds_lock and accepted,
+        peers_locked=tuple(n for n in p.locked if n != p.node) if accepted else (),
         closes_breaker=p.closes_breaker,
         approved_by=p.approved_by,
         episode=p.episode,

@@ -183,7 +183,9 @@ def build_engine(
         Equivalence(buckets.history, catalog, s.equivalence_window_s),
         NodeReadable(stores.states),  # whatever acts reads its node's state record
         EpisodeName(episode_records(buckets.nodes)),  # read with it: the episode acted on
-        FabricPeers(stores.states, inventory, catalog.diagnosing(), domains),  # grade 4's peers
+        FabricPeers(
+            stores.states, inventory, catalog.diagnosing(), domains, stores.locks
+        ),  # grade 4
         NodeLock(stores.locks, s.lock_lease_s),
         AttemptCap(buckets.history, catalog, s.attempt_cap, s.attempt_window_s),
         DomainBudgets(

@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from gpuops import subjects
+from gpuops.bus.publish import MemoryPublisher
 from gpuops.clock import ManualClock
 from gpuops.errors import RuleSetError
 from gpuops.match.loader import load_rules
+from gpuops.models import Intent
 
 from tests.support import decide
 from tests.unit.decide.helpers import INVENTORY, ROOT, T0, engine_on, match
@@ -93,3 +96,49 @@ async def test_the_fabric_grade_gets_two_known_good_peers_outside_the_node_s_rac
         match("ib-slow-named", gpu=None, kind="ib", ports_down=2),
     )
     assert named.actions[0].vars["peers"] == ["node-019", "node-020"], "a rule's own peers"
+
+
+async def test_the_fabric_check_holds_its_peers_so_nothing_remediates_one_mid_test(
+    tmp_path: Path,
+) -> None:
+    rules = load_rules([_rules(tmp_path), ROOT / "rules"], ROOT / "playbooks")
+    dbe = {r.name: r for r in rules.rules}["xid-48-dbe"]
+    ib = match("ib-slow", gpu=None, kind="ib", ports_down=1)
+    first_choice = (await decide(engine_on(ManualClock(T0), rules=rules).pipeline, ib)).actions
+    usual = first_choice[0].vars["peers"][0]
+    clock, publisher = ManualClock(T0), MemoryPublisher()
+    engine = engine_on(clock, rules=rules, publisher=publisher)
+    assert (await decide(engine.pipeline, match("xid-48-dbe", usual))).accepted
+    d = await decide(engine.pipeline, ib)  # the usual peer's reset runs: not a peer now
+    peers = d.actions[0].vars["peers"]
+    assert d.accepted and usual not in peers and len(peers) == 2, (usual, peers)
+    assert d.peers_locked == tuple(peers)
+    for peer in peers:
+        held, _ = await engine.locks.holder(peer)
+        assert held is not None and (held.peer_of, held.event_id) == ("node-001", d.match.event_id)
+    reset = await engine.pipeline.decider.decide(match(dbe.name, peers[0], clock.now()), dbe)
+    assert reset.reason.value == "locked", "a peer under test is remediated after the test"
+
+    [intent] = [
+        i
+        for s, body in publisher.messages
+        if subjects.is_action(s) and (i := Intent.model_validate_json(body)).node == "node-001"
+    ]
+    assert intent.locked == ("node-001", *peers)
+    for node in intent.locked:  # what the run's end gives back (act.completion)
+        assert await engine.locks.release(node, intent.event_id)
+    again = await engine.pipeline.decider.decide(match(dbe.name, peers[0], clock.now(), gpu=2), dbe)
+    assert again.accepted, "the peer is free once the check ended"
+
+
+async def test_a_rule_s_own_peer_already_locked_drops_the_check_and_takes_nothing(
+    tmp_path: Path,
+) -> None:
+    rules = load_rules([_rules(tmp_path), ROOT / "rules"], ROOT / "playbooks")
+    engine = engine_on(ManualClock(T0), rules=rules)
+    assert (await decide(engine.pipeline, match("xid-48-dbe", "node-020"))).accepted
+    d = await decide(engine.pipeline, match("ib-slow-named", gpu=None, kind="ib", ports_down=2))
+    assert d.reason.value == "locked" and "fabric peer node-020 of node-001" in d.detail, d
+    for node in ("node-001", "node-019"):
+        held, _ = await engine.locks.holder(node)
+        assert held is None, f"{node}'s lock was given back when the peer's was refused"
