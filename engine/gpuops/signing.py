@@ -30,7 +30,7 @@ def same_secret(given: str, expected: str) -> bool:
 # default they are not signed, so an intent an older engine queued still verifies after
 # an upgrade (tests/unit/record/test_episodes.py holds one, signed by that engine).
 LATER_INTENT: dict[str, Any] = {"episode": ""}
-LATER_DECISION: dict[str, Any] = {"episode": "", "gate": 0}
+LATER_DECISION: dict[str, Any] = {"episode": "", "gate": 0, "peers_locked": ()}
 
 
 def _body(intent: Intent) -> bytes:

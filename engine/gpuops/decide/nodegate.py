@@ -77,6 +77,53 @@ class NodeReadable(BaseStage):
         return None
 
 
+# The grades that load every GPU (gpuops.diagnose) and that the gate back into service can
+# run (return_to_service.yml: 1 to 3); grade 4 pairs with peers and runs only on a node
+# already out.
+DRAINED_GRADES = (2, 3)
+
+
+class DrainForGrade(BaseStage):
+    """A grade that loads every GPU (`diagnose: 2` or `3`) asked for a node in service
+    runs as the gate after a drain: the action becomes the catalogue's drain with the
+    decision's gate at that grade, so the node is drained (counted by the breaker, its
+    lock held), validated, and returned by the gate only when the grade passes; a failed
+    grade keeps it out and climbs the rule's ladder or goes to a person (the gate's
+    rules). On a node already out, the grade runs as asked."""
+
+    name = "drain_for_grade"
+
+    def __init__(self, states: NodeStates, diagnosing: str, isolating: str) -> None:
+        self.states, self.diagnosing, self.isolating = states, diagnosing, isolating
+
+    def _grade(self, action: ActionSpec) -> int:
+        if action.playbook != self.diagnosing:
+            return 0
+        grade = str(action.vars.get("grade"))
+        return int(grade) if grade.isdigit() and int(grade) in DRAINED_GRADES else 0
+
+    def reads(self, p: Proposal) -> Sequence[Read]:
+        return (self.states.store.read(p.node),) if p.acts else ()
+
+    async def check(self, p: Proposal) -> Drop | None:
+        grades = [self._grade(a) for a in p.actions] if p.acts else []
+        if not any(grades):
+            return None
+        found, _ = await p.reads.get(self.states.store, p.node)
+        if found is not None and found.quarantined:
+            return None  # out of service already: the grade runs there
+        grade = max(grades)
+        reason = next(
+            (a.vars.get("reason") for a in p.actions if self._grade(a) and a.vars.get("reason")),
+            f"grade {grade} diagnostics ({p.rule.name})",
+        )
+        drain = ActionSpec(playbook=self.isolating, vars={"reason": reason}, timeout_s=1800.0)
+        p.actions = [drain, *(a for a, g in zip(p.actions, grades, strict=True) if not g)]
+        p.gate = max(p.gate, grade)
+        p.notes.append(f"{p.node} is in service: drained first, grade {grade} is the gate back")
+        return None
+
+
 class EpisodeName(BaseStage):
     """An acting proposal names the episode it remediates (Slurm's drain reason shows it):
     the rule's open episode on the node, read with the node's record; none open, the

@@ -190,6 +190,10 @@ def after_run(
         back = S.QUARANTINED if record.quarantined else S.SUSPECT
         why = f"{playbook} {status.value}" + (f": {error}" if error else "")
         return moved(record, back, why, at)
+    if spec is not None and spec.effect is Effect.ISOLATE and record.grade:
+        # Drained for a grade of diagnostics (decide.nodegate.DrainForGrade): the gate
+        # back into service runs it, after the probe.
+        return moved(record, S.VALIDATING, f"{playbook} succeeded; grade {record.grade} next", at)
     if spec is not None and spec.effect is Effect.ISOLATE:
         why = f"drained after {rule}: fix the cause, then undrain {record.node}"
         return moved(record, S.NEEDS_HUMAN, why, at, quarantined=True)

@@ -26,6 +26,7 @@ from gpuops.decide.known_node import KnownNode
 from gpuops.decide.ladder import LadderStage
 from gpuops.decide.lock import NodeLock, NodeLocks
 from gpuops.decide.nodegate import (
+    DrainForGrade,
     EpisodeName,
     Escalate,
     FabricPeers,
@@ -177,15 +178,14 @@ def build_engine(
         # and the ladder count it as the node's.
         DomainCorrelation(buckets.control, domains, domain_opened),
         Cooldown(buckets.cooldowns, catalog),
-        LadderStage(
-            buckets.history, stores.locks
-        ),  # picks the rung: the stages below judge its playbook
+        # Picks the rung: the stages below judge its playbook.
+        LadderStage(buckets.history, stores.locks),
         Equivalence(buckets.history, catalog, s.equivalence_window_s),
         NodeReadable(stores.states),  # whatever acts reads its node's state record
         EpisodeName(episode_records(buckets.nodes)),  # read with it: the episode acted on
-        FabricPeers(
-            stores.states, inventory, catalog.diagnosing(), domains, stores.locks
-        ),  # grade 4
+        # A grade that loads every GPU, asked for a node in service: a drain, then the gate.
+        DrainForGrade(stores.states, catalog.diagnosing(), catalog.isolating()),
+        FabricPeers(stores.states, inventory, catalog.diagnosing(), domains, stores.locks),
         NodeLock(stores.locks, s.lock_lease_s),
         AttemptCap(buckets.history, catalog, s.attempt_cap, s.attempt_window_s),
         DomainBudgets(

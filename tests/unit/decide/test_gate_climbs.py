@@ -213,3 +213,56 @@ async def test_grade_5_collects_the_bundle_then_hands_the_node_to_a_person(tmp_p
     assert "service bundle at /var/lib/gpuops/diag/node-001/service-x" in handoff.detail
     assert "(1 of 2 parts); missing: bmc-sel" in handoff.detail
     assert await fleet.state() is NodeState.NEEDS_HUMAN
+
+
+def _slow_node_rules(tmp_path: Any) -> RuleSet:
+    rules_dir = tmp_path / "rules"
+    rules_dir.mkdir()
+    (rules_dir / "slow.yml").write_text(
+        "rules:\n  - name: looks-slow\n    on: xid\n    when: xid == 79\n"
+        "    group_by: [node]\n    actions:\n      - diagnose: 2\n"
+    )
+    return load_rules([rules_dir, ROOT / "rules"], ROOT / "playbooks")
+
+
+async def test_a_medium_grade_asked_for_a_node_in_service_drains_it_and_is_the_gate_back(
+    tmp_path: Any,
+) -> None:
+    fleet = Fleet(_slow_node_rules(tmp_path))
+    asked = await decide(fleet.engine.pipeline, match("looks-slow", gpu=None, xid=79))
+    assert asked.accepted and [a.playbook for a in asked.actions] == ["drain.yml"], asked
+    assert asked.gate == 2 and asked.holds_lock
+    assert asked.actions[0].vars["reason"] == "grade 2 diagnostics (looks-slow)"
+    record = await fleet.engine.states.get("node-001")
+    assert (record.state, record.grade) == (NodeState.QUARANTINED, 2)
+    breaker, _ = await fleet.engine.breaker.get()
+    assert "node-001" in breaker.recent(fleet.clock.now(), 600), "the drain counts"
+
+    await fleet.run(RunStatus.SUCCESSFUL)  # drained
+    assert await fleet.state() is NodeState.VALIDATING
+    back = await fleet.probe_passes()
+    [ret] = back.actions
+    assert (ret.playbook, ret.vars["grade"]) == ("return_to_service.yml", 2)
+    await fleet.run(RunStatus.SUCCESSFUL, PASSED)
+    assert await fleet.state() is NodeState.HEALTHY, "the grade passed: back in service"
+
+
+async def test_a_medium_grade_that_fails_after_its_drain_goes_to_a_person(tmp_path: Any) -> None:
+    fleet = Fleet(_slow_node_rules(tmp_path))
+    await decide(fleet.engine.pipeline, match("looks-slow", gpu=None, xid=79))
+    await fleet.run(RunStatus.SUCCESSFUL)
+    await fleet.probe_passes()
+    await fleet.run(RunStatus.FAILED, SLOW)
+    [gate] = await fleet.engine.pipeline.handle(EVENT_ADAPTER.validate_python(fleet.told[-1]))
+    assert gate.match.rule == "gate-failed" and gate.reason is Reason.NEEDS_HUMAN, gate
+    assert "120.0 GB/s" in gate.detail
+    assert await fleet.state() is NodeState.NEEDS_HUMAN
+
+
+async def test_a_medium_grade_on_a_node_already_out_runs_as_asked(tmp_path: Any) -> None:
+    fleet = Fleet(_slow_node_rules(tmp_path))
+    out = fleet.engine.states.store.model(node="node-001", state="quarantined", quarantined=True)
+    await fleet.engine.states.store.put(out, "node-001")
+    asked = await decide(fleet.engine.pipeline, match("looks-slow", gpu=None, xid=79))
+    [action] = asked.actions
+    assert (action.playbook, action.vars["grade"], asked.gate) == ("diagnose.yml", 2, 0)
