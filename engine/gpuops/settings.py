@@ -308,6 +308,9 @@ class DriftSettings(BaseModel):
     batch_size: int = Field(default=50, ge=1)
     forks: int = Field(default=10, ge=1)
     grace_s: float = Field(default=3600.0, ge=0)
+    # The site's topology manifests (every *.yml, one per SKU: `gpuops topology learn`
+    # writes them); each checked host is held to its `gpu_sku`'s. None: not compared.
+    topology_dir: Path | None = None
 
 
 class ExecutorSettings(BaseModel):

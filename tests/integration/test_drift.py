@@ -5,11 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gpuops.act.driftcheck import drift_check
+from gpuops.act.driftcheck import drift_check, render_report
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import SystemClock
+from gpuops.diagnose.topology import Manifests
 from gpuops.inventory.hosts import load_inventory
+from gpuops.match.loader import load_rules
+from gpuops.match.matcher import Matcher
+from gpuops.models import EVENT_ADAPTER
 from gpuops.record.approvals import ApprovalStatus
 from gpuops.record.audit import read_audit
 from gpuops.sim import state as node_state
@@ -84,3 +88,66 @@ async def test_the_baseline_reports_each_gpu_whose_mig_layout_is_not_the_invento
         {"setting": "mig_layout", "gpu": 2, "expected": [9, 9], "actual": []},
     ]
     assert fleet.state("node-001")["gpus"][1]["mig_instances"] == ["19", "19", "19"], "only read"
+
+
+async def test_the_drift_check_holds_each_node_to_its_topology_manifest(tmp_path: Path) -> None:
+    """The nightly check finds what the agent would, from the node itself (nvidia-smi and
+    sysfs through baseline.yml): a link trained narrow, a GPU on the wrong NUMA node, a
+    slow link under load; an idle GPU at Gen1 is no fault, and a twin that matches its
+    SKU's manifest is clean. Each difference is a `topology` event the shipped rules act on.
+    """
+    fleet = SimFleet.create(tmp_path / "sim", nodes=3, gpus=8)
+    fleet.inject("node-002", "pcie_narrow", 3, width=8)
+    fleet.inject("node-002", "numa", 5, to=0)
+    fleet.inject("node-003", "pcie_slow", 1, gen=3)  # idle: its Gen1 proves nothing
+    fleet.inject("node-003", "pcie_slow", 2, gen=3)
+    fleet.inject("node-003", "load", 2, all_gpus=False)  # loaded: Gen3 where Gen5 is due
+    report = await drift_check(
+        load_inventory(fleet.root / "inventory"),
+        ROOT / "playbooks",
+        SystemClock(),
+        manifests=Manifests.load(ROOT / "topology"),
+    )
+    found = {
+        h: sorted((d["check"], d["gpu"], d["expected"], d["actual"]) for d in r.topology)
+        for h, r in report.hosts.items()
+    }
+    assert found == {
+        "node-001": [],
+        "node-002": [("numa", 5, 1, 0), ("pcie_width", 3, 16, 8)],
+        "node-003": [("pcie_gen", 2, 5, 3)],
+    }, found
+    assert report.drifted == ["node-002", "node-003"] and report.state_of("node-001") == "clean"
+    assert report.summary()["topology"] == {
+        "node-002": ["numa", "pcie_width"],
+        "node-003": ["pcie_gen"],
+    }
+    said = render_report(report)
+    assert "node-002: topology pcie_width[gpu 3] 8!=16, topology numa[gpu 5] 0!=1" in said, said
+
+    matcher = Matcher(load_rules([ROOT / "rules"], ROOT / "playbooks"))
+    fired = sorted(
+        (m.rule, m.node, m.facts["gpu"])
+        for e in report.events()
+        if e["kind"] == "topology"
+        for m in matcher.match(EVENT_ADAPTER.validate_python(e))
+    )
+    assert fired == [
+        ("topology-misplaced", "node-002", 5),
+        ("topology-pcie-degraded", "node-002", 3),
+        ("topology-pcie-degraded", "node-003", 2),
+    ]
+    assert {e["source"] for e in report.events()} == {"drift-check"}
+
+
+async def test_a_node_without_a_manifest_for_its_sku_is_not_compared(tmp_path: Path) -> None:
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=2)  # SKU h200-8gpu-sim2
+    fleet.inject("node-001", "pcie_narrow", 1, width=4)
+    report = await drift_check(
+        load_inventory(fleet.root / "inventory"),
+        ROOT / "playbooks",
+        SystemClock(),
+        manifests=Manifests.load(ROOT / "topology"),
+    )
+    assert report.hosts["node-001"].readings is not None, "read all the same"
+    assert report.hosts["node-001"].topology == [] and report.drifted == []

@@ -4,6 +4,12 @@ The playbook reports what differs in task results that carry `gpuops_drift` (a l
 of {setting, expected, actual, gpu}); task names are for people and are not read. Each
 difference becomes a `drift` event; an unreachable host becomes an `unreachable` event;
 a host with no drift gets a clean record, so "last checked" is known for every host.
+
+The same run reads where each GPU sits and how its PCIe link trained (`gpuops_topology`);
+with the site's manifests (gpuops.diagnose.topology.Manifests, `drift.topology_dir`) each
+host is held to its SKU's, by the agent's own comparison, and each difference is a
+`topology` event the topology rules act on: a node whose agent is down or was never
+given its manifest is checked all the same.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from gpuops.act.runner import RunRequest, run_async
 from gpuops.bus.publish import Publisher
 from gpuops.catalog import Role, load_catalog
 from gpuops.clock import Clock
+from gpuops.diagnose.topology import Manifests, differences, from_readings
 from gpuops.inventory.hosts import Inventory
 from gpuops.models import RunStatus, new_event, subject_for
 
@@ -29,6 +36,8 @@ log = logging.getLogger(__name__)
 
 # The key under which baseline.yml's report tasks put what differs.
 DRIFT_KEY = "gpuops_drift"
+TOPOLOGY_KEY = "gpuops_topology"  # and where each GPU sits (raw readings)
+MAX_READINGS = 64  # rows of each reading kept per host: a node's GPUs, not a runaway tool
 
 
 @dataclass
@@ -39,6 +48,8 @@ class HostDrift:
     drifts: list[dict[str, Any]] = field(default_factory=list)
     unreachable: str | None = None
     failed: str | None = None
+    readings: dict[str, list[str]] | None = None  # `gpuops_topology`: links, numa
+    topology: list[dict[str, Any]] = field(default_factory=list)  # its manifest's differences
 
 
 @dataclass
@@ -52,8 +63,8 @@ class DriftReport:
 
     @property
     def drifted(self) -> list[str]:
-        """Hosts with at least one drifted setting."""
-        return sorted(h for h, d in self.hosts.items() if d.drifts)
+        """Hosts with at least one drifted setting or topology difference."""
+        return sorted(h for h, d in self.hosts.items() if d.drifts or d.topology)
 
     @property
     def unreachable(self) -> list[str]:
@@ -69,7 +80,7 @@ class DriftReport:
             else "failed"
             if r.failed
             else "drift"
-            if r.drifts
+            if r.drifts or r.topology
             else "clean"
         )
 
@@ -88,6 +99,11 @@ class DriftReport:
                 for h, r in self.hosts.items()
                 if r.drifts
             },
+            "topology": {
+                h: sorted({d["check"] for d in r.topology})
+                for h, r in self.hosts.items()
+                if r.topology
+            },
         }
 
     def line(self) -> str:
@@ -102,6 +118,7 @@ class DriftReport:
         out = []
         for host, result in sorted(self.hosts.items()):
             out += [new_event("drift", host, self.ended, drift, source) for drift in result.drifts]
+            out += [new_event("topology", host, self.ended, d, source) for d in result.topology]
             if result.unreachable:
                 error = {"error": result.unreachable, "check": "drift"}
                 out.append(new_event("unreachable", host, self.ended, error, source))
@@ -124,6 +141,9 @@ def _collector(report: DriftReport) -> Callable[[dict[str, Any]], None]:
             for found in drift_records(data.get("res")):
                 if found not in result.drifts:
                     result.drifts.append(found)
+            readings = topology_readings(data.get("res"))
+            if readings is not None:
+                result.readings = readings
 
     return on_event
 
@@ -149,6 +169,31 @@ def drift_records(res: Any) -> list[dict[str, Any]]:
     return out
 
 
+def topology_readings(res: Any) -> dict[str, list[str]] | None:
+    """The raw readings a task result reports under `msg.gpuops_topology` (None for any
+    other result), each list cut to MAX_READINGS lines of text."""
+    msg = res.get("msg") if isinstance(res, dict) else None
+    found = msg.get(TOPOLOGY_KEY) if isinstance(msg, dict) else None
+    if not isinstance(found, dict):
+        return None
+    out = {}
+    for name in ("links", "numa"):
+        lines = found.get(name)
+        out[name] = [str(x)[:300] for x in lines[:MAX_READINGS]] if isinstance(lines, list) else []
+    return out
+
+
+def compare_topology(report: DriftReport, inventory: Inventory, manifests: Manifests) -> None:
+    """Each host that reported its GPUs' places, held to its SKU's manifest."""
+    for host, result in report.hosts.items():
+        sku = str(inventory.hostvars.get(host, {}).get("gpu_sku") or "")
+        want = manifests.for_host(host, sku)
+        if want is None or result.readings is None:
+            continue
+        seen, util = from_readings(result.readings["links"], result.readings["numa"])
+        result.topology = [d.model_dump(mode="json") for d in differences(want, seen, util)]
+
+
 async def drift_check(
     inventory: Inventory,
     playbooks_dir: Path,
@@ -160,8 +205,10 @@ async def drift_check(
     timeout_s: float = 900.0,
     progress: Callable[[int, int], None] | None = None,
     env: RunEnv | None = None,
+    manifests: Manifests | None = None,
 ) -> DriftReport:
-    """Run the check over `group` batch by batch; every host of the group gets a result."""
+    """Run the check over `group` batch by batch; every host of the group gets a result,
+    held to its topology manifest too when `manifests` has its SKU's."""
     hosts = sorted(inventory.group_hosts(group))
     report = DriftReport(group=group, started=clock.now())
     playbook = load_catalog(playbooks_dir).for_role(Role.BASELINE)
@@ -192,6 +239,8 @@ async def drift_check(
                 )
         if progress is not None:
             progress(min(i + batch_size, len(hosts)), len(hosts))
+    if manifests is not None:
+        compare_topology(report, inventory, manifests)
     report.ended = clock.now()
     return report
 
@@ -219,7 +268,14 @@ def render_report(report: DriftReport) -> str:
             + f" {d['actual']}!={d['expected']}"
             for d in report.hosts[host].drifts
         )
-        lines.append(f"  {host}: {settings}")
+        places = ", ".join(
+            f"topology {d['check']}"
+            + (f"[gpu {d['gpu']}]" if d.get("gpu") is not None else "")
+            + (f"[{d['device']}]" if d.get("device") else "")
+            + f" {d['actual']}!={d['expected']}"
+            for d in report.hosts[host].topology
+        )
+        lines.append(f"  {host}: {', '.join(p for p in (settings, places) if p)}")
     for host in report.unreachable:
         lines.append(f"  {host}: unreachable ({report.hosts[host].unreachable})")
     return "\n".join(lines)

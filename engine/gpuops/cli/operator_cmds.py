@@ -305,6 +305,7 @@ async def run_drift_check(
     from gpuops.act.driftcheck import drift_check
     from gpuops.act.runenv import RunEnv
     from gpuops.clock import SystemClock
+    from gpuops.diagnose.topology import Manifests
     from gpuops.inventory.hosts import load_inventory
 
     inventory = load_inventory(settings.inventory)
@@ -318,6 +319,7 @@ async def run_drift_check(
         forks=settings.drift.forks,
         progress=progress,
         env=RunEnv.of(settings),
+        manifests=Manifests.load(settings.drift.topology_dir),
     )
     if publish:
         # The engine checks again and publishes what it finds: an operator's own report

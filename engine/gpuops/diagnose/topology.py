@@ -19,7 +19,7 @@ What is compared, and when:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -98,6 +98,84 @@ def load_manifest(path: Path) -> Manifest:
         raise ConfigError(f"{path}: the topology manifest cannot be read ({exc})") from exc
     except (yaml.YAMLError, ValidationError) as exc:
         raise ConfigError(f"{path}: not a topology manifest ({exc})") from exc
+
+
+class Manifests:
+    """A site's manifests by SKU (each file's `sku`): every `*.yml` of a directory in git.
+    A host is held to its SKU's (the inventory's `gpu_sku`); a SKU with none is not
+    compared."""
+
+    def __init__(self, by_sku: Mapping[str, Manifest]) -> None:
+        self.by_sku = dict(by_sku)
+
+    @classmethod
+    def load(cls, directory: Path | None) -> Manifests:
+        """The directory's manifests (none without one); ConfigError names a file that does
+        not read, or two for one SKU."""
+        found: dict[str, tuple[Path, Manifest]] = {}
+        for path in sorted(directory.glob("*.yml")) if directory is not None else ():
+            manifest = load_manifest(path)
+            if not manifest.sku:
+                raise ConfigError(f"{path}: a topology manifest names its sku")
+            if manifest.sku in found:
+                first = found[manifest.sku][0]
+                raise ConfigError(f"{path}: sku {manifest.sku} has a manifest already ({first})")
+            found[manifest.sku] = (path, manifest)
+        return cls({sku: manifest for sku, (_, manifest) in found.items()})
+
+    def for_host(self, node: str, sku: str) -> Topology | None:
+        """What `node` of `sku` must have; None when the SKU has no manifest."""
+        manifest = self.by_sku.get(sku)
+        return manifest.for_host(node) if manifest else None
+
+
+def pci_of(bus_id: str) -> str:
+    """nvidia-smi's bus id (`00000000:18:00.0`) as sysfs and manifests spell it."""
+    text = bus_id.strip().lower()
+    return text[4:] if len(text) == 16 and text.startswith("0000") else text
+
+
+def from_readings(
+    links: Sequence[str], numa: Sequence[str]
+) -> tuple[Topology, dict[int, float | None]]:
+    """A node's GPUs and their load from baseline.yml's readings: nvidia-smi's rows of
+    `index, pci.bus_id, pcie.link.gen.current, pcie.link.width.current, utilization.gpu`
+    and grep's `<sysfs>/bus/pci/devices/ADDR/numa_node:N` lines. A row that does not read
+    is left out (its GPU is then missing, as the node reports it); `[N/A]` is unknown."""
+    numa_of = {}
+    for line in numa:
+        path, _, value = line.rpartition(":")
+        parts = path.split("/")
+        if len(parts) >= 2 and value.strip().lstrip("-").isdigit():
+            numa_of[parts[-2].lower()] = int(value)
+    gpus, util = {}, {}
+    for row in links:
+        cells = [c.strip() for c in row.split(",")]
+        if len(cells) != 5 or not cells[0].isdigit():
+            continue
+        index, pci = int(cells[0]), pci_of(cells[1])
+        try:
+            gpus[index] = GpuPlace(
+                pci=pci,
+                pcie_gen=_int(cells[2]),
+                pcie_width=_int(cells[3]),
+                numa=numa_of.get(pci),
+            )
+        except ValidationError:
+            continue
+        util[index] = _float(cells[4])
+    return Topology(gpus=gpus), util
+
+
+def _int(cell: str) -> int | None:
+    return int(cell) if cell.isdigit() else None
+
+
+def _float(cell: str) -> float | None:
+    try:
+        return float(cell)
+    except ValueError:
+        return None
 
 
 def learned(seen: Topology, node: str, sku: str, at: str) -> Manifest:

@@ -29,11 +29,8 @@ from gpuops.sim import interconnect, work
 from gpuops.sim import state as node_state
 from gpuops.sim.power_model import POWER_CAP, h200_model
 from gpuops.sim.shims import TOOLS
-from gpuops.sim.state import H200
+from gpuops.sim.state import H200, SIM_PCI_BUSES
 
-# Where the GPUs of an 8-GPU HGX board sit on the PCI bus (bus numbers; domain 0,
-# device 0): the agent's backend, the GPUs' sysfs entries (NUMA node) and the manifests.
-SIM_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB, 0x1B, 0x2B, 0x3B, 0x5E)
 SHIPPED_SKU = "h200-8gpu"  # the recordings' node: gpuops/diagnose/skus.yml
 
 
@@ -139,6 +136,7 @@ class SimFleet:
             own = {
                 "rack": rack_of[name],  # a failure domain (grade 4 picks peers outside it)
                 "sim_node_dir": str(self.node_dir(name)),
+                "sysfs_root": str(self.node_dir(name) / "sys"),  # the GPUs' NUMA nodes
                 "gpuops_marker_dir": str(self.node_dir(name) / "done"),
                 "workload_manager": node_state.read(self.node_dir(name))["workload_manager"],
                 **{f"{tool.replace('-', '_')}_bin": str(bin_dir / tool) for tool in TOOLS},

@@ -8,7 +8,8 @@ from typing import Any
 
 from gpuops.agent.backend import HealthSignal
 from gpuops.sim import state as node_state
-from gpuops.sim.fleet import SIM_PCI_BUSES, SimFleet
+from gpuops.sim.fleet import SimFleet
+from gpuops.sim.state import SIM_PCI_BUSES
 
 
 class SimBackend:

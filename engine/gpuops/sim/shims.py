@@ -26,7 +26,7 @@ from gpuops.sim.diag_shims import (
     nvbandwidth,
     nvidia_bug_report,
 )
-from gpuops.sim.state import H200, locked, read
+from gpuops.sim.state import H200, SIM_PCI_BUSES, locked, read
 from gpuops.sim.wlm_shims import kubectl, scontrol, squeue
 
 Tool = Callable[[Path, list[str]], int]
@@ -39,6 +39,11 @@ def _gpus(state: dict[str, Any], argv: list[str]) -> list[dict[str, Any]]:
         wanted = {int(x) for x in argv[argv.index("-i") + 1].split(",")}
         return [g for g in state["gpus"] if g["index"] in wanted]
     return list(state["gpus"])
+
+
+def _busy(state: dict[str, Any], g: dict[str, Any]) -> bool:
+    """A GPU with work on it (a simulated load), on a node powered and not drained."""
+    return bool(g.get("load")) and state["power"] == "on" and not state["drained"]
 
 
 def _opt(argv: list[str], flag: str) -> str | None:
@@ -63,8 +68,12 @@ _QUERY: dict[str, Callable[[dict[str, Any], dict[str, Any]], object]] = {
     "driver_version": lambda s, g: s["driver_version"],
     "reset_count": lambda s, g: g["resets"],
     "gpu_state": lambda s, g: "lost" if g["faults"].get("lost") else "ok",
-    "pci.bus_id": lambda s, g: f"00000000:{0x18 + 0x10 * g['index']:02X}:00.0",
-    "pcie.link.gen.current": lambda s, g: 5,
+    "pci.bus_id": lambda s, g: f"00000000:{SIM_PCI_BUSES[g['index']]:02X}:00.0",
+    "utilization.gpu": lambda s, g: 100 if _busy(s, g) else 0,
+    # An idle GPU trains its link down to Gen1 (GPU_FAULTS.md), as the simulated agent sees.
+    "pcie.link.gen.current": lambda s, g: (
+        g["faults"].get("pcie_slow", {}).get("gen", 5) if _busy(s, g) else 1
+    ),
     "pcie.link.width.current": lambda s, g: g["faults"].get("pcie_narrow", {}).get("width", 16),
     "pcie.link.width.max": lambda s, g: 16,
 }

@@ -11,6 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+# Where the GPUs of an 8-GPU HGX board sit on the PCI bus (bus numbers; domain 0,
+# device 0): the agent's backend, nvidia-smi's shim, the GPUs' sysfs entries (NUMA
+# node) and the manifests.
+SIM_PCI_BUSES = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB, 0x1B, 0x2B, 0x3B, 0x5E)
+
 H200: dict[str, Any] = {
     "name": "NVIDIA H200",
     "power_default_limit_w": 700.0,

@@ -37,6 +37,7 @@ from gpuops.clock import Clock
 from gpuops.console import Console, Latest
 from gpuops.console.latest import SIGNALS
 from gpuops.decide.breaker import BreakerState
+from gpuops.diagnose.topology import Manifests
 from gpuops.errors import ConfigError, EngineError
 from gpuops.http import HttpServer
 from gpuops.intake.alertmanager import AlertmanagerReceiver
@@ -152,6 +153,8 @@ class App:
         self.started = self.clock.now()
         self.notifier = Notifier([Webhook(w.kind, w.url, w.channel) for w in s.chatops.webhooks])
         self.catalog = load_catalog(s.playbooks_dir)
+        # A manifest that does not read stops the engine at start, naming the file.
+        self.manifests = Manifests.load(s.drift.topology_dir)
         key = load_key(signing_key_path(s))
         self.latest = Latest(self.inventory)
         self.engine = build_engine(
@@ -533,6 +536,7 @@ class App:
             batch_size=self.settings.drift.batch_size,
             forks=self.settings.drift.forks,
             env=RunEnv.of(self.settings),
+            manifests=self.manifests,
         )
         await publish_report(self.engine.stores.auditor.publisher, report)
         await self.engine.auditor.note(

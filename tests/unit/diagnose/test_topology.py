@@ -11,10 +11,12 @@ from gpuops.agent.topology import observe
 from gpuops.diagnose.topology import (
     GpuPlace,
     Manifest,
+    Manifests,
     NicPlace,
     Topology,
     differences,
     dump,
+    from_readings,
     learned,
     load_manifest,
 )
@@ -137,3 +139,46 @@ def test_a_manifest_that_does_not_read_says_which_file(tmp_path: Path) -> None:
     path.write_text("gpus:\n  0: {pcie_width: 16}\n")  # no PCI address
     with pytest.raises(ConfigError, match=r"bad\.yml: not a topology manifest"):
         load_manifest(path)
+
+
+def test_the_drift_check_s_readings_become_the_node_s_gpus_and_their_load() -> None:
+    """nvidia-smi's CSV rows (its 8-digit PCI domain, `[N/A]` where a field is not
+    supported) and grep's sysfs lines, as baseline.yml reports them."""
+    links = [
+        "0, 00000000:18:00.0, 5, 16, 97",
+        "1, 00000000:2A:00.0, 1, 8, 0",
+        "2, 00000000:3A:00.0, [N/A], [N/A], [N/A]",
+        "Unable to determine the device handle for GPU3: GPU is lost.",
+    ]
+    numa = [
+        "/sys/bus/pci/devices/0000:18:00.0/numa_node:0",
+        "/sys/bus/pci/devices/0000:2a:00.0/numa_node:-1",
+        "/sys/bus/pci/devices/0000:3a:00.0/numa_node:x",
+    ]
+    seen, util = from_readings(links, numa)
+    assert seen.gpus == {
+        0: GpuPlace(pci="0000:18:00.0", pcie_gen=5, pcie_width=16, numa=0),
+        1: GpuPlace(pci="0000:2a:00.0", pcie_gen=1, pcie_width=8, numa=-1),
+        2: GpuPlace(pci="0000:3a:00.0"),
+    }, "a lost GPU's line is no GPU: the manifest's comparison names it missing"
+    assert util == {0: 97.0, 1: 0.0, 2: None}
+    want = Topology(
+        gpus={i: GpuPlace(pci=p.pci, pcie_gen=5, pcie_width=16) for i, p in seen.gpus.items()}
+    )
+    assert [d.check for d in differences(want, seen, util)] == ["pcie_width"], (
+        "GPU 1's Gen1 is idle, its x8 is not; GPU 2 reports nothing to judge"
+    )
+
+
+def test_manifests_by_sku_and_a_second_one_for_a_sku_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a.yml").write_text("sku: h200-8gpu\ngpus: {0: {pci: '0000:18:00.0'}}\n")
+    manifests = Manifests.load(tmp_path)
+    assert manifests.for_host("node-001", "h200-8gpu") is not None
+    assert manifests.for_host("node-001", "b200-8gpu") is None, "no manifest: not compared"
+    assert Manifests.load(None).by_sku == {}
+    (tmp_path / "b.yml").write_text("sku: h200-8gpu\n")
+    with pytest.raises(ConfigError, match=r"b\.yml: sku h200-8gpu has a manifest already"):
+        Manifests.load(tmp_path)
+    (tmp_path / "b.yml").write_text("gpus: {}\n")
+    with pytest.raises(ConfigError, match=r"b\.yml: a topology manifest names its sku"):
+        Manifests.load(tmp_path)
