@@ -21,6 +21,7 @@ def _gpuops(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
     )
 
 
+@pytest.mark.slow  # two minutes: the whole demo, as `make demo` runs it: `make test-slow`
 def test_demo_closes_the_loop_for_every_fault(tmp_path: Path) -> None:
     # The demo waits on what happens, not on the wall: a loaded machine makes it slower,
     # never wrong, so its own limit is generous.

@@ -27,6 +27,7 @@ def _gpuops(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # a running engine and a drift check through the CLI: `make test-slow`
 def test_status_silence_drift_check_and_history_against_a_running_engine(tmp_path: Path) -> None:
     state = tmp_path / "state"
     fleet = SimFleet.create(tmp_path / "sim", nodes=3, gpus=2)

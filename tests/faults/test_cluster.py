@@ -40,6 +40,7 @@ async def _leader(bus: Bus) -> int:
     return int(info.cluster.leader.removeprefix(f"{CLUSTER_NAME}-n"))
 
 
+@pytest.mark.slow  # a three-server cluster, a kill and a new leader: `make test-slow`
 async def test_kill_9_of_the_stream_leader_loses_no_event_and_stores_no_intent_twice(
     tmp_path: Path, cluster: LocalCluster, cluster_bus: Bus
 ) -> None:

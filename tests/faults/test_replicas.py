@@ -348,6 +348,7 @@ async def decisions_made(port: int) -> float:
     return await metric(port, "gpuops_decisions_total")
 
 
+@pytest.mark.slow  # a lease's time cut off, then back: `make test-slow`
 async def test_a_replica_cut_off_for_longer_than_its_lease_decides_nothing_it_lost(
     tmp_path: Path, cluster: LocalCluster, cluster_bus: Bus
 ) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from gpuops.bus.cluster import LocalCluster
 from gpuops.bus.conn import Bus, connect
 from gpuops.bus.server import EmbeddedNats
@@ -27,6 +28,7 @@ def executor(tmp: Path, url: str, fleet: SimFleet, **env: str) -> Engine:
     return Engine(tmp, url, fleet, "executor", name="executor", nats__replicas="3", **env)
 
 
+@pytest.mark.slow  # a new three-server cluster and three processes: `make test-slow`
 async def test_an_executor_and_two_engines_started_at_once_on_a_new_cluster_all_come_up(
     tmp_path: Path, cluster: LocalCluster
 ) -> None:

@@ -13,6 +13,7 @@ from gpuops.bench.fleet import FleetSpec, bench_fleet
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.slow  # a fleet round: servers, replicas, an executor: `make test-slow`
 def test_a_tiny_round_counts_every_published_sample_and_times_every_probe_failure(
     tmp_path: Path,
 ) -> None:

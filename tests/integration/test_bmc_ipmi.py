@@ -85,6 +85,7 @@ def test_reboot_power_cycles_the_emulated_system_off_then_on(tmp_path: Path, bmc
     assert bmc.power() == "on"
 
 
+@pytest.mark.slow  # a reprovision's power cycle on ipmi_sim: `make test-slow`
 def test_reprovision_sets_one_time_pxe_boot_before_the_power_cycle(
     tmp_path: Path, bmc: Bmc
 ) -> None:
@@ -104,6 +105,7 @@ def test_collect_diagnostics_saves_the_bmcs_real_event_log(tmp_path: Path, bmc: 
     assert bmc.changes() == [], "reading the log changes nothing"
 
 
+@pytest.mark.slow  # every BMC read of reboot.yml and reprovision.yml: `make test-slow`
 def test_check_mode_reads_the_bmc_and_changes_nothing(tmp_path: Path, bmc: Bmc) -> None:
     fleet = _fleet(tmp_path, bmc)
     outcome, kept = _run(fleet, tmp_path, "collect_diagnostics.yml", check_mode=True)

@@ -133,6 +133,7 @@ def test_reboot_power_cycles_the_emulated_system_off_then_on(tmp_path: Path, bmc
     assert on - off >= HOLD_S, "the power stayed off at least bmc_off_hold_s"
 
 
+@pytest.mark.slow  # a reprovision's power cycles on the emulator: `make test-slow`
 def test_reprovision_inserts_virtual_media_and_boots_it_once(tmp_path: Path, bmc_off: Bmc) -> None:
     # The manager's Id is its system's in sushy-tools.
     fleet = _fleet(
@@ -152,6 +153,7 @@ def test_reprovision_inserts_virtual_media_and_boots_it_once(tmp_path: Path, bmc
     assert bmc_off.power_state() == "On", "the system was off, so its power cycle powered it on"
 
 
+@pytest.mark.slow  # a reprovision's power cycles on the emulator: `make test-slow`
 def test_reprovision_replaces_an_image_a_former_reinstall_left(
     tmp_path: Path, bmc_off: Bmc
 ) -> None:
@@ -164,6 +166,7 @@ def test_reprovision_replaces_an_image_a_former_reinstall_left(
     assert bmc_off.boot()["BootSourceOverrideTarget"] == "Cd"
 
 
+@pytest.mark.slow  # a reprovision's power cycles on the emulator: `make test-slow`
 def test_reprovision_without_an_image_boots_from_the_network_once(
     tmp_path: Path, bmc_off: Bmc
 ) -> None:

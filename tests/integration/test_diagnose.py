@@ -65,6 +65,7 @@ def test_grade_1_on_a_healthy_node_passes_with_each_check_and_its_number(tmp_pat
     assert '"DCGM Diagnostic"' in kept.read_text(), "the tool's own output is kept"
 
 
+@pytest.mark.slow  # two grade runs: `make test-slow`
 def test_a_node_is_held_to_its_own_sku_s_gpu_count(tmp_path: Path) -> None:
     """A 2-GPU simulated fleet declares its SKU (gpu_sku and a site skus file): its nodes
     pass with 2 GPUs, and the same node judged as an 8-GPU H200 fails on the count."""
@@ -112,6 +113,7 @@ def test_a_failing_dcgm_plugin_and_a_narrow_pcie_link_fail_grade_1(tmp_path: Pat
     assert any(name.startswith("dcgm:") and gpu == 3 for name, gpu in failing), failing
 
 
+@pytest.mark.slow  # every tool of the bundle, one by one: `make test-slow`
 def test_grade_5_collects_the_service_bundle_on_a_node_in_service(tmp_path: Path) -> None:
     fleet = _fleet(tmp_path)  # Slurm, in service: a bundle loads nothing
     fleet.inject(NODE, "xid", 0, xid=79)  # the kernel log says so

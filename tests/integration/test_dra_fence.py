@@ -46,6 +46,7 @@ def _effects(fleet: SimFleet) -> list[str]:
     return [r["spec"]["taint"]["effect"] for r in rules.values()]
 
 
+@pytest.mark.slow  # a minute: four rungs, each after the rule's cooldown: `make test-slow`
 async def test_none_then_noschedule_then_approved_noexecute_then_reset_and_unfenced(
     tmp_path: Path, bus: Bus, nats_server: EmbeddedNats
 ) -> None:

@@ -163,6 +163,7 @@ def test_gpu_reset_resets_every_listed_gpu_after_the_drain(tmp_path: Path) -> No
     assert state["drained"] is True
 
 
+@pytest.mark.slow  # a job's run, a drain and a repartition: `make test-slow`
 def test_mig_configure_drains_waits_for_the_job_then_repartitions(tmp_path: Path) -> None:
     fleet = _fleet(tmp_path)
     fleet.inject(NODE, "job", id=5, name="on-gpu-2", duration="2s", gpus=[2])

@@ -31,6 +31,7 @@ pytestmark = pytest.mark.integration
 NODE = "node-001"
 
 
+@pytest.mark.slow  # four playbook runs, two of them grades: `make test-slow`
 async def test_xid_79_reboot_fails_grade_2_then_reprovision_passes_and_the_node_returns(
     tmp_path: Path, bus: Bus, nats_server: EmbeddedNats
 ) -> None:

@@ -139,6 +139,7 @@ def test_the_engine_always_limits_a_run_to_its_node(tmp_path: Path) -> None:
     assert [fleet.state(n)["drained"] for n in fleet.nodes] == [False, True]
 
 
+@pytest.mark.slow  # a reboot through ipmi_sim: `make test-slow`
 def test_the_bmc_password_reaches_ipmitool_on_its_standard_input(tmp_path: Path) -> None:
     fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=1)
     password = "Zq81-bmc-secret"
