@@ -2,10 +2,10 @@
 window steps one rung up (reset GPU -> reboot -> reprovision -> a person); a rung whose
 run failed counts as an attempt, so the next recurrence climbs past it.
 
-A recurrence while the last rung still runs (its lock held) is not a failed rung: the
-fault often outlives the cooldown until the fix ends (a driver keeps its taint until the
-reset). Past the last rung it is dropped as locked, so a person is called only when the
-rungs ran out and nothing of theirs is still running.
+A recurrence while the rule's last rung still runs (its lock held by the rule) is not a
+failed rung: the fault often outlives the cooldown until the fix ends (a driver keeps its
+taint until the reset). Past the last rung it is dropped as locked, so a person is
+called only when the rungs ran out and none of them is still running.
 """
 
 from __future__ import annotations
@@ -66,9 +66,12 @@ class LadderStage(BaseStage):
         return None
 
     async def _running(self, p: Proposal) -> str:
-        """Why the node is still busy with an earlier decision ("" when it is not)."""
+        """Why the rule's own last rung is still running on the node ("" when it is not:
+        a lock another rule holds does not delay the hand-off)."""
         held, _ = await p.reads.get(self.locks.store, p.node)
         if held is None or held.event_id == p.event_id or held.until <= p.now:
+            return ""
+        if held.rule != p.rule.name:
             return ""
         return f"{p.node} is locked by {held.rule}: its run ends before the ladder goes on"
 

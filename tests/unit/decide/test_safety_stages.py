@@ -129,6 +129,22 @@ async def test_past_the_last_rung_a_run_still_in_flight_is_waited_for_not_escala
     assert done.reason is Reason.NEEDS_HUMAN and "2 attempts" in done.detail
 
 
+async def test_past_the_last_rung_another_rule_s_lock_does_not_delay_the_hand_off(
+    rules: dict[str, Rule],
+) -> None:
+    clock = ManualClock(T0)
+    engine = engine_on(clock, lock_lease_s=4 * 3600)
+    rule, decider = rules["xid-79-gpu-lost"], engine.pipeline.decider
+    for _ in range(2):  # reboot, reprovision: both ran and ended
+        d = await decider.decide(match(rule.name, t=clock.now(), gpu=None), rule)
+        await engine.locks.release("node-001", d.match.event_id)
+        clock.advance(2 * 3600)
+    other = rules["xid-48-dbe"]
+    assert (await decider.decide(match(other.name, t=clock.now()), other)).accepted  # its reset
+    again = await decider.decide(match(rule.name, t=clock.now(), gpu=None), rule)
+    assert again.reason is Reason.NEEDS_HUMAN, again
+
+
 async def test_attempt_cap_survives_a_restart(rules: dict[str, Rule]) -> None:
     clock, shared = ManualClock(T0), Buckets.memory()
     rule = rules["xid-reset-class"]
