@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--gpus", "160", "--seconds", "3", "--health", "6"]
 
 
+@pytest.mark.slow  # a bench run of its own: `make test-slow`
 def test_bench_intake_reports_every_health_event_and_the_collectors_pauses() -> None:
     done = subprocess.run(
         gpuops_argv("bench", "intake", *SMALL),

@@ -51,6 +51,7 @@ async def test_run_waits_for_the_cluster_to_elect_its_leader(
             assert info.cluster is not None and info.cluster.leader
 
 
+@pytest.mark.slow  # a command's whole patience, run out: `make test-slow`
 async def test_a_command_gives_up_on_a_cluster_with_no_leader(
     tmp_path: Path, lone: LocalCluster
 ) -> None:

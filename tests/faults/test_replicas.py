@@ -444,6 +444,7 @@ async def _publish_sample(
     return ack.seq, str(event["id"])
 
 
+@pytest.mark.slow  # two replicas and a takeover: `make test-slow`
 async def test_a_takeover_mid_window_fires_the_rule_once_at_its_event_time(
     tmp_path: Path, cluster: LocalCluster, cluster_bus: Bus
 ) -> None:

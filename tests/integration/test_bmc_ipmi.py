@@ -140,6 +140,7 @@ def test_a_wrong_bmc_password_fails_clearly_and_leaves_no_password_behind(
     assert WRONG not in error and bmc.password not in error
 
 
+@pytest.mark.slow  # a reboot through ipmi_sim, watched: `make test-slow`
 def test_the_bmc_password_is_in_no_process_argv(tmp_path: Path, bmc: Bmc) -> None:
     outcome, _ = _run(_fleet(tmp_path, bmc), tmp_path, "reboot.yml")
     assert outcome.status is RunStatus.SUCCESSFUL, outcome.error

@@ -178,6 +178,7 @@ def test_reprovision_without_an_image_boots_from_the_network_once(
     assert bmc_off.power_state() == "On"
 
 
+@pytest.mark.slow  # the emulator's log, collected (IPMI's stays in make test): `make test-slow`
 def test_collect_diagnostics_saves_what_the_bmc_said_of_its_log(tmp_path: Path, bmc: Bmc) -> None:
     diagnostics = tmp_path / "diagnostics"
     fleet = _fleet(tmp_path, bmc, diagnostics_dir=str(diagnostics))

@@ -67,6 +67,7 @@ async def test_a_fault_line_names_the_gpu_it_is_about(
     assert '<span class="gpus">GPU 3</span>' in fault, fault
 
 
+@pytest.mark.slow  # a storm of the same drop through a running engine: `make test-slow`
 async def test_the_same_drop_again_and_again_is_one_line_of_the_timeline(
     tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
 ) -> None:

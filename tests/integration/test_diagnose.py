@@ -136,6 +136,7 @@ def test_grade_5_collects_the_service_bundle_on_a_node_in_service(tmp_path: Path
     assert calls(fleet, NODE, "nvidia-bug-report"), "the report ran on the node"
 
 
+@pytest.mark.slow  # a real Slurm and a grade run: `make test-slow`
 def test_grade_2_refuses_a_slurm_node_in_service(tmp_path: Path) -> None:
     fleet = _fleet(tmp_path)  # Slurm (the simulator's scontrol), in service
     outcome = _diagnose(fleet, 2)
@@ -212,6 +213,7 @@ def test_fabric_a_bad_hca_fails_the_first_pair_and_the_second_pass_blames_the_no
     assert "ib_write_bw mlx5_3" in (outcome.error or ""), "the failing check names the HCA"
 
 
+@pytest.mark.slow  # two fabric passes, the peer at fault (the node's case stays): `make test-slow`
 def test_fabric_a_bad_hca_on_the_peer_clears_the_node_and_names_the_peer(
     tmp_path: Path,
 ) -> None:
