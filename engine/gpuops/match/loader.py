@@ -195,6 +195,8 @@ def build_ladder(raw: LineDict, file: str, playbooks_dir: Path | None) -> Ladder
                 file=file,
                 line=where,
             )
+        if "diagnose" in rung:  # a grade before the next fix, or for a person (grade 5)
+            rung = _diagnosis(rung, playbooks_dir)
         playbook = rung.get("playbook")
         problem = (
             playbook_problem(playbook, rung.get("vars", {}), playbooks_dir) if playbook else None
@@ -511,7 +513,7 @@ def _diagnosis(raw: LineDict, playbooks_dir: Path | None) -> LineDict:
     grade = int(raw["diagnose"])
     playbook = load_catalog(playbooks_dir).diagnosing() if playbooks_dir else "diagnose.yml"
     out = LineDict(raw)
-    out.line, out.key_lines = raw.line, getattr(raw, "key_lines", {})
+    out.line, out.key_lines = getattr(raw, "line", 0), getattr(raw, "key_lines", {})
     out.update(
         playbook=playbook,
         vars={**raw.get("vars", {}), "grade": grade},

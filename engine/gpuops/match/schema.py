@@ -15,6 +15,11 @@ _DURATION: dict[str, Any] = {
     "description": "a duration: 500ms, 90s, 10m, 1h30m, 7d, or seconds",
 }
 
+DIAGNOSE_WORDS = (
+    "run this grade of diagnostics instead of a fix (2 and 3 on a node in service drain it "
+    "first and are its gate back; 4, the fabric, a node out of service only, against peers "
+    "the engine picks; 5, the service bundle, then the node goes to a person)"
+)
 _ACTION: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -28,9 +33,7 @@ _ACTION: dict[str, Any] = {
             "type": "integer",
             "minimum": 1,
             "maximum": 5,
-            "description": "run this grade of diagnostics instead of a fix (2-4: a node "
-            "out of service only; 4, the fabric, against peers the engine picks; 5, the "
-            "service bundle, then the node goes to a person)",
+            "description": DIAGNOSE_WORDS,
         },
     },
     "oneOf": [{"required": ["playbook"]}, {"required": ["notify"]}, {"required": ["diagnose"]}],
@@ -136,8 +139,13 @@ _RUNG: dict[str, Any] = {
         "timeout": _DURATION,
         "needs_human": {"const": True},
         "gate": {"type": "integer", "minimum": 1, "maximum": 3},
+        "diagnose": {"type": "integer", "minimum": 1, "maximum": 5, "description": DIAGNOSE_WORDS},
     },
-    "oneOf": [{"required": ["playbook"]}, {"required": ["needs_human"]}],
+    "oneOf": [
+        {"required": ["playbook"]},
+        {"required": ["needs_human"]},
+        {"required": ["diagnose"]},
+    ],
 }
 
 LADDER_SCHEMA: dict[str, Any] = {

@@ -142,3 +142,48 @@ async def test_a_rule_s_own_peer_already_locked_drops_the_check_and_takes_nothin
     for node in ("node-001", "node-019"):
         held, _ = await engine.locks.holder(node)
         assert held is None, f"{node}'s lock was given back when the peer's was refused"
+
+
+LADDER = """
+ladders:
+  - name: deeper-first
+    window: 1d
+    rungs:
+      - playbook: reboot.yml
+      - diagnose: 3
+      - playbook: reprovision.yml
+      - diagnose: 5
+rules:
+  - name: gpu-gone
+    on: xid
+    when: xid == 79
+    group_by: node
+    ladder: deeper-first
+"""
+
+
+async def test_a_ladder_runs_a_deeper_grade_before_reprovisioning_and_the_bundle_last(
+    tmp_path: Path,
+) -> None:
+    rules = load_rules([_rules(tmp_path, LADDER)], ROOT / "playbooks")
+    [ladder] = [r.ladder for r in rules.rules if r.ladder]
+    assert [(r.playbook, r.vars.get("grade"), r.timeout_s) for r in ladder.rungs] == [
+        ("reboot.yml", None, 600.0),
+        ("diagnose.yml", 3, 5400.0),
+        ("reprovision.yml", None, 600.0),
+        ("diagnose.yml", 5, 1800.0),
+    ]
+    clock = ManualClock(T0)
+    engine = engine_on(clock, rules=rules)
+    seen = []
+    for _ in range(4):
+        d = await decide(engine.pipeline, match("gpu-gone", gpu=None, t=clock.now()))
+        seen.append([(a.playbook, a.vars.get("grade")) for a in d.actions])
+        await engine.locks.release("node-001", d.match.event_id)
+        clock.advance(3600)
+    assert seen == [
+        [("reboot.yml", None)],
+        [("diagnose.yml", 3)],  # the node is out after its reboot: the grade runs there
+        [("reprovision.yml", None)],
+        [("diagnose.yml", 5)],
+    ], seen
