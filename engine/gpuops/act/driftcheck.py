@@ -28,7 +28,7 @@ from gpuops.act.runner import RunRequest, run_async
 from gpuops.bus.publish import Publisher
 from gpuops.catalog import Role, load_catalog
 from gpuops.clock import Clock
-from gpuops.diagnose.topology import Manifests, differences, from_readings
+from gpuops.diagnose.topology import Manifests, Topology, differences, from_readings
 from gpuops.inventory.hosts import Inventory
 from gpuops.models import RunStatus, new_event, subject_for
 
@@ -191,7 +191,9 @@ def compare_topology(report: DriftReport, inventory: Inventory, manifests: Manif
         if want is None or result.readings is None:
             continue
         seen, util = from_readings(result.readings["links"], result.readings["numa"])
-        result.topology = [d.model_dump(mode="json") for d in differences(want, seen, util)]
+        # GPUs only: the check reads no HCA, so the manifest's HCAs are the agent's to judge.
+        gpus = Topology(gpus=want.gpus)
+        result.topology = [d.model_dump(mode="json") for d in differences(gpus, seen, util)]
 
 
 async def drift_check(

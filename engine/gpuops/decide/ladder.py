@@ -71,7 +71,7 @@ class LadderStage(BaseStage):
         held, _ = await p.reads.get(self.locks.store, p.node)
         if held is None or held.event_id == p.event_id or held.until <= p.now:
             return ""
-        if held.rule != p.rule.name:
+        if held.rule != p.rule.name or held.peer_of:  # another rule's, or a fabric check's peer
             return ""
         return f"{p.node} is locked by {held.rule}: its run ends before the ladder goes on"
 

@@ -14,9 +14,16 @@ from gpuops.errors import StateUnreadable
 from gpuops.inventory.domains import FACILITY, Domains
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.expr import render
+from gpuops.match.loader import gated_timeout_s
 from gpuops.models import ActionSpec, Reason
 from gpuops.record.episodes import Episode
-from gpuops.record.nodestate import NodeRecord, NodeState, NodeStates, validation_nonce
+from gpuops.record.nodestate import (
+    NodeRecord,
+    NodeState,
+    NodeStates,
+    decision_cause,
+    validation_nonce,
+)
 
 
 class NodeStateGate(BaseStage):
@@ -54,7 +61,10 @@ class NodeStateGate(BaseStage):
         if action.playbook != self.returning or asked >= grade:
             return action
         p.notes.append(f"the gate runs grade {grade}, as {p.node}'s fault asked")
-        return action.model_copy(update={"vars": {**action.vars, "grade": grade}})
+        timeout = max(action.timeout_s, gated_timeout_s(grade))  # a grade 3 takes up to 90m
+        return action.model_copy(
+            update={"vars": {**action.vars, "grade": grade}, "timeout_s": timeout}
+        )
 
 
 class NodeReadable(BaseStage):
@@ -110,8 +120,10 @@ class DrainForGrade(BaseStage):
         if not any(grades):
             return None
         found, _ = await p.reads.get(self.states.store, p.node)
-        if found is not None and found.quarantined:
-            return None  # out of service already: the grade runs there
+        # Out of service already, the grade runs there; out by this very decision (it is
+        # decided again after a crash), it is still the drain it was.
+        if found is not None and found.quarantined and found.cause != decision_cause(p.match):
+            return None
         grade = max(grades)
         reason = next(
             (a.vars.get("reason") for a in p.actions if self._grade(a) and a.vars.get("reason")),
@@ -200,10 +212,28 @@ class FabricPeers(BaseStage):
                 for a in p.actions
             ]
             p.notes.append(f"fabric peers: {', '.join(peers) or 'none known-good'}")
-        fabric = [a for a in p.actions if self._fabric(a)]  # each with its peers now
-        named = (str(n) for a in fabric for n in a.vars.get("peers") or () if str(n) != p.node)
+        # Each with its peers now, as a list of the inventory's hosts (a rule's own may be
+        # written "a, b"): what the playbook pairs with is what is locked.
+        p.actions = [
+            a.model_copy(update={"vars": {**a.vars, "peers": self._hosts(a.vars["peers"], p)}})
+            if self._fabric(a)
+            else a
+            for a in p.actions
+        ]
+        named = (n for a in p.actions if self._fabric(a) for n in a.vars["peers"])
         p.peers = tuple(dict.fromkeys(named))
         return None
+
+    def _hosts(self, given: object, p: Proposal) -> list[str]:
+        names = given.split(",") if isinstance(given, str) else given
+        if not isinstance(names, list | tuple):
+            names = []
+        hosts = [str(n).strip() for n in names]
+        known = [h for h in hosts if h in self.inventory.hosts and h != p.node]
+        if len(known) < len(hosts):
+            gone = sorted(set(hosts) - set(known))
+            p.notes.append(f"fabric peers left out (not in the inventory, or the node): {gone}")
+        return list(dict.fromkeys(known))
 
     async def _pick(self, p: Proposal) -> list[str]:
         out = {r.node for r in await self.states.all() if r.state is not NodeState.HEALTHY}

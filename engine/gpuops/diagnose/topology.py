@@ -113,6 +113,8 @@ class Manifests:
         """The directory's manifests (none without one); ConfigError names a file that does
         not read, or two for one SKU."""
         found: dict[str, tuple[Path, Manifest]] = {}
+        if directory is not None and not directory.is_dir():
+            raise ConfigError(f"{directory}: no such directory of topology manifests")
         for path in sorted(directory.glob("*.yml")) if directory is not None else ():
             manifest = load_manifest(path)
             if not manifest.sku:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from gpuops.catalog import Catalog
 from gpuops.match.expr import condition_from, fact_expression
+from gpuops.match.loader import gated_timeout_s
 from gpuops.match.rules import Rule, RuleAction, RuleSet
 from gpuops.models import fact_fields
 
@@ -50,7 +51,11 @@ def builtin_rules(catalog: Catalog, gate_grade: int) -> tuple[Rule, ...]:
             states=("validating",),
             severity="info",
             actions=(
-                RuleAction(playbook=back, vars={"reason": "validation probe passed", **gate}),
+                RuleAction(
+                    playbook=back,
+                    vars={"reason": "validation probe passed", **gate},
+                    timeout_s=gated_timeout_s(gate_grade),  # the grade runs first
+                ),
             ),
         ),
         _rule(

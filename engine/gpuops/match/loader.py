@@ -507,6 +507,12 @@ def _action(
 DIAGNOSE_TIMEOUTS = {1: "10m", 2: "30m", 3: "90m", 4: "30m", 5: "30m"}
 
 
+def gated_timeout_s(grade: int, own_s: float = 600.0) -> float:
+    """How long a return to service may run when its gate runs `grade` first: its own
+    time and the grade's."""
+    return own_s + (parse_duration(DIAGNOSE_TIMEOUTS[grade]) if grade in DIAGNOSE_TIMEOUTS else 0)
+
+
 def _diagnosis(raw: LineDict, playbooks_dir: Path | None) -> LineDict:
     """`diagnose: N` as the playbook action it stands for: the catalogue's diagnose
     playbook with `grade: N` (a grade above 1 refuses a node in service)."""

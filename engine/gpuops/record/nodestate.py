@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog, Effect
-from gpuops.models import Decision, Reason, RunStatus
+from gpuops.models import Decision, Match, Reason, RunStatus
 
 
 class NodeState(StrEnum):
@@ -121,13 +121,18 @@ def moved(
     )
 
 
+def decision_cause(m: Match) -> str:
+    """How a node's record names the decision that moved it."""
+    return f"decision:{m.rule}:{m.key}:{m.event_id}"
+
+
 def after_decision(
     record: NodeRecord, d: Decision, catalog: Catalog, at: float
 ) -> NodeRecord | None:
     """What a decision does to the node's state."""
     m = d.match
     plays = [a.playbook for a in d.actions]
-    cause, rule = f"decision:{m.rule}:{m.key}:{m.event_id}", m.rule
+    cause, rule = decision_cause(m), m.rule
     fault = fault_name(m.rule, m.gpus or ((m.gpu,) if m.gpu is not None else ()))
     doing = f"{fault}: {', '.join(plays)}" if plays else fault
     if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
@@ -171,9 +176,11 @@ def after_run(
     at: float,
     error: str | None = None,
     held_by_person: str | None = None,
+    gated: bool = False,
 ) -> NodeRecord | None:
     """Validate a node that was taken out; return others to healthy; a failure steps back,
-    or, for a fix that took the node out, goes to a person with what failed."""
+    or, for a fix that took the node out, goes to a person with what failed. `gated`: the
+    run's decision named a gate (a drain for a grade: decide.nodegate.DrainForGrade)."""
     spec = catalog.get(playbook)
     if status is RunStatus.INTERRUPTED:
         why = f"{playbook} was interrupted (engine or executor died mid-run): check the node"
@@ -190,9 +197,11 @@ def after_run(
         back = S.QUARANTINED if record.quarantined else S.SUSPECT
         why = f"{playbook} {status.value}" + (f": {error}" if error else "")
         return moved(record, back, why, at)
-    if spec is not None and spec.effect is Effect.ISOLATE and record.grade:
+    if spec is not None and spec.effect is Effect.ISOLATE and gated and record.grade:
         # Drained for a grade of diagnostics (decide.nodegate.DrainForGrade): the gate
-        # back into service runs it, after the probe.
+        # back into service runs it, after the probe. The decision's own gate says so, not
+        # a grade left on the record (a person's drain of a node a failed gate left out
+        # stays a person's).
         return moved(record, S.VALIDATING, f"{playbook} succeeded; grade {record.grade} next", at)
     if spec is not None and spec.effect is Effect.ISOLATE:
         why = f"drained after {rule}: fix the cause, then undrain {record.node}"

@@ -205,6 +205,7 @@ class Recorder:
                 now,
                 outcome.error,
                 outcome.held_by_person,
+                gated=intent.decision is not None and intent.decision.gate > 0,
             )
 
         moved = await self.states.apply(intent.node, step)

@@ -175,8 +175,9 @@ async def test_a_ladder_runs_a_deeper_grade_before_reprovisioning_and_the_bundle
     ]
     clock = ManualClock(T0)
     engine = engine_on(clock, rules=rules)
-    seen = []
+    seen, out = [], []
     for _ in range(4):
+        out.append((await engine.states.get("node-001")).quarantined)
         d = await decide(engine.pipeline, match("gpu-gone", gpu=None, t=clock.now()))
         seen.append([(a.playbook, a.vars.get("grade")) for a in d.actions])
         await engine.locks.release("node-001", d.match.event_id)
@@ -187,3 +188,14 @@ async def test_a_ladder_runs_a_deeper_grade_before_reprovisioning_and_the_bundle
         [("reprovision.yml", None)],
         [("diagnose.yml", 5)],
     ], seen
+    assert out == [False, True, True, True], "out of service from the reboot on"
+
+
+async def test_a_rule_s_peers_written_as_text_are_the_inventory_s_hosts(tmp_path: Path) -> None:
+    text = RULES.replace("peers: [node-019, node-020]", 'peers: "node-019, node-020, nosuch"')
+    rules = load_rules([_rules(tmp_path, text)], ROOT / "playbooks")
+    engine = engine_on(ManualClock(T0), rules=rules)
+    d = await decide(engine.pipeline, match("ib-slow-named", gpu=None, kind="ib", ports_down=2))
+    assert d.accepted and d.actions[0].vars["peers"] == ["node-019", "node-020"], d
+    assert d.peers_locked == ("node-019", "node-020")
+    assert "fabric peers left out (not in the inventory, or the node): ['nosuch']" in d.detail

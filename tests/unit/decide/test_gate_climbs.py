@@ -237,12 +237,17 @@ async def test_a_medium_grade_asked_for_a_node_in_service_drains_it_and_is_the_g
     assert (record.state, record.grade) == (NodeState.QUARANTINED, 2)
     breaker, _ = await fleet.engine.breaker.get()
     assert "node-001" in breaker.recent(fleet.clock.now(), 600), "the drain counts"
+    again = await decide(fleet.engine.pipeline, match("looks-slow", gpu=None, xid=79))
+    assert [a.playbook for a in again.actions] == ["drain.yml"] and again.holds_lock, (
+        "the same event decided again after a crash is the same drain, not a second run"
+    )
 
     await fleet.run(RunStatus.SUCCESSFUL)  # drained
     assert await fleet.state() is NodeState.VALIDATING
     back = await fleet.probe_passes()
     [ret] = back.actions
     assert (ret.playbook, ret.vars["grade"]) == ("return_to_service.yml", 2)
+    assert ret.timeout_s == 600 + 1800, "the return's own 10 minutes and grade 2's 30"
     await fleet.run(RunStatus.SUCCESSFUL, PASSED)
     assert await fleet.state() is NodeState.HEALTHY, "the grade passed: back in service"
 

@@ -176,6 +176,8 @@ def test_manifests_by_sku_and_a_second_one_for_a_sku_is_refused(tmp_path: Path) 
     assert manifests.for_host("node-001", "h200-8gpu") is not None
     assert manifests.for_host("node-001", "b200-8gpu") is None, "no manifest: not compared"
     assert Manifests.load(None).by_sku == {}
+    with pytest.raises(ConfigError, match="no such directory of topology manifests"):
+        Manifests.load(tmp_path / "typo")  # a wrong path is said, not an empty site
     (tmp_path / "b.yml").write_text("sku: h200-8gpu\n")
     with pytest.raises(ConfigError, match=r"b\.yml: sku h200-8gpu has a manifest already"):
         Manifests.load(tmp_path)

@@ -56,3 +56,14 @@ def test_words_in_a_failure_are_not_a_person_s_hold_only_the_run_s_signal_is() -
     said = "the log says the node is held by a person, but no playbook found one"
     moved = after_run(TAKEN_OUT, "drain.yml", RunStatus.FAILED, CATALOG, "r", 10.0, said)
     assert moved is not None and moved.state is NodeState.QUARANTINED
+
+
+def test_only_a_drain_decided_with_a_gate_validates_after_it() -> None:
+    """A drain for a grade (decide.nodegate.DrainForGrade) validates, and the gate runs the
+    grade; a person's drain of a node that still carries a failed gate's grade stays theirs."""
+    left_out = TAKEN_OUT.model_copy(update={"grade": 2})
+    mine = after_run(left_out, "drain.yml", RunStatus.SUCCESSFUL, CATALOG, "r", 10.0, gated=True)
+    assert mine is not None and mine.state is NodeState.VALIDATING
+    theirs = after_run(left_out, "drain.yml", RunStatus.SUCCESSFUL, CATALOG, "chatops-drain", 10.0)
+    assert theirs is not None and theirs.state is NodeState.NEEDS_HUMAN
+    assert "fix the cause, then undrain n1" in theirs.why
