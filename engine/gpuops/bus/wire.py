@@ -222,7 +222,7 @@ class Rows:
     def pairs(self, row: tuple[Any, ...]) -> Iterable[tuple[str, Any]]:
         """A row's (field, reading) pairs the facts take."""
         if self.keep is None:
-            return zip(self.fields, row, strict=True)
+            return zip(self.fields, row, strict=False)  # the decoder's row type fixes its length
         return ((self.fields[i], row[i]) for i in self.keep)
 
     def _named(self, text: str) -> str:

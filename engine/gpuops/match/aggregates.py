@@ -28,6 +28,7 @@ MAX_WINDOW_S = 7 * 86400.0  # longer windows would make a bucket coarser than an
 QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 FUNCTIONS = ("sum", "avg", "min", "max", "count", *QUANTILES)
 _U16 = 0xFFFF
+_SUMS = BUCKETS * BINS  # where a quantile series' row of bin sums starts
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +96,21 @@ class Series:
         self.count[slot] = n + 1
         self.n += 1
         self.total[slot] += value
-        if self.hist is not None:
-            self._bin(slot, value)
+        hist = self.hist
+        if hist is None:
+            return
+        # The usual sample (a grid chosen, the value on it, counters with room) is two
+        # increments here; anything else is `_bin`'s. A day of 1 Hz samples per GPU
+        # comes this way, so the call saved is most of the cost of a p95 rule.
+        if self.exp is not None:
+            j = math.floor(math.ldexp(value, -self.exp)) - self.base
+            if 0 <= j < BINS:
+                at, total = slot * BINS + j, _SUMS + j
+                if hist.typecode == "I" or (hist[at] < _U16 and hist[total] < _U16):
+                    hist[at] += 1
+                    hist[total] += 1
+                    return
+        self._bin(slot, value)
 
     def _advance(self, b: int) -> None:
         """Make `b` the head bucket, emptying the buckets that fall out of the window."""
@@ -281,9 +295,9 @@ class Aggregates:
             if state is not None and t >= state.evaluated:
                 state.evaluated = t
             return False
-        for field, one in zip(self.series_fields, state.series, strict=True):
+        for field, one in zip(self.series_fields, state.series, strict=False):  # built alike
             v = fact.get(field)
-            if _number(v):
+            if (v.__class__ is float and math.isfinite(v)) or v.__class__ is int or _number(v):
                 one.add(t, v)
         return True
 

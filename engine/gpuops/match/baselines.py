@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from statistics import fmean
+from math import fsum
 from typing import Any
 
 BAND = 10.0  # sm_active points per load band
@@ -89,24 +89,29 @@ class FleetBaseline:
 
     def observe(self, node: str, facts: list[dict[str, Any]], t: float) -> None:
         """Add the node's reading and give each of its GPU facts the two baseline facts."""
-        bandwidth = [f["dram_bw_util"] for f in facts if f.get("dram_bw_util") is not None]
-        active = [f["sm_active"] for f in facts if f.get("sm_active") is not None]
+        bandwidth = [v for f in facts if (v := f.get("dram_bw_util")) is not None]
+        active = [v for f in facts if (v := f.get("sm_active")) is not None]
         if not bandwidth or not active:
             for fact in facts:
                 fact.update(dict.fromkeys(FIELDS))
             return
-        mine = fmean(bandwidth)
-        key = (str(facts[0].get("name") or ""), int(fmean(active) // BAND))
+        mine = fsum(bandwidth) / len(bandwidth)  # statistics.fmean, without its checks
+        key = (str(facts[0].get("name") or ""), int(fsum(active) / len(active) // BAND))
         moved_from = self._band_of.get(node)
         if moved_from is not None and moved_from != key:
             self._bands[moved_from].latest.pop(node, None)
         band = self._bands.setdefault(key, _Latest(MAX_AGE_S))
         band.latest[node] = (t, mine)
         self._band_of[node] = key
-        median = band.median(node, t, lambda old: self._band_of.pop(old, None))
+        median = band.median(node, t, self._gone)
+        shown = round(mine, 2)
         for fact in facts:
-            fact["node_dram_bw_util"] = round(mine, 2)
+            fact["node_dram_bw_util"] = shown
             fact["dram_bw_util_fleet_median"] = median
+
+    def _gone(self, node: str) -> None:
+        """A node aged out of its band."""
+        self._band_of.pop(node, None)
 
 
 class GradeBaseline:

@@ -20,7 +20,7 @@ from typing import Any
 from gpuops.match.aggregates import Aggregates
 from gpuops.match.expr import compile_sandboxed, fact_keys
 from gpuops.match.rules import Rule
-from gpuops.match.windows import HeldFor, Instant, Window
+from gpuops.match.windows import HeldFor, Increase, Instant, Window
 from gpuops.models import Match
 
 Fact = Mapping[str, Any]
@@ -217,6 +217,23 @@ def compile_kind(
         if watch:
             assert cleared is not None
             names[f"_fired{i}"], names[f"_clr{i}"] = e.fired, _clear(e, cleared)
+        if rule.expr is None and isinstance(window, Increase) and e.field:
+            # A counter that has not moved, with no rise in its window, stays quiet: only
+            # its time is noted (what Increase.observe would do), without two calls.
+            names[f"_fld{i}"], names[f"_last{i}"] = e.field, window.last
+            names[f"_rises{i}"], names[f"_key{i}"] = window.rises, key
+            lines += [
+                f"    _v = f.get(_fld{i})",
+                "    if _v is not None:",
+                f"        _k = _key{i}(f)",
+                f"        _p = _last{i}.get(_k)",
+                f"        if _p is not None and _v == _p[1] and t >= _p[0]"
+                f" and not _rises{i}.get(_k):",
+                f"            _last{i}[_k] = (t, _v)",
+                "        else:",
+                f"            _hit{i}(f, t, eid, out)",
+            ]
+            continue
         if rule.expr is None:
             lines.append(f"    _hit{i}(f, t, eid, out)")
             continue

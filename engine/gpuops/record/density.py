@@ -53,14 +53,21 @@ class DensityTracker:
     window_s: float = DAY_S
     every_s: float = 60.0
     gpus: dict[tuple[str, int], _Gpu] = field(default_factory=dict)
+    # Per node: when its first GPU is next due, and how many GPUs it had. Most samples
+    # come before that and cost one lookup; a node that gains GPUs is looked at again.
+    _due: dict[str, tuple[float, int]] = field(default_factory=dict, init=False, repr=False)
 
     def observe(self, event: Event | Telemetry) -> None:
         """Take a telemetry event's readings (others are not about utilisation)."""
         telemetry = as_telemetry(event)
         if telemetry is None:
             return
-        t, node = telemetry.epoch, telemetry.node
-        for fact in telemetry.facts:
+        t, node, facts = telemetry.epoch, telemetry.node, telemetry.facts
+        due = self._due.get(node)
+        if due is not None and t < due[0] and len(facts) <= due[1]:
+            return
+        first_due = float("inf")
+        for fact in facts:
             util = fact["util_gpu"]
             if util is None:
                 continue
@@ -70,19 +77,27 @@ class DensityTracker:
                 seen = _Gpu(Series(self.window_s, True), Series(self.window_s, False), t, t)
                 self.gpus[key] = seen
             elif t - seen.last < self.every_s:
+                first_due = min(first_due, seen.last + self.every_s)
                 continue
             seen.last = t
+            first_due = min(first_due, t + self.every_s)
             seen.util.add(t, util)
             if fact["mem_used_bytes"] is not None:
                 seen.mem.add(t, float(fact["mem_used_bytes"]))
             if fact["mem_total_bytes"] is not None:
                 seen.mem_total = float(fact["mem_total_bytes"])
+        if first_due < float("inf"):
+            self._due[node] = (first_due, len(facts))
+        else:
+            self._due.pop(node, None)  # no GPU with a reading: look at the next sample
 
     def sweep(self, now: float) -> int:
         """Forget GPUs not seen for a whole window (a node that left the fleet)."""
         gone = [k for k, g in self.gpus.items() if now - g.last > self.window_s]
         for key in gone:
             del self.gpus[key]
+        for node in {node for node, _ in gone} - {node for node, _ in self.gpus}:
+            self._due.pop(node, None)
         return len(gone)
 
     def underused(

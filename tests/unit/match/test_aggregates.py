@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from gpuops.match.aggregates import (
     BINS,
     BUCKETS,
@@ -156,3 +157,19 @@ def test_quiet_keys_and_silent_members_are_swept() -> None:
     assert aggs.sweep(1050.0) == 1  # b's newest is older than its longest span (max_gap)
     assert set(aggs.keys) == {"a"}
     assert set(aggs.keys["a"].members) == {("n2", 0)}  # n1 stopped reporting
+
+
+def test_a_crowded_quantile_bin_widens_its_counters_and_loses_no_sample() -> None:
+    """More samples in one bin than 16 bits hold (a day at 1 Hz of a flat value): the
+    counters widen, and every sample is still counted, in its bucket and in the sums."""
+    series = Series(86400.0, True)
+    t = 1_800_000_000.0
+    for i in range(70_000):
+        series.add(t + i * 0.01, 42.0)  # all in one time bucket and one bin
+    series.add(t + 700.0, 99.0)
+
+    assert series.hist is not None and series.hist.typecode == "I"
+    assert series.value("count") == 70_001
+    assert sum(series.hist[BUCKETS * BINS :]) == 70_001, "the sums row holds every sample"
+    assert series.value("p50") == pytest.approx(42.0, abs=(99.0 - 42.0) / (BINS - 2))
+    assert series.value("max") == 99.0

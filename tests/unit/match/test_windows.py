@@ -161,3 +161,44 @@ def test_absent_forgets_keys_that_fired_until_they_report_again() -> None:
     assert list(window.last) == ["live"]
     window.observe("ghost-1", 130.0, True)  # the next event re-arms it
     assert window.due(300.0) == ["live", "ghost-1"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(gaps, st.just(-3.0)),  # now and then a sample older than the newest
+            st.one_of(st.none(), st.integers(0, 6), st.just(3)),  # flat runs are the usual
+        ),
+        min_size=1,
+        max_size=60,
+    ),
+    st.integers(1, 8),
+    st.integers(1, 300).map(float),
+)
+def test_an_increase_rule_fires_exactly_when_its_window_would(
+    tmp_path_factory: object, seq: list[tuple[float, int | None]], by: int, within: float
+) -> None:
+    """The generated code skips a counter that has not moved (gpuops.match.codegen): the
+    rule still fires on exactly the samples the window itself fires on."""
+    from pathlib import Path
+
+    from gpuops.match.loader import load_rules
+    from gpuops.match.matcher import Matcher
+
+    folder = Path(tmp_path_factory.mktemp("rules"))  # type: ignore[attr-defined]
+    (folder / "r.yml").write_text(
+        "rules:\n"
+        "  - name: climbing\n    on: telemetry\n    group_by: [node, gpu]\n"
+        f"    increase: {{field: nvlink_crc_errors, by: {by}, within: {int(within)}s}}\n"
+        "    actions:\n      - notify: chatops\n"
+    )
+    matcher = Matcher(load_rules([folder]))
+    window = Increase(float(by), within)
+    t = 1000.0
+    for i, (gap, value) in enumerate(seq):
+        t += gap
+        fact = {"node": "n1", "gpu": 0, "nvlink_crc_errors": value}
+        fired = bool(matcher.match_facts("telemetry", [fact], t, f"e{i}"))
+        expected = window.observe(("n1", 0), t, True, None if value is None else float(value))
+        assert fired == expected, (i, seq[: i + 1])

@@ -70,3 +70,28 @@ def test_a_gpu_not_seen_for_a_day_is_forgotten() -> None:
 
     assert tracker.sweep(1_800_000_000.0 + DAY_S + 1) == 1
     assert tracker.gpus == {}
+
+
+def test_a_node_between_its_minutes_costs_nothing_but_a_gpu_it_gains_is_taken_at_once() -> None:
+    tracker = DensityTracker()
+    t = 1_800_000_000.0
+    tracker.observe(_sample("n1", t, [(5.0, GB)]))
+    tracker.observe(_sample("n1", t + 1, [(50.0, GB)]))  # within the minute: not taken
+
+    assert tracker.gpus[("n1", 0)].util.value("count") == 1
+    tracker.observe(_sample("n1", t + 2, [(5.0, GB), (7.0, GB)]))  # a GPU came back
+
+    assert tracker.gpus[("n1", 1)].util.value("max") == 7.0
+    assert tracker.gpus[("n1", 0)].util.value("count") == 1, "GPU 0 still waits its minute"
+    tracker.observe(_sample("n1", t + 60, [(9.0, GB), (7.0, GB)]))
+
+    assert tracker.gpus[("n1", 0)].util.value("count") == 2
+    assert tracker.gpus[("n1", 1)].util.value("count") == 1, "GPU 1's minute is not over"
+
+
+def test_a_node_whose_gpus_read_no_utilisation_is_looked_at_again() -> None:
+    tracker = DensityTracker()
+    tracker.observe(_sample("n1", 1_800_000_000.0, [(None, GB)]))  # type: ignore[list-item]
+    tracker.observe(_sample("n1", 1_800_000_001.0, [(5.0, GB)]))
+
+    assert tracker.gpus[("n1", 0)].util.value("count") == 1
