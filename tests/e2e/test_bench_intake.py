@@ -33,6 +33,14 @@ def test_bench_intake_reports_every_health_event_and_the_collectors_pauses() -> 
     handled = re.search(r"handled: ([\d,]+) GPU samples/s", out)
     assert handled and int(handled.group(1).replace(",", "")) > 0, out
     assert re.search(r"garbage collector: gen0 \d+ x .*; [\d,]+ objects tracked", out), out
+    parts = re.search(
+        r"replay ([\d.]+) us a sample \(of it decoding ([\d.]+), observers ([\d.]+), "
+        r"matcher ([\d.]+)\); live [\d.]+ us",
+        out,
+    )
+    assert parts, out
+    replay, *each = (float(v) for v in parts.groups())
+    assert all(v > 0 for v in each) and sum(each) < replay * 1.5, out  # parts of one whole
 
 
 def test_gc_pauses_counts_each_generations_collections() -> None:

@@ -68,9 +68,27 @@ def with_medians(facts: list[Fact]) -> list[Fact]:
     ordered = sorted(v for v in bandwidth if v is not None)
     if len(ordered) < 2:  # no GPU has two reporting peers: the medians stay null (hot path)
         return facts
+    everyone = _median_skipping(ordered, len(ordered))  # a GPU without a value: all others
     for i, fact in enumerate(facts):
-        fact["dram_bw_util_peer_median"] = peer_median(bandwidth, i, ordered)
+        own = bandwidth[i]
+        fact["dram_bw_util_peer_median"] = (
+            everyone if own is None else _median_skipping(ordered, bisect.bisect_left(ordered, own))
+        )
     return facts
+
+
+def _median_skipping(ordered: list[float], skip: int) -> float | None:
+    """The median of `ordered` without its element at `skip` (none past the end), as
+    `peer_median` computes it, without a copy per GPU."""
+    count = len(ordered) - (1 if skip < len(ordered) else 0)
+    if count < 2:
+        return None
+
+    def at(j: int) -> float:
+        return ordered[j] if j < skip else ordered[j + 1]
+
+    mid = count // 2
+    return at(mid) if count % 2 else (at(mid - 1) + at(mid)) / 2
 
 
 def facts_of(event: Event | Telemetry) -> list[Fact]:

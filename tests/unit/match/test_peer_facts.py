@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from gpuops.match.facts import with_medians
 from gpuops.match.matcher import facts_of, peer_median
 from gpuops.models import EVENT_ADAPTER, fact_fields
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def _sample(*bandwidth: float | None) -> object:
@@ -40,3 +43,19 @@ def test_peers_without_the_field_do_not_count() -> None:
 def test_rules_may_name_the_derived_fact() -> None:
     assert "dram_bw_util_peer_median" in fact_fields("telemetry")
     assert "dram_bw_util_peer_median" not in fact_fields("xid")
+
+
+@settings(max_examples=400)
+@given(st.lists(st.one_of(st.none(), st.integers(0, 6).map(float), st.floats(0, 100)), max_size=9))
+def test_each_gpus_peer_median_is_the_median_of_the_others(values: list[float | None]) -> None:
+    """with_medians picks from one sorted list what peer_median computes from a copy."""
+    facts: list[dict[str, object]] = [
+        {"dram_bw_util": v, "dram_bw_util_peer_median": None} for v in values
+    ]
+    with_medians(facts)  # type: ignore[arg-type]
+    if sum(v is not None for v in values) < 2:
+        assert all(f["dram_bw_util_peer_median"] is None for f in facts)
+        return
+    assert [f["dram_bw_util_peer_median"] for f in facts] == [
+        peer_median(values, i) for i in range(len(values))
+    ]
