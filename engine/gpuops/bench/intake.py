@@ -222,15 +222,15 @@ async def _offline(
 
 
 def _observers(settings: Any, inventory: Any) -> list[Callable[[Any], None]]:
-    """What the live pipeline shows every telemetry sample besides the matcher, built
-    as the App builds them: density, the power controller, the console's heatmap."""
-    from gpuops.console.latest import Latest
+    """What replay's pipeline shows every telemetry sample besides the matcher, built as
+    the engine builds them: density and the power controller (live adds the console's
+    heatmap, which replay has not)."""
     from gpuops.power.controller import PowerController
     from gpuops.power.engine import node_policies, observer
     from gpuops.record.density import DensityTracker
 
     controller = PowerController(settings.power, node_policies(inventory, settings.power))
-    return [DensityTracker().observe, observer(controller), Latest(inventory).observe]
+    return [DensityTracker().observe, observer(controller)]
 
 
 async def _pending(bus: Any, partitions: int) -> int:
