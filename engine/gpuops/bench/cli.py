@@ -136,9 +136,19 @@ def bench_inventory(hosts: int, compare: bool, compare_hosts: int) -> None:
     show_default=True,
     help="partitions of the streams (nats.partitions), all owned by this one engine",
 )
+@click.option(
+    "--linger-ms",
+    type=click.FloatRange(0, 1000),
+    help="pause after a batch that was not full (intake_linger_ms; default: the settings')",
+)
 @telemetry_format_option("what the publisher sends")
 def bench_intake(
-    gpus: int, seconds: float, health: int, partitions: int, telemetry_format: int
+    gpus: int,
+    seconds: float,
+    health: int,
+    partitions: int,
+    linger_ms: float | None,
+    telemetry_format: int,
 ) -> None:
     """Engine CPU per GPU sample and health event -> intent latency under telemetry."""
     from gpuops.bench.intake import IntakeBench
@@ -151,6 +161,7 @@ def bench_intake(
         seconds=seconds,
         health=health,
         partitions=partitions,
+        linger_ms=linger_ms,
         telemetry_format=telemetry_format,
     )
     for line in run_bench(spec):

@@ -50,6 +50,7 @@ class IntakeBench:
     partitions: int = 8
     warmup_s: float = WARMUP_S
     telemetry_format: int = 2  # what the publisher sends (gpuops.bus.wire)
+    linger_ms: float | None = None  # intake_linger_ms; None: the settings' default
 
     @property
     def nodes(self) -> int:
@@ -73,6 +74,7 @@ def render(spec: IntakeBench, r: dict[str, Any]) -> Iterator[str]:
     yield (
         f"fleet: {spec.nodes} nodes x {spec.gpus_per_node} GPUs at 1 Hz "
         f"({spec.nodes * spec.gpus_per_node} samples/s offered, {spec.partitions} partitions, "
+        f"linger {r['linger_ms']:.0f} ms, "
         f"telemetry v{spec.telemetry_format}), "
         f"{spec.seconds:.0f} s measured "
         f"after {spec.warmup_s:.0f} s warm-up; {os.cpu_count()} cores, "
@@ -145,7 +147,7 @@ async def _with_server(spec: IntakeBench, url: str, work: Path, pid: int | None)
     from gpuops.spine.app import App
     from gpuops.spine.heap import settle_heap
 
-    settings = _settings(work, url, spec.partitions)
+    settings = _settings(work, url, spec.partitions, spec.linger_ms)
     inventory = _inventory(spec)
     rules = load_rules([settings.rules_dir], settings.playbooks_dir, inventory)
     bus = await connect(url, settings.nats)
@@ -154,6 +156,7 @@ async def _with_server(spec: IntakeBench, url: str, work: Path, pid: int | None)
     engine = asyncio.create_task(app.run())
     try:
         out = await _measure(spec, url, app, pid)
+        out["linger_ms"] = settings.intake_linger_ms
         out["pending"] = await _pending(bus, app.settings.nats.partitions)
         await _settle(app, spec)
         out.update(await _intents(bus, spec))
@@ -240,8 +243,10 @@ async def _pending(bus: Any, partitions: int) -> int:
     return sum(lag.pending for lag in await lags(bus.js, True, partitions))
 
 
-def _settings(work: Path, url: str, partitions: int) -> Any:
+def _settings(work: Path, url: str, partitions: int, linger_ms: float | None = None) -> Any:
     from gpuops.settings import Settings
+
+    linger = {} if linger_ms is None else {"intake_linger_ms": linger_ms}
 
     return Settings.model_validate(
         {
@@ -254,6 +259,7 @@ def _settings(work: Path, url: str, partitions: int) -> Any:
             # A bench acts on hundreds of nodes in seconds: the breaker and the racks'
             # budgets would stop it.
             "safety": {"breaker_absolute": 1_000_000, "breaker_share": 1.0, "domain_budgets": {}},
+            **linger,
         }
     )
 
