@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import re
-from collections.abc import Awaitable, Callable, Iterable
+import types
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -350,15 +351,74 @@ async def together(*calls: Awaitable[R]) -> list[R]:
 
     Waiting for all keeps a failed call from leaving the others running unobserved, and the
     failure keeps its own type (the intake tells a bus error from a bad event by it).
+
+    Each call is started at once, in order, as gather's tasks would start: one that ends
+    without waiting (a memory store: replay, test-rules, the shadow) costs no task, so a
+    decision's dozen reads and writes cost calls, not a dozen tasks and loop turns. One
+    that waits (a round trip to NATS) goes on in a task of its own, as with gather.
     """
     if len(calls) == 1:
         return [await calls[0]]
+    started = [_start(call) for call in calls]
+    waiting = [task for task in started if isinstance(task, _Waiting)]
+    if waiting:
+        await asyncio.gather(*(w.task for w in waiting), return_exceptions=True)
     out: list[R] = []
-    for result in await asyncio.gather(*calls, return_exceptions=True):
+    for one in started:
+        result = one.outcome() if isinstance(one, _Waiting) else one
         if isinstance(result, BaseException):
             raise result
         out.append(result)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiting(Generic[R]):
+    """A started call that waits, going on in its task."""
+
+    task: asyncio.Future[R]
+
+    def outcome(self) -> R | BaseException:
+        if self.task.cancelled():
+            return asyncio.CancelledError()
+        return self.task.exception() or self.task.result()
+
+
+def _start(call: Awaitable[R]) -> R | BaseException | _Waiting[R]:
+    """Run a call until it first waits: its result or failure if it never does, else
+    the task that goes on from there."""
+    if not asyncio.iscoroutine(call):
+        return _Waiting(asyncio.ensure_future(call))
+    try:
+        waits_on = call.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    except (Exception, asyncio.CancelledError) as exc:
+        return exc
+    return _Waiting(asyncio.ensure_future(_rest(call, waits_on)))
+
+
+async def _rest(call: Coroutine[Any, Any, R], waits_on: Any) -> R:
+    """The rest of a started call, in a task (its first wait handed to the task)."""
+    return await _resume(call, waits_on)
+
+
+@types.coroutine
+def _resume(call: Coroutine[Any, Any, R], waits_on: Any) -> Generator[Any, Any, R]:
+    """Drive `call` on from where it waits on `waits_on`, as `await call` would have."""
+    while True:
+        try:
+            sent = yield waits_on
+        except BaseException as exc:  # a cancellation or a failed wait: the call sees it
+            try:
+                waits_on = call.throw(exc)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+        else:
+            try:
+                waits_on = call.send(sent)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
 
 
 Change = Callable[[T | None], Awaitable[T | None]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import pytest
 from gpuops.bus.buckets import Buckets
@@ -279,3 +280,76 @@ async def test_together_waits_for_all_then_raises_the_first_failure() -> None:
         await together(fails(), slow())
     assert done == ["slow"]
     assert await together(asyncio.sleep(0, "a"), asyncio.sleep(0, "b")) == ["a", "b"]
+
+
+async def test_together_runs_waiting_calls_at_once_and_others_without_a_task() -> None:
+    """Started in order, each call that never waits ends before the next starts and makes
+    no task; calls that wait still wait at the same time (each sets what the other needs)."""
+    order: list[str] = []
+    ping, pong = asyncio.Event(), asyncio.Event()
+
+    async def plain(name: str) -> str:
+        order.append(name)
+        return name
+
+    async def first() -> str:
+        order.append("first waits")
+        ping.set()
+        await pong.wait()
+        return "first"
+
+    async def second() -> str:
+        order.append("second waits")
+        await ping.wait()
+        pong.set()
+        return "second"
+
+    loop, made = asyncio.get_running_loop(), []
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any) -> asyncio.Task[Any]:
+        made.append(coro)
+        return asyncio.Task(coro, loop=loop)
+
+    loop.set_task_factory(counting)
+    try:
+        assert await together(plain("a"), plain("b"), plain("c")) == ["a", "b", "c"]
+        assert made == [], "no call waited: no task"
+        got = await asyncio.wait_for(together(plain("x"), first(), second(), plain("y")), 2.0)
+    finally:
+        loop.set_task_factory(None)
+    assert got == ["x", "first", "second", "y"]
+    assert order == ["a", "b", "c", "x", "first waits", "second waits", "y"]
+
+
+async def test_together_fails_with_the_first_failure_in_order_of_the_calls() -> None:
+    async def at_once() -> None:
+        raise BusError("first, without waiting")
+
+    async def later() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("second")
+
+    with pytest.raises(BusError, match="first, without waiting"):
+        await together(at_once(), later())
+    with pytest.raises(ValueError, match="second"):
+        await together(later(), at_once())
+
+
+async def test_a_cancelled_together_cancels_the_calls_still_waiting() -> None:
+    cleaned: list[str] = []
+
+    async def waits() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cleaned.append("waits")
+
+    async def ends() -> str:
+        return "ends"
+
+    outer = asyncio.ensure_future(together(ends(), waits()))
+    await asyncio.sleep(0.01)
+    outer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await outer
+    assert cleaned == ["waits"]
