@@ -355,7 +355,9 @@ async def together(*calls: Awaitable[R]) -> list[R]:
     Each call is started at once, in order, as gather's tasks would start: one that ends
     without waiting (a memory store: replay, test-rules, the shadow) costs no task, so a
     decision's dozen reads and writes cost calls, not a dozen tasks and loop turns. One
-    that waits (a round trip to NATS) goes on in a task of its own, as with gather.
+    that waits (a round trip to NATS) goes on in a task of its own, as with gather. Until
+    its first wait a call runs in the caller's task (Python 3.12's eager tasks run it in
+    its own): none of these calls asks for its task (asyncio.timeout, current_task).
     """
     if len(calls) == 1:
         return [await calls[0]]
