@@ -135,7 +135,7 @@ def sim_fault(root: Path, node: str, fault: str, gpu: int, params: tuple[str, ..
 @click.option("--scenario", default="demo", show_default=True, help="shipped name or a .yml file")
 @click.option("--speed", type=float, help="simulated seconds per second [default: 10; peak: 5]")
 @click.option("--json-summary", is_flag=True, help="print the summary as JSON")
-@click.option("--timeout", type=float, help="wall seconds at most [default: 110; peak: 240]")
+@click.option("--timeout", type=float, help="wall seconds at most [default: 300; peak: 240]")
 @click.option(
     "--http", default="127.0.0.1:0", show_default=True, help="console and /metrics (port 0: any)"
 )
@@ -157,7 +157,10 @@ def demo(
     # budget holds: slower simulated time keeps them inside its override on a loaded host.
     peak = scenario == "peak"
     speed = speed or (5.0 if peak else 10.0)
-    timeout = timeout or (240.0 if peak else 110.0)
+    # The lost GPU's way back (reboot, grade 2 fails, reprovision, grade 2 passes) is about
+    # 1,700 simulated seconds of playbooks: on 2 loaded cores their wall time passed 110 s.
+    # A run that handles every fault ends then, so the bound only caps one that does not.
+    timeout = timeout or (240.0 if peak else 300.0)
 
     ok = run_async(
         run_demo(
