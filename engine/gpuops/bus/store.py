@@ -411,6 +411,9 @@ def _resume(call: Coroutine[Any, Any, R], waits_on: Any) -> Generator[Any, Any, 
     while True:
         try:
             sent = yield waits_on
+        except GeneratorExit:  # the task itself is being thrown away: so is the call
+            call.close()
+            raise
         except BaseException as exc:  # a cancellation or a failed wait: the call sees it
             try:
                 waits_on = call.throw(exc)
