@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import re
-import types
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -397,33 +396,43 @@ def _start(call: Awaitable[R]) -> R | BaseException | _Waiting[R]:
         return done.value  # type: ignore[no-any-return]
     except (Exception, asyncio.CancelledError) as exc:
         return exc
-    return _Waiting(asyncio.ensure_future(_rest(call, waits_on)))
+    return _Waiting(asyncio.ensure_future(_Rest(call, waits_on)))
 
 
-async def _rest(call: Coroutine[Any, Any, R], waits_on: Any) -> R:
-    """The rest of a started call, in a task (its first wait handed to the task)."""
-    return await _resume(call, waits_on)
+class _Rest(Coroutine[Any, R, R]):
+    """The rest of a started call, as a task's coroutine: the task's first step takes the
+    wait the call is in; whatever is thrown in goes to the call, even before that step (a
+    caller cancelled before its calls' tasks ran: each call still sees the cancellation)."""
 
+    __slots__ = ("call", "started", "waits_on")
 
-@types.coroutine
-def _resume(call: Coroutine[Any, Any, R], waits_on: Any) -> Generator[Any, Any, R]:
-    """Drive `call` on from where it waits on `waits_on`, as `await call` would have."""
-    while True:
-        try:
-            sent = yield waits_on
-        except GeneratorExit:  # the task itself is being thrown away: so is the call
-            call.close()
-            raise
-        except BaseException as exc:  # a cancellation or a failed wait: the call sees it
-            try:
-                waits_on = call.throw(exc)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-        else:
-            try:
-                waits_on = call.send(sent)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+    def __init__(self, call: Coroutine[Any, Any, R], waits_on: Any) -> None:
+        self.call, self.waits_on, self.started = call, waits_on, False
+
+    def send(self, value: Any) -> Any:
+        if not self.started:
+            self.started = True
+            return self.waits_on
+        return self.call.send(value)
+
+    def throw(self, typ: Any, val: Any = None, tb: Any = None) -> Any:
+        if not self.started:  # the wait the call is in is nobody's now, as a task's would be
+            self.started = True
+            if asyncio.isfuture(self.waits_on):
+                self.waits_on.cancel()
+        return self.call.throw(typ) if val is None and tb is None else self.call.throw(typ, val, tb)
+
+    def close(self) -> None:
+        self.call.close()
+
+    def __await__(self) -> Generator[Any, Any, R]:
+        return self  # an iterator of its own, as a native coroutine's wrapper is
+
+    def __iter__(self) -> _Rest[R]:
+        return self
+
+    def __next__(self) -> Any:
+        return self.send(None)
 
 
 Change = Callable[[T | None], Awaitable[T | None]]

@@ -54,7 +54,8 @@ class DensityTracker:
     every_s: float = 60.0
     gpus: dict[tuple[str, int], _Gpu] = field(default_factory=dict)
     # Per node: when its first GPU is next due, and how many GPUs it had. Most samples
-    # come before that and cost one lookup; a node that gains GPUs is looked at again.
+    # come before that and cost one lookup; a node that gains GPUs, or has one without a
+    # utilisation reading, is looked at again at its next sample.
     _due: dict[str, tuple[float, int]] = field(default_factory=dict, init=False, repr=False)
 
     def observe(self, event: Event | Telemetry) -> None:
@@ -70,6 +71,7 @@ class DensityTracker:
         for fact in facts:
             util = fact["util_gpu"]
             if util is None:
+                first_due = t  # a GPU without a reading: the node's next sample is looked at
                 continue
             key = (node, fact["index"])
             seen = self.gpus.get(key)

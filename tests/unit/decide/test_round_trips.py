@@ -353,3 +353,32 @@ async def test_a_cancelled_together_cancels_the_calls_still_waiting() -> None:
     with pytest.raises(asyncio.CancelledError):
         await outer
     assert cleaned == ["waits"]
+
+
+async def test_a_caller_cancelled_before_its_calls_tasks_ran_still_cancels_each_call() -> None:
+    """A cancellation already on its way when `together` starts its calls: each call,
+    started, sees it and cleans up (its `finally` may wait), none is left holding."""
+    held: set[int] = set()
+    seen: list[str] = []
+
+    async def holds(n: int) -> None:
+        held.add(n)  # what a call does before its first wait (a request sent, a lock)
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            seen.append(f"cancelled {n}")
+            raise
+        finally:
+            await asyncio.sleep(0)
+            held.discard(n)
+
+    async def caller() -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        asyncio.get_running_loop().call_soon(me.cancel)
+        await together(holds(1), holds(2))
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.ensure_future(caller())
+    await asyncio.sleep(0.01)
+    assert held == set() and sorted(seen) == ["cancelled 1", "cancelled 2"]

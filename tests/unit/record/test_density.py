@@ -95,3 +95,13 @@ def test_a_node_whose_gpus_read_no_utilisation_is_looked_at_again() -> None:
     tracker.observe(_sample("n1", 1_800_000_001.0, [(5.0, GB)]))
 
     assert tracker.gpus[("n1", 0)].util.value("count") == 1
+
+
+def test_a_gpu_that_had_no_reading_is_taken_when_its_reading_comes() -> None:
+    tracker = DensityTracker()
+    t = 1_800_000_000.0
+    tracker.observe(_sample("n1", t, [(5.0, GB), (None, GB)]))  # type: ignore[list-item]
+    tracker.observe(_sample("n1", t + 5, [(5.0, GB), (9.0, GB)]))
+
+    assert tracker.gpus[("n1", 1)].util.value("max") == 9.0, "not a minute later"
+    assert tracker.gpus[("n1", 0)].util.value("count") == 1, "GPU 0 still waits its minute"
