@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from math import fsum
 from typing import Any
 
+from gpuops.match.facts import median_skipping
+
 BAND = 10.0  # sm_active points per load band
 MIN_PEERS = 5
 REFRESH_S = 5.0
@@ -68,16 +70,8 @@ class _Latest:
         # The median of the others (the node is not its own peer), without copying: the
         # others are `ordered` with one copy of the node's own value skipped.
         skip = bisect.bisect_left(ordered, own) if own is not None else len(ordered)
-        count = len(ordered) - (1 if own is not None else 0)
-        if count < MIN_PEERS:
-            return None
-
-        def other(j: int) -> float:
-            return ordered[j] if j < skip else ordered[j + 1]
-
-        mid = count // 2
-        value = other(mid) if count % 2 else (other(mid - 1) + other(mid)) / 2
-        return round(value, 2)
+        value = median_skipping(ordered, skip, MIN_PEERS)
+        return None if value is None else round(value, 2)
 
 
 class FleetBaseline:

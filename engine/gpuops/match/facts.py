@@ -68,20 +68,20 @@ def with_medians(facts: list[Fact]) -> list[Fact]:
     ordered = sorted(v for v in bandwidth if v is not None)
     if len(ordered) < 2:  # no GPU has two reporting peers: the medians stay null (hot path)
         return facts
-    everyone = _median_skipping(ordered, len(ordered))  # a GPU without a value: all others
+    everyone = median_skipping(ordered, len(ordered))  # a GPU without a value: all others
     for i, fact in enumerate(facts):
         own = bandwidth[i]
         fact["dram_bw_util_peer_median"] = (
-            everyone if own is None else _median_skipping(ordered, bisect.bisect_left(ordered, own))
+            everyone if own is None else median_skipping(ordered, bisect.bisect_left(ordered, own))
         )
     return facts
 
 
-def _median_skipping(ordered: list[float], skip: int) -> float | None:
+def median_skipping(ordered: list[float], skip: int, fewest: int = 2) -> float | None:
     """The median of `ordered` without its element at `skip` (none past the end), as
-    `peer_median` computes it, without a copy per GPU."""
+    `peer_median` computes it, without a copy; None with fewer than `fewest` left."""
     count = len(ordered) - (1 if skip < len(ordered) else 0)
-    if count < 2:
+    if count < fewest:
         return None
 
     def at(j: int) -> float:

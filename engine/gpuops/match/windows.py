@@ -144,6 +144,8 @@ class Increase:
     """
 
     __slots__ = ("by", "last", "rises", "within")
+    # gpuops.match.codegen reads `last` and `rises` for a counter that has not moved
+    # (noted inline, without a call): keep what they mean in step with `observe`.
 
     def __init__(self, by: float, within: float) -> None:
         self.by = by

@@ -88,10 +88,7 @@ class DensityTracker:
                 seen.mem.add(t, float(fact["mem_used_bytes"]))
             if fact["mem_total_bytes"] is not None:
                 seen.mem_total = float(fact["mem_total_bytes"])
-        if first_due < float("inf"):
-            self._due[node] = (first_due, len(facts))
-        else:
-            self._due.pop(node, None)  # no GPU with a reading: look at the next sample
+        self._due[node] = (first_due, len(facts))
 
     def sweep(self, now: float) -> int:
         """Forget GPUs not seen for a whole window (a node that left the fleet)."""
