@@ -32,6 +32,9 @@ def test_bench_intake_reports_every_health_event_and_the_collectors_pauses() -> 
     assert "xid -> intent: 6/6 intents" in out, out
     handled = re.search(r"handled: ([\d,]+) GPU samples/s", out)
     assert handled and int(handled.group(1).replace(",", "")) > 0, out
+    # Pulls counted by the intakes' histogram: samples came, so some pull brought some.
+    pulls = re.search(r"([\d.]+) messages a pull \(([\d,]+) pulls\)", out)
+    assert pulls and float(pulls.group(1)) >= 1 and int(pulls.group(2).replace(",", "")) > 0, out
     assert re.search(r"garbage collector: gen0 \d+ x .*; [\d,]+ objects tracked", out), out
     parts = re.search(
         r"replay ([\d.]+) us a sample \(of it decoding ([\d.]+), observers ([\d.]+), "

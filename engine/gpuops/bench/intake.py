@@ -89,7 +89,8 @@ def render(spec: IntakeBench, r: dict[str, Any]) -> Iterator[str]:
     yield (
         f"handled: {r['samples_per_s']:,.0f} GPU samples/s "
         f"({r['samples']:,} samples in {r['wall_s']:.1f} s), "
-        f"telemetry backlog at the end {r['pending']:,} messages"
+        f"telemetry backlog at the end {r['pending']:,} messages; "
+        f"{r['pulled'] / max(1, r['pulls']):.1f} messages a pull ({r['pulls']:,.0f} pulls)"
     )
     yield (
         f"engine CPU: {r['cpu_s']:.2f} s, {r['cpu_per_1k']:.4f} CPU s per 1,000 samples "
@@ -332,11 +333,11 @@ async def _measure(spec: IntakeBench, url: str, app: Any, pid: int | None) -> di
     events = app.engine.metrics.events
     await asyncio.sleep(max(0.0, start + spec.warmup_s - time.time()))
     load, cpu0, n0, t0 = os.getloadavg()[0], _cpu(), total(events, "telemetry"), time.monotonic()
-    nats0 = _process_cpu(pid)
+    nats0, pulls0 = _process_cpu(pid), _pulls(app)
     with GcPauses() as gc_pauses:
         await asyncio.sleep(max(0.0, start + spec.warmup_s + spec.seconds - time.time()))
     cpu1, n1, t1 = _cpu(), total(events, "telemetry"), time.monotonic()
-    nats1 = _process_cpu(pid)
+    nats1, pulls1 = _process_cpu(pid), _pulls(app)
     report = json.loads((await child.stdout.read()).decode().strip().splitlines()[-1])
     await child.wait()
     samples = int((n1 - n0) * spec.gpus_per_node)
@@ -354,12 +355,24 @@ async def _measure(spec: IntakeBench, url: str, app: Any, pid: int | None) -> di
         "bytes_per_gpu": report["bytes"] / max(1, report["published"] * spec.gpus_per_node),
         "steady_bytes_per_gpu": report["steady_bytes"]
         / max(1, (report["published"] - report["keyframes"]) * spec.gpus_per_node),
+        "pulls": pulls1[0] - pulls0[0],
+        "pulled": pulls1[1] - pulls0[1],
         "keyframes": report["keyframes"],
         "keyframe_bytes": report["keyframe_bytes"],
         "health": spec.health,
         "gc": gc_pauses.summary(),
         "tracked": len(gc.get_objects()),
     }
+
+
+def _pulls(app: Any) -> tuple[float, float]:
+    """Telemetry pulls that brought messages so far, and the messages they brought."""
+    from gpuops.bus.conn import TELEMETRY
+
+    registry, labels = app.engine.metrics.registry, {"stream": TELEMETRY}
+    count = registry.get_sample_value("gpuops_intake_batch_messages_count", labels)
+    brought = registry.get_sample_value("gpuops_intake_batch_messages_sum", labels)
+    return count or 0.0, brought or 0.0
 
 
 def _cpu() -> float:

@@ -57,7 +57,11 @@ class Latest:
         every = {**self.domains.as_groups(), **inventory.groups}
         self.groups = {g: tuple(sorted(h)) for g, h in sorted(every.items())}
         self._index = {name: i for i, name in enumerate(self.nodes)}
-        self._cells: list[dict[int, Cell]] = [{} for _ in self.nodes]
+        # Plain tuples (seq, at, values), made Cells when read: building a NamedTuple
+        # costs twice a tuple, once per GPU sample, and pages read few of them.
+        self._cells: list[dict[int, tuple[int, float, tuple[float | None, ...]]]] = [
+            {} for _ in self.nodes
+        ]
         self.seq = 0
 
     def observe(self, event: Event | Telemetry) -> None:
@@ -71,7 +75,7 @@ class Latest:
         self.seq += 1
         cells, at = self._cells[i], telemetry.epoch
         for fact in telemetry.facts:  # index < MAX_GPUS: format v1 refuses others
-            cells[fact["index"]] = Cell(self.seq, at, _SIGNALS_OF(fact))
+            cells[fact["index"]] = (self.seq, at, _SIGNALS_OF(fact))
 
     def nodes_of(self, group: str | None) -> Sequence[str] | None:
         """The nodes of a group in order (every node for none or `all`); None: no such group."""
@@ -86,12 +90,15 @@ class Latest:
             i = self._index.get(name)
             if i is None:
                 continue
-            for gpu, cell in sorted(self._cells[i].items()):
-                if cell.seq > since:
+            for gpu, held in sorted(self._cells[i].items()):
+                if held[0] > since:
+                    cell = Cell._make(held)
                     rows.append([pos, gpu, round(max(0.0, now - cell.at)), *cell.shown])
         return Frame(self.seq, rows)
 
     def gpus(self, node: str) -> dict[int, Cell]:
         """A node's newest cells by GPU index."""
         i = self._index.get(node)
-        return dict(self._cells[i]) if i is not None else {}
+        if i is None:
+            return {}
+        return {gpu: Cell._make(held) for gpu, held in self._cells[i].items()}

@@ -87,6 +87,7 @@ class Intake:
         ack_all: bool = False,
         max_future_s: float = 300.0,
         on_dead: Callable[[str], None] | None = None,
+        on_batch: Callable[[int], None] | None = None,
         priority: Priority | None = None,
         urgent: bool = False,
         create: bool = True,
@@ -105,6 +106,7 @@ class Intake:
         self.ack_all = ack_all
         self.max_future_s = max_future_s
         self.on_dead = on_dead
+        self.on_batch = on_batch  # told the size of every pull that brought messages
         self.priority = priority
         self.urgent = urgent
         # A partition's consumer is made by its takeover only: one found missing was
@@ -163,6 +165,8 @@ class Intake:
                 await asyncio.sleep(1.0)
                 continue
             if msgs:
+                if self.on_batch is not None:
+                    self.on_batch(len(msgs))
                 await self.process(msgs)
             if msgs and len(msgs) < self.batch and self.linger_s > 0:
                 with contextlib.suppress(TimeoutError):

@@ -29,6 +29,10 @@ QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 FUNCTIONS = ("sum", "avg", "min", "max", "count", *QUANTILES)
 _U16 = 0xFFFF
 _SUMS = BUCKETS * BINS  # where a quantile series' row of bin sums starts
+_COUNTS = array("I", bytes(4 * BUCKETS))
+_FLOATS = array("d", bytes(8 * BUCKETS))
+# Quantiles only: BUCKETS rows of BINS counts, then one row of their sums.
+_HIST = array("H", bytes(2 * BINS * (BUCKETS + 1)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +71,13 @@ class Series:
         self.width = window / BUCKETS
         self.head: int | None = None
         self.n = 0  # samples in the window
-        self.count = array("I", bytes(4 * BUCKETS))
-        self.total = array("d", bytes(8 * BUCKETS))
-        self.lo = array("d", bytes(8 * BUCKETS))
-        self.hi = array("d", bytes(8 * BUCKETS))
-        # Quantiles only: BUCKETS rows of BINS counts, then one row of their sums.
-        rows = BINS * (BUCKETS + 1)
-        self.hist: array[int] | None = array("H", bytes(2 * rows)) if quantiles else None
+        # Copies of zeroed arrays (a slice is one copy; from bytes, two allocations): a
+        # replay of a short recording makes a series for every GPU it meets.
+        self.count = _COUNTS[:]
+        self.total = _FLOATS[:]
+        self.lo = _FLOATS[:]
+        self.hi = _FLOATS[:]
+        self.hist: array[int] | None = _HIST[:] if quantiles else None
         self.exp: int | None = None  # bin width 2**exp; None until a value arrives
         self.base = 0  # absolute bin index of the first bin
 

@@ -55,6 +55,15 @@ class Metrics:
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120),
             registry=r,
         )
+        # Messages per pull: a telemetry intake that pulls a few at a time pays the NATS
+        # client's cost per batch (a request, a wake-up, an ack) for every few samples.
+        self.intake_batch = Histogram(
+            "gpuops_intake_batch_messages",
+            "Messages per pull from a stream",
+            ["stream"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=r,
+        )
         self.breaker_open = Gauge(
             "gpuops_breaker_open", "1 when the fleet breaker is open", registry=r
         )

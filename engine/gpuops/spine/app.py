@@ -246,6 +246,7 @@ class App:
             ack_all=telemetry,
             max_future_s=self.settings.max_future_skew_s,
             on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),
+            on_batch=self.engine.metrics.intake_batch.labels(stream).observe,
             priority=self.priority,  # health events first: telemetry pauses for them
             urgent=not telemetry,
             identity=self.verifier,

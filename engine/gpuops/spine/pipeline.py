@@ -21,6 +21,8 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from prometheus_client import Counter
+
 from gpuops.bus.publish import Publisher
 from gpuops.bus.store import together
 from gpuops.clock import Clock
@@ -107,6 +109,9 @@ class Pipeline:
         self.owner: Owner = owner or Whole()
         self._unknown: dict[str, int] = {}
         self._unknown_reported = float("-inf")
+        # Each kind's child of the events counter: `labels()` takes a lock and hashes its
+        # values, once per event otherwise. Kinds are the models' few (decode refuses others).
+        self._counted: dict[str, Counter] = {}
 
     @property
     def auditor(self) -> Auditor:
@@ -118,7 +123,10 @@ class Pipeline:
         one of its own requests; the decisions made, in order."""
         if isinstance(item, Request):
             return await self._request(item)
-        self.metrics.events.labels(item.kind).inc()
+        counted = self._counted.get(item.kind)
+        if counted is None:
+            counted = self._counted[item.kind] = self.metrics.events.labels(item.kind)
+        counted.inc()
         if item.node not in self.inventory:
             await self._unknown_node(item)
             return []

@@ -173,3 +173,21 @@ def test_a_crowded_quantile_bin_widens_its_counters_and_loses_no_sample() -> Non
     assert sum(series.hist[BUCKETS * BINS :]) == 70_001, "the sums row holds every sample"
     assert series.value("p50") == pytest.approx(42.0, abs=(99.0 - 42.0) / (BINS - 2))
     assert series.value("max") == 99.0
+
+
+def test_each_series_has_its_own_buckets() -> None:
+    """Series start from copies of shared zeroed arrays: what one takes, another (made
+    before or after it) never sees, nor does a crowded one widening its counters."""
+    before = Series(86400.0, True)
+    crowded = Series(86400.0, True)
+    t = 1_800_000_000.0
+    for i in range(70_000):
+        crowded.add(t + i * 0.01, 42.0)
+    after = Series(86400.0, True)
+
+    for fresh in (before, after):
+        assert fresh.n == 0 and fresh.value("max") is None
+        assert fresh.hist is not None and not any(fresh.hist) and not any(fresh.count)
+    fresh = Series(3600.0, False)
+    fresh.add(t, 7.0)
+    assert fresh.value("max") == 7.0 and after.value("max") is None
