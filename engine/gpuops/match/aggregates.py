@@ -293,7 +293,8 @@ class Aggregates:
     def between(self, key: Hashable, t: float, every: float, fact: Mapping[str, Any]) -> bool:
         """For a rule evaluated at most once per `every` seconds of a key's event time: if
         the key was evaluated less than `every` ago, take the sample into the series only
-        and say so (True); else the caller evaluates it now (False)."""
+        and say so (True); else the caller evaluates it now (False). The generated code
+        of such a rule does the first part inline (codegen._between): keep them alike."""
         state = self.keys.get(key)
         if state is None or not state.evaluated <= t < state.evaluated + every:
             if state is not None and t >= state.evaluated:
@@ -301,7 +302,7 @@ class Aggregates:
             return False
         for field, one in zip(self.series_fields, state.series, strict=False):  # built alike
             v = fact.get(field)
-            if (v.__class__ is float and math.isfinite(v)) or v.__class__ is int or _number(v):
+            if (v.__class__ is float and math.isfinite(v)) or v.__class__ is int or is_number(v):
                 one.add(t, v)
         return True
 
@@ -321,7 +322,7 @@ class Aggregates:
         late = t < state.newest if self.per_member else self._late(state, member, t, fact)
         for field, one in zip(self.series_fields, state.series, strict=True):
             v = fact.get(field)
-            if _number(v):
+            if is_number(v):
                 one.add(t, v)
         if late:
             return None
@@ -345,7 +346,7 @@ class Aggregates:
             if fresh is None:
                 fresh = [v for tm, v in state.members.values() if t - tm <= self.max_gap]
             i = -1 - at
-            values = [float(v[i]) for v in fresh if _number(v[i])]
+            values = [float(v[i]) for v in fresh if is_number(v[i])]
             fact[a.name] = group_value(a.fn, values)
 
     def longest(self) -> float:
@@ -372,5 +373,6 @@ class Aggregates:
         return len(self.keys)
 
 
-def _number(v: Any) -> TypeGuard[float]:
+def is_number(v: Any) -> TypeGuard[float]:
+    """A finite number, not a bool: what a series takes (anything else is left out)."""
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)

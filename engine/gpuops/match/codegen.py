@@ -13,11 +13,12 @@ their facts are copied to receive the aggregate values and the node's variables.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuops.match.aggregates import Aggregates
+from gpuops.match.aggregates import Aggregates, is_number
 from gpuops.match.expr import compile_sandboxed, fact_keys
 from gpuops.match.rules import Rule
 from gpuops.match.windows import HeldFor, Increase, Instant, Window
@@ -195,6 +196,31 @@ def _clear_alert(e: Entry, cleared: list[Cleared]) -> Callable[[Fact, float], No
     return clear
 
 
+def _between(
+    i: int, agg: Aggregates, every: float, key: KeyFn, names: dict[str, Any]
+) -> list[str]:
+    """Lines for a rule read at a cadence (`slow_cadence`): between two looks at a key,
+    its sample goes into the key's series inline, as `Aggregates.between` puts it, without
+    the rule's and the aggregates' calls (a day-long p95 takes every sample of every GPU);
+    a key due for a look, or not seen yet, goes to the rule's whole evaluation."""
+    names[f"_aggk{i}"], names[f"_every{i}"], names[f"_key{i}"] = agg.keys, every, key
+    lines = [
+        f"    _k = _key{i}(f)",
+        f"    _st = _aggk{i}.get(_k)",
+        f"    if _st is not None and _st.evaluated <= t < _st.evaluated + _every{i}:",
+        "        _ser = _st.series",
+    ]
+    for j, field in enumerate(agg.series_fields):
+        names[f"_sf{i}_{j}"] = field
+        lines += [
+            f"        _v = f.get(_sf{i}_{j})",
+            "        if (_v.__class__ is _float and _isfinite(_v)) or _v.__class__ is _int"
+            " or _number(_v):",
+            f"            _ser[{j}].add(t, _v)",
+        ]
+    return [*lines, "    else:", f"        _slow{i}(f, t, eid, out)"]
+
+
 def compile_kind(
     entries: list[Entry], make: MakeMatch, kind: str, cleared: list[Cleared] | None = None
 ) -> KindEval:
@@ -210,6 +236,10 @@ def compile_kind(
         rule, window, key = e.rule, e.window, e.key
         if e.slow:
             names[f"_slow{i}"] = _slow(e, make, cleared)
+            every = slow_cadence(rule) if e.agg is not None and e.agg_only else 0.0
+            if every and e.agg is not None:
+                lines += _between(i, e.agg, every, key, names)
+                continue
             lines.append(f"    _slow{i}(f, t, eid, out)")
             continue
         names[f"_hit{i}"] = _hit(e, make)
@@ -256,6 +286,8 @@ def compile_kind(
             lines += [f"    elif _fired{i}:", f"        _clr{i}(f, t)"]
     if len(lines) == 1:
         lines.append("    return None")
+    # The sandbox has no builtins: what the inline series code needs is given.
+    names.update(_isfinite=math.isfinite, _number=is_number, _float=float, _int=int)
     namespace = compile_sandboxed("\n".join(lines) + "\n", parts, names, f"<rules on {kind}>")
     evaluate: KindEval = namespace["_eval"]
     return evaluate

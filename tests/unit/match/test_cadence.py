@@ -4,12 +4,18 @@ is at most that cadence late."""
 
 from __future__ import annotations
 
+import math
+import tempfile
 from pathlib import Path
+from typing import Any
 
-from gpuops.match.codegen import slow_cadence
+from gpuops.match.aggregates import Series
+from gpuops.match.codegen import _slow, slow_cadence
 from gpuops.match.loader import load_rules
-from gpuops.match.matcher import Matcher
+from gpuops.match.matcher import Matcher, _match
 from gpuops.match.rules import RuleSet
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 T0 = 1_700_000_000.0
 
@@ -61,3 +67,75 @@ def test_rules_reading_other_fields_or_short_windows_see_every_sample(tmp_path: 
     short = _rules(tmp_path, "p95(util_gpu, 10m) < 10")
     assert Matcher(mixed)._by_kind["telemetry"][0].agg_only is False
     assert slow_cadence(short.rules[0]) == 0.0
+
+
+# Readings a series takes or leaves out: numbers, ints, nulls, NaN, bools, text.
+_readings = st.one_of(
+    st.floats(0, 100),
+    st.integers(0, 100),
+    st.none(),
+    st.just(math.nan),
+    st.booleans(),
+    st.just("x"),
+)
+_samples = st.lists(
+    st.tuples(
+        st.sampled_from([0.0, 0.5, 1.0, 2.0, 5.0, 7.0, 400.0, -2.0]),
+        st.integers(0, 1),
+        _readings,
+        _readings,
+    ),
+    min_size=1,
+    max_size=300,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples=_samples)
+def test_the_inline_series_path_is_the_rules_whole_evaluation(samples: list[Any]) -> None:
+    """Between two looks at a key the generated code takes the sample into its series
+    inline (codegen._between); a matcher that sends every sample through the rule's whole
+    evaluation (codegen._slow) makes the same matches and holds the same series."""
+    rules = load_rules_text(
+        "p95(util_gpu, 2h) < 10 and max(temp_c, 2h) > 50", "    for: 30s\n    max_gap: 20s\n"
+    )
+    inline, whole = Matcher(rules), Matcher(rules)
+    whole._eval_kind["telemetry"] = _without_inline(whole)
+    t = T0
+    for step, gpu, util, temp in samples:
+        t += step
+        fact = {"node": "n1", "gpu": gpu, "util_gpu": util, "temp_c": temp}
+        got = inline.match_facts("telemetry", [dict(fact)], t, "e")
+        want = whole.match_facts("telemetry", [dict(fact)], t, "e")
+        assert [(m.key, m.at) for m in got] == [(m.key, m.at) for m in want]
+    assert _series(inline) == _series(whole)
+
+
+def _without_inline(m: Matcher) -> Any:
+    runs = [_slow(e, _match, m._cleared) for e in m._by_kind["telemetry"]]
+
+    def evaluate(f: Any, t: float, eid: str, out: list[Any]) -> None:
+        for run in runs:
+            run(f, t, eid, out)
+
+    return evaluate
+
+
+def _series(m: Matcher) -> dict[Any, Any]:
+    """Every key's series, bucket for bucket (and when the rule last looked at it)."""
+    agg = m._by_kind["telemetry"][0].agg
+    assert agg is not None
+    return {
+        key: (state.evaluated, [_held(s) for s in state.series]) for key, state in agg.keys.items()
+    }
+
+
+def _held(s: Series) -> tuple[Any, ...]:
+    hist = None if s.hist is None else list(s.hist)
+    arrays = [list(a) for a in (s.count, s.total, s.lo, s.hi)]
+    return (s.head, s.n, s.exp, s.base, hist, *arrays)
+
+
+def load_rules_text(when: str, extra: str) -> RuleSet:
+    with tempfile.TemporaryDirectory() as held:
+        return _rules(Path(held), when, extra)
