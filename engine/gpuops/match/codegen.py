@@ -196,9 +196,7 @@ def _clear_alert(e: Entry, cleared: list[Cleared]) -> Callable[[Fact, float], No
     return clear
 
 
-def _between(
-    i: int, agg: Aggregates, every: float, key: KeyFn, names: dict[str, Any]
-) -> list[str]:
+def _between(i: int, agg: Aggregates, every: float, key: KeyFn, names: dict[str, Any]) -> list[str]:
     """Lines for a rule read at a cadence (`slow_cadence`): between two looks at a key,
     its sample goes into the key's series inline, as `Aggregates.between` puts it, without
     the rule's and the aggregates' calls (a day-long p95 takes every sample of every GPU);
