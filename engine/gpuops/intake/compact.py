@@ -204,14 +204,11 @@ def _joined(doc: wire.Compact, json: bool, known: NodeFacts, publisher: str) -> 
         raise EventError(
             "schema", f"telemetry v2: {len(rows)} GPU arrays for {len(templates)} GPUs' facts"
         )
-    shape = known.rows
-    facts = []
-    for template, row in zip(templates, rows, strict=True):
-        fact = template.copy()
-        fact.update(shape.pairs(row))
-        if known.labels and fact["labels"] is not None:
-            fact["labels"] = dict(fact["labels"])  # each sample its own, as from v1
-        facts.append(fact)
+    facts = known.rows.facts(templates, rows)
+    if known.labels:
+        for fact in facts:
+            if fact["labels"] is not None:
+                fact["labels"] = dict(fact["labels"])  # each sample its own, as from v1
     with_medians(facts)
     return Telemetry(doc.id, doc.node, doc.ts, doc.source, facts, publisher=publisher)
 

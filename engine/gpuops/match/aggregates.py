@@ -124,8 +124,9 @@ class Series:
             if head is None or b - head >= BUCKETS
             else range(head + 1, b + 1)
         )
-        for old in gone:
-            self._clear(old % BUCKETS)
+        if self.n:  # none held (a new series): every bucket is empty already
+            for old in gone:
+                self._clear(old % BUCKETS)
         self.head = b
         if self.hist is not None and not self.n:
             self.exp = None  # nothing held: the next values choose a fine grid again
