@@ -78,6 +78,20 @@ def slow_cadence(rule: Rule) -> float:
     return every
 
 
+def node_gpu_key(f: Fact) -> Hashable:
+    """The group key of a rule grouped by node and GPU (most rules): `(node, gpu)`."""
+    return (f["node"], f.get("gpu"))
+
+
+def _key_src(i: int, key: KeyFn, names: dict[str, Any]) -> str:
+    """The generated code's expression for entry i's group key: node_gpu_key's own body
+    inline (no call; it is most rules' key), else a call of the rule's key function."""
+    if key is node_gpu_key:
+        return '(f["node"], f.get("gpu"))'
+    names[f"_key{i}"] = key
+    return f"_key{i}(f)"
+
+
 def _member(f: Fact) -> Hashable:
     """What a group's member is: one GPU of a node (telemetry), else the node."""
     gpu = f.get("gpu")
@@ -201,9 +215,9 @@ def _between(i: int, agg: Aggregates, every: float, key: KeyFn, names: dict[str,
     its sample goes into the key's series inline, as `Aggregates.between` puts it, without
     the rule's and the aggregates' calls (a day-long p95 takes every sample of every GPU);
     a key due for a look, or not seen yet, goes to the rule's whole evaluation."""
-    names[f"_aggk{i}"], names[f"_every{i}"], names[f"_key{i}"] = agg.keys, every, key
+    names[f"_aggk{i}"], names[f"_every{i}"] = agg.keys, every
     lines = [
-        f"    _k = _key{i}(f)",
+        f"    _k = {_key_src(i, key, names)}",
         f"    _st = _aggk{i}.get(_k)",
         f"    if _st is not None and _st.evaluated <= t < _st.evaluated + _every{i}:",
         "        _ser = _st.series",
@@ -249,11 +263,11 @@ def compile_kind(
             # A counter that has not moved, with no rise in its window, stays quiet: only
             # its time is noted (what Increase.observe would do), without two calls.
             names[f"_fld{i}"], names[f"_last{i}"] = e.field, window.last
-            names[f"_rises{i}"], names[f"_key{i}"] = window.rises, key
+            names[f"_rises{i}"] = window.rises
             lines += [
                 f"    _v = f.get(_fld{i})",
                 "    if _v is not None:",
-                f"        _k = _key{i}(f)",
+                f"        _k = {_key_src(i, key, names)}",
                 f"        _p = _last{i}.get(_k)",
                 f"        if _p is not None and _v == _p[1] and t >= _p[0]"
                 f" and not _rises{i}.get(_k):",
@@ -276,8 +290,11 @@ def compile_kind(
         ]
         if isinstance(window, HeldFor):
             # A false sample ends a run; only look the key up when some run is open.
-            names[f"_state{i}"], names[f"_key{i}"] = window.state, key
-            lines += [f"    elif _state{i}:", f"        _state{i}.pop(_key{i}(f), None)"]
+            names[f"_state{i}"] = window.state
+            lines += [
+                f"    elif _state{i}:",
+                f"        _state{i}.pop({_key_src(i, key, names)}, None)",
+            ]
             if watch:
                 lines += [f"        if _fired{i}:", f"            _clr{i}(f, t)"]
         elif watch:
