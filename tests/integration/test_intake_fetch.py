@@ -151,18 +151,18 @@ async def test_telemetry_lingers_between_batches_that_were_not_full(bus: Bus) ->
     async def on_telemetry(event: Event | Telemetry) -> None:
         pass
 
+    handling: list[float] = []
+
+    def seen(messages: int, cpu_s: float) -> None:  # the intake's report of each pull
+        batches.append(messages)
+        handling.append(cpu_s)
+
     linger_s = 0.2
     intake = Intake(
         bus.js, SystemClock(), stream=TELEMETRY, subject="gpuops.telemetry.>",
         durable="linger", handler=on_telemetry, ack_all=True, batch=64, linger_s=linger_s,
+        on_batch=seen,
     )  # fmt: skip
-    handle = intake.process
-
-    async def counted(msgs: list[Any]) -> None:
-        batches.append(len(msgs))
-        await handle(msgs)
-
-    intake.process = counted  # type: ignore[method-assign]
     stop = asyncio.Event()
     task = asyncio.create_task(intake.run(stop))
     try:
@@ -194,5 +194,6 @@ async def test_telemetry_lingers_between_batches_that_were_not_full(bus: Bus) ->
     # The backlog came in full batches, with no pause between them (15 lingers: 3 s).
     assert batches[len(trickled) :] == [64] * 15 + [40], batches
     assert backlog_s < 15 * linger_s, backlog_s
+    assert all(cpu_s >= 0 for cpu_s in handling) and len(handling) == len(batches)
     info = await bus.js.consumer_info(TELEMETRY, "linger")
     assert info.num_pending == 0 and info.num_ack_pending == 0

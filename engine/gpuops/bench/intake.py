@@ -93,7 +93,8 @@ def render(spec: IntakeBench, r: dict[str, Any]) -> Iterator[str]:
         f"{r['pulled'] / max(1, r['pulls']):.1f} messages a pull ({r['pulls']:,.0f} pulls)"
     )
     yield (
-        f"engine CPU: {r['cpu_s']:.2f} s, {r['cpu_per_1k']:.4f} CPU s per 1,000 samples "
+        f"engine CPU: {r['cpu_s']:.2f} s (of it {r['system_s']:.2f} s in the kernel), "
+        f"{r['cpu_per_1k']:.4f} CPU s per 1,000 samples "
         f"({100 * r['cpu_s'] / r['wall_s']:.0f}% of one core)"
     )
     live_us = r["cpu_s"] / max(1, r["samples"]) * 1e6
@@ -101,7 +102,8 @@ def render(spec: IntakeBench, r: dict[str, Any]) -> Iterator[str]:
         f"same samples offline ({r['offline_samples']:,}): replay {r['replay_us']:.1f} us a "
         f"sample (of it decoding {r['decode_us']:.1f}, observers {r['observe_us']:.1f}, "
         f"matcher {r['match_us']:.1f}); live {live_us:.1f} us, "
-        f"live/replay {live_us / max(r['replay_us'], 1e-9):.2f}"
+        f"live/replay {live_us / max(r['replay_us'], 1e-9):.2f}; of live, handling the pulled "
+        f"telemetry {r['handling_s'] / max(1, r['samples']) * 1e6:.1f} us"
         + (f" ({r['replay_refused']} lines refused by replay)" if r["replay_refused"] else "")
     )
     if r["nats_cpu_s"] is not None:
@@ -333,10 +335,12 @@ async def _measure(spec: IntakeBench, url: str, app: Any, pid: int | None) -> di
     events = app.engine.metrics.events
     await asyncio.sleep(max(0.0, start + spec.warmup_s - time.time()))
     load, cpu0, n0, t0 = os.getloadavg()[0], _cpu(), total(events, "telemetry"), time.monotonic()
+    sys0 = os.times().system
     nats0, pulls0 = _process_cpu(pid), _pulls(app)
     with GcPauses() as gc_pauses:
         await asyncio.sleep(max(0.0, start + spec.warmup_s + spec.seconds - time.time()))
     cpu1, n1, t1 = _cpu(), total(events, "telemetry"), time.monotonic()
+    sys1 = os.times().system
     nats1, pulls1 = _process_cpu(pid), _pulls(app)
     report = json.loads((await child.stdout.read()).decode().strip().splitlines()[-1])
     await child.wait()
@@ -350,6 +354,7 @@ async def _measure(spec: IntakeBench, url: str, app: Any, pid: int | None) -> di
         "wall_s": t1 - t0,
         "samples_per_s": samples / (t1 - t0),
         "cpu_s": cpu1 - cpu0,
+        "system_s": sys1 - sys0,
         "cpu_per_1k": (cpu1 - cpu0) / max(1, samples) * 1000,
         "nats_cpu_s": None if nats0 is None or nats1 is None else nats1 - nats0,
         "bytes_per_gpu": report["bytes"] / max(1, report["published"] * spec.gpus_per_node),
@@ -357,6 +362,7 @@ async def _measure(spec: IntakeBench, url: str, app: Any, pid: int | None) -> di
         / max(1, (report["published"] - report["keyframes"]) * spec.gpus_per_node),
         "pulls": pulls1[0] - pulls0[0],
         "pulled": pulls1[1] - pulls0[1],
+        "handling_s": pulls1[2] - pulls0[2],
         "keyframes": report["keyframes"],
         "keyframe_bytes": report["keyframe_bytes"],
         "health": spec.health,
@@ -365,14 +371,16 @@ async def _measure(spec: IntakeBench, url: str, app: Any, pid: int | None) -> di
     }
 
 
-def _pulls(app: Any) -> tuple[float, float]:
-    """Telemetry pulls that brought messages so far, and the messages they brought."""
+def _pulls(app: Any) -> tuple[float, float, float]:
+    """Telemetry pulls that brought messages so far, the messages they brought, and the
+    CPU seconds their handling took."""
     from gpuops.bus.conn import TELEMETRY
 
     registry, labels = app.engine.metrics.registry, {"stream": TELEMETRY}
     count = registry.get_sample_value("gpuops_intake_batch_messages_count", labels)
     brought = registry.get_sample_value("gpuops_intake_batch_messages_sum", labels)
-    return count or 0.0, brought or 0.0
+    cpu = registry.get_sample_value("gpuops_intake_handling_cpu_seconds_total", labels)
+    return count or 0.0, brought or 0.0, cpu or 0.0
 
 
 def _cpu() -> float:

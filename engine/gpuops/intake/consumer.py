@@ -87,7 +87,7 @@ class Intake:
         ack_all: bool = False,
         max_future_s: float = 300.0,
         on_dead: Callable[[str], None] | None = None,
-        on_batch: Callable[[int], None] | None = None,
+        on_batch: Callable[[int, float], None] | None = None,
         priority: Priority | None = None,
         urgent: bool = False,
         create: bool = True,
@@ -106,7 +106,9 @@ class Intake:
         self.ack_all = ack_all
         self.max_future_s = max_future_s
         self.on_dead = on_dead
-        self.on_batch = on_batch  # told the size of every pull that brought messages
+        # Told the size of every pull that brought messages and the CPU seconds its
+        # handling took (the process's: what other tasks did meanwhile counts too).
+        self.on_batch = on_batch
         self.priority = priority
         self.urgent = urgent
         # A partition's consumer is made by its takeover only: one found missing was
@@ -165,31 +167,37 @@ class Intake:
                 await asyncio.sleep(1.0)
                 continue
             if msgs:
+                cpu_s = await self.process(msgs)
                 if self.on_batch is not None:
-                    self.on_batch(len(msgs))
-                await self.process(msgs)
+                    self.on_batch(len(msgs), cpu_s)
             if msgs and len(msgs) < self.batch and self.linger_s > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.linger_s)
 
-    async def process(self, msgs: list[Msg]) -> None:
-        """Handle a batch in order; each message is acked after its handling is recorded."""
+    async def process(self, msgs: list[Msg]) -> float:
+        """Handle a batch in order; each message is acked after its handling is recorded.
+        Returns the CPU seconds the messages' handling took (the turns given to others
+        left out; a handling that waits on a round trip counts what ran meanwhile)."""
         if self.priority is not None and self.urgent:
             with self.priority.held():
-                await self._process(msgs)
-        else:
-            await self._process(msgs)
+                return await self._process(msgs)
+        return await self._process(msgs)
 
-    async def _process(self, msgs: list[Msg]) -> None:
+    async def _process(self, msgs: list[Msg]) -> float:
         yield_at = time.perf_counter() + SLICE_S
         pause = None if self.urgent else self.priority
+        cpu_s, began = 0.0, time.process_time()
         for msg in msgs:
             await self._one(msg)
             if pause is not None and time.perf_counter() >= yield_at:
+                cpu_s += time.process_time() - began
                 await pause.turn()
+                began = time.process_time()
                 yield_at = time.perf_counter() + SLICE_S
+        cpu_s += time.process_time() - began
         if self.ack_all and msgs:
             await ack(self.nc, msgs[-1])
+        return cpu_s
 
     async def _one(self, msg: Msg) -> None:
         try:

@@ -83,12 +83,14 @@ def median_skipping(ordered: list[float], skip: int, fewest: int = 2) -> float |
     count = len(ordered) - (1 if skip < len(ordered) else 0)
     if count < fewest:
         return None
-
-    def at(j: int) -> float:
-        return ordered[j] if j < skip else ordered[j + 1]
-
+    # The others' j-th is ordered[j] before the skipped one, ordered[j + 1] from it on
+    # (written out: this runs for every GPU of every sample).
     mid = count // 2
-    return at(mid) if count % 2 else (at(mid - 1) + at(mid)) / 2
+    upper = ordered[mid] if mid < skip else ordered[mid + 1]
+    if count % 2:
+        return upper
+    lower = ordered[mid - 1] if mid - 1 < skip else ordered[mid]
+    return (lower + upper) / 2
 
 
 def facts_of(event: Event | Telemetry) -> list[Fact]:

@@ -55,13 +55,19 @@ class Metrics:
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120),
             registry=r,
         )
-        # Messages per pull: a telemetry intake that pulls a few at a time pays the NATS
-        # client's cost per batch (a request, a wake-up, an ack) for every few samples.
+        # Messages per pull, and the CPU their handling took: what an intake spends beyond
+        # it is the NATS client's and the event loop's (a request, a wake-up, an ack).
         self.intake_batch = Histogram(
             "gpuops_intake_batch_messages",
             "Messages per pull from a stream",
             ["stream"],
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+            registry=r,
+        )
+        self.intake_cpu = Counter(
+            "gpuops_intake_handling_cpu_seconds",
+            "CPU seconds spent handling pulled messages (decoding to recording), by stream",
+            ["stream"],
             registry=r,
         )
         self.breaker_open = Gauge(

@@ -246,12 +246,23 @@ class App:
             ack_all=telemetry,
             max_future_s=self.settings.max_future_skew_s,
             on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),
-            on_batch=self.engine.metrics.intake_batch.labels(stream).observe,
+            on_batch=self._batch_seen(stream),
             priority=self.priority,  # health events first: telemetry pauses for them
             urgent=not telemetry,
             identity=self.verifier,
             facts=self.facts if telemetry else None,  # one intake per node saves its facts
         )
+
+    def _batch_seen(self, stream: str) -> Callable[[int, float], None]:
+        """An intake's report of each pull, into the stream's metrics."""
+        size = self.engine.metrics.intake_batch.labels(stream)
+        cpu = self.engine.metrics.intake_cpu.labels(stream)
+
+        def seen(messages: int, cpu_s: float) -> None:
+            size.observe(messages)
+            cpu.inc(max(0.0, cpu_s))
+
+        return seen
 
     @property
     def pipeline(self) -> Pipeline:
