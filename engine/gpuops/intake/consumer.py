@@ -172,7 +172,8 @@ class Intake:
                     self.on_batch(len(msgs), cpu_s)
             if msgs and len(msgs) < self.batch and self.linger_s > 0:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.linger_s)
+                    async with asyncio.timeout(self.linger_s):  # no task, as wait_for makes
+                        await stop.wait()
 
     async def process(self, msgs: list[Msg]) -> float:
         """Handle a batch in order; each message is acked after its handling is recorded.

@@ -48,8 +48,10 @@ class Puller:
         self._request = 0
         self._batch: list[Msg] = []
         self._want = 0
-        self._done = asyncio.Event()
+        # The open request's end: a future per request (cheaper than an Event's wait).
+        self._done: asyncio.Future[None] | None = None
         self._failed: str | None = None
+        self._bodies: dict[tuple[int, float], bytes] = {}  # (batch, expires) -> request
 
     async def start(self, batch: int) -> None:
         """Subscribe the inbox (once; nats-py subscribes it again after a reconnect)."""
@@ -79,25 +81,39 @@ class Puller:
             return early
         self._request += 1
         self._batch, self._want, self._failed = [], batch, None
-        self._done.clear()
-        body = {"batch": batch, "expires": int(expires_s * 1e9), "no_wait": True}
+        done = self._done = asyncio.get_running_loop().create_future()
         await self.nc.publish(
-            self.next_subject, json.dumps(body).encode(), reply=f"{self._inbox}.{self._request}"
+            self.next_subject, self._body(batch, expires_s), reply=f"{self._inbox}.{self._request}"
         )
+        # asyncio.timeout, not wait_for: no task per pull (a telemetry intake pulls
+        # several times a second per partition).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._done.wait(), expires_s + EXPIRES_MARGIN_S)
-        self._want = 0
+            async with asyncio.timeout(expires_s + EXPIRES_MARGIN_S):
+                await done
+        self._want, self._done = 0, None
         batch_out, self._batch = self._batch, []
         if self._failed is not None:
             raise PullError(f"pull from {self.stream}/{self.durable}: {self._failed}")
         return batch_out
+
+    def _body(self, batch: int, expires_s: float) -> bytes:
+        key = (batch, expires_s)
+        body = self._bodies.get(key)
+        if body is None:
+            ask = {"batch": batch, "expires": int(expires_s * 1e9), "no_wait": True}
+            body = self._bodies[key] = json.dumps(ask).encode()
+        return body
+
+    def _end(self) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
 
     async def _deliver(self, msg: Msg) -> None:
         """The inbox's callback: a message joins the batch; a status may end it."""
         if msg.reply:  # a stream message (status messages carry no reply subject)
             self._batch.append(msg)
             if len(self._batch) >= self._want:
-                self._done.set()
+                self._end()
             return
         code = (msg.headers or {}).get("Status", "")
         if code == "100" or not msg.subject.endswith(f".{self._request}"):
@@ -105,7 +121,7 @@ class Puller:
         if code not in ("404", "408"):
             why = (msg.headers or {}).get("Description", "")
             self._failed = f"{code} {why}".strip()
-        self._done.set()
+        self._end()
 
 
 async def ack(nc: Client, msg: Msg) -> None:
