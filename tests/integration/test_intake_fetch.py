@@ -153,9 +153,9 @@ async def test_telemetry_lingers_between_batches_that_were_not_full(bus: Bus) ->
 
     handling: list[float] = []
 
-    def seen(messages: int, cpu_s: float) -> None:  # the intake's report of each pull
+    def seen(messages: int, busy_s: float) -> None:  # the intake's report of each pull
         batches.append(messages)
-        handling.append(cpu_s)
+        handling.append(busy_s)
 
     linger_s = 0.2
     intake = Intake(
@@ -194,6 +194,6 @@ async def test_telemetry_lingers_between_batches_that_were_not_full(bus: Bus) ->
     # The backlog came in full batches, with no pause between them (15 lingers: 3 s).
     assert batches[len(trickled) :] == [64] * 15 + [40], batches
     assert backlog_s < 15 * linger_s, backlog_s
-    assert all(cpu_s >= 0 for cpu_s in handling) and len(handling) == len(batches)
+    assert all(busy_s >= 0 for busy_s in handling) and len(handling) == len(batches)
     info = await bus.js.consumer_info(TELEMETRY, "linger")
     assert info.num_pending == 0 and info.num_ack_pending == 0

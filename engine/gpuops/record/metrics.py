@@ -55,7 +55,7 @@ class Metrics:
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120),
             registry=r,
         )
-        # Messages per pull, and the CPU their handling took: what an intake spends beyond
+        # Messages per pull, and the time their handling took: what an intake spends beyond
         # it is the NATS client's and the event loop's (a request, a wake-up, an ack).
         self.intake_batch = Histogram(
             "gpuops_intake_batch_messages",
@@ -64,9 +64,9 @@ class Metrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
             registry=r,
         )
-        self.intake_cpu = Counter(
-            "gpuops_intake_handling_cpu_seconds",
-            "CPU seconds spent handling pulled messages (decoding to recording), by stream",
+        self.intake_busy = Counter(
+            "gpuops_intake_handling_seconds",
+            "Seconds the loop spent handling pulled messages (decoding to recording), by stream",
             ["stream"],
             registry=r,
         )

@@ -256,11 +256,11 @@ class App:
     def _batch_seen(self, stream: str) -> Callable[[int, float], None]:
         """An intake's report of each pull, into the stream's metrics."""
         size = self.engine.metrics.intake_batch.labels(stream)
-        cpu = self.engine.metrics.intake_cpu.labels(stream)
+        busy = self.engine.metrics.intake_busy.labels(stream)
 
-        def seen(messages: int, cpu_s: float) -> None:
+        def seen(messages: int, busy_s: float) -> None:
             size.observe(messages)
-            cpu.inc(max(0.0, cpu_s))
+            busy.inc(max(0.0, busy_s))
 
         return seen
 
