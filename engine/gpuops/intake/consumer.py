@@ -63,6 +63,12 @@ class Priority:
         await self._free.wait()
 
 
+def until_tick(now: float, every: float) -> float:
+    """Seconds from `now` to the next multiple of `every` (a whole `every` on one): the
+    same instant for every caller on the same clock."""
+    return every - now % every
+
+
 class Intake:
     """One durable consumer on one stream, feeding decoded events to a handler.
 
@@ -193,8 +199,7 @@ class Intake:
         """Wait for the loop clock's next multiple of the linger (or `stop`): every
         lingering intake of the engine wakes at the same turn of the loop, so their acks
         and pull requests go to the server in one write and come back together."""
-        loop = asyncio.get_running_loop()
-        wait_s = self.linger_s - loop.time() % self.linger_s
+        wait_s = until_tick(asyncio.get_running_loop().time(), self.linger_s)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(wait_s):  # no task, as wait_for makes one
                 await stop.wait()
