@@ -379,8 +379,8 @@ def _pulls(app: Any) -> tuple[float, float, float]:
     registry, labels = app.engine.metrics.registry, {"stream": TELEMETRY}
     count = registry.get_sample_value("gpuops_intake_batch_messages_count", labels)
     brought = registry.get_sample_value("gpuops_intake_batch_messages_sum", labels)
-    cpu = registry.get_sample_value("gpuops_intake_handling_seconds_total", labels)
-    return count or 0.0, brought or 0.0, cpu or 0.0
+    busy = registry.get_sample_value("gpuops_intake_handling_seconds_total", labels)
+    return count or 0.0, brought or 0.0, busy or 0.0
 
 
 def _cpu() -> float:

@@ -216,8 +216,7 @@ class Intake:
 
     async def _process(self, msgs: list[Msg]) -> float:
         # The loop's clock, read once a message for the slice anyway, also times the
-        # handling (process CPU time would be a system call each, a tenth of a sample's
-        # cost on this VM, 60+ us under load).
+        # handling (process CPU time is a system call each read).
         began = time.perf_counter()
         yield_at, busy_s = began + SLICE_S, 0.0
         pause = None if self.urgent else self.priority

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 
@@ -51,7 +52,6 @@ class Puller:
         # The open request's end: a future per request (cheaper than an Event's wait).
         self._done: asyncio.Future[None] | None = None
         self._failed: str | None = None
-        self._bodies: dict[tuple[int, float], bytes] = {}  # (batch, expires) -> request
 
     async def start(self, batch: int) -> None:
         """Subscribe the inbox (once; nats-py subscribes it again after a reconnect)."""
@@ -83,7 +83,7 @@ class Puller:
         self._batch, self._want, self._failed = [], batch, None
         done = self._done = asyncio.get_running_loop().create_future()
         await self.nc.publish(
-            self.next_subject, self._body(batch, expires_s), reply=f"{self._inbox}.{self._request}"
+            self.next_subject, _request(batch, expires_s), reply=f"{self._inbox}.{self._request}"
         )
         # asyncio.timeout, not wait_for: no task per pull (a telemetry intake pulls
         # several times a second per partition).
@@ -95,14 +95,6 @@ class Puller:
         if self._failed is not None:
             raise PullError(f"pull from {self.stream}/{self.durable}: {self._failed}")
         return batch_out
-
-    def _body(self, batch: int, expires_s: float) -> bytes:
-        key = (batch, expires_s)
-        body = self._bodies.get(key)
-        if body is None:
-            ask = {"batch": batch, "expires": int(expires_s * 1e9), "no_wait": True}
-            body = self._bodies[key] = json.dumps(ask).encode()
-        return body
 
     def _end(self) -> None:
         if self._done is not None and not self._done.done():
@@ -122,6 +114,12 @@ class Puller:
             why = (msg.headers or {}).get("Description", "")
             self._failed = f"{code} {why}".strip()
         self._end()
+
+
+@functools.lru_cache(maxsize=16)
+def _request(batch: int, expires_s: float) -> bytes:
+    """A pull request's body (an intake asks the same every time)."""
+    return json.dumps({"batch": batch, "expires": int(expires_s * 1e9), "no_wait": True}).encode()
 
 
 async def ack(nc: Client, msg: Msg) -> None:
