@@ -130,6 +130,14 @@ def bench_inventory(hosts: int, compare: bool, compare_hosts: int) -> None:
 @click.option("--seconds", type=float, default=20.0, show_default=True, help="seconds measured")
 @click.option("--health", type=int, default=200, show_default=True, help="XID events injected")
 @click.option(
+    "--warmup",
+    type=click.FloatRange(0, 3600),
+    default=5.0,
+    show_default=True,
+    help="seconds of telemetry before the measured ones (65 or more: every GPU's state "
+    "past its first minute, the steady state)",
+)
+@click.option(
     "--partitions",
     type=click.IntRange(1, 256),
     default=8,
@@ -146,6 +154,7 @@ def bench_intake(
     gpus: int,
     seconds: float,
     health: int,
+    warmup: float,
     partitions: int,
     linger_ms: float | None,
     telemetry_format: int,
@@ -161,6 +170,7 @@ def bench_intake(
         seconds=seconds,
         health=health,
         partitions=partitions,
+        warmup_s=warmup,
         linger_ms=linger_ms,
         telemetry_format=telemetry_format,
     )

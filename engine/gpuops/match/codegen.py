@@ -12,7 +12,6 @@ their facts are copied to receive the aggregate values and the node's variables.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 
 from gpuops.match.aggregates import Aggregates, is_number
 from gpuops.match.expr import compile_sandboxed, fact_keys
+from gpuops.match.nullguard import guard_nulls
 from gpuops.match.rules import Rule
 from gpuops.match.windows import HeldFor, Increase, Instant, Window
 from gpuops.models import Match
@@ -279,7 +279,7 @@ def compile_kind(
         if rule.expr is None:
             lines.append(f"    _hit{i}(f, t, eid, out)")
             continue
-        parts[f"_EXPR{i}"] = copy.deepcopy(rule.expr)
+        parts[f"_EXPR{i}"] = guard_nulls(rule.expr, f"_g{i}_")
         lines += [
             "    try:",
             f"        _h = _EXPR{i}",

@@ -10,7 +10,6 @@ dict, and compiled with empty builtins.
 from __future__ import annotations
 
 import ast
-import copy
 import difflib
 import io
 import itertools
@@ -23,6 +22,7 @@ from gpuops.match.aggregates import FUNCTIONS as AGGREGATES
 from gpuops.match.aggregates import MAX_WINDOW_S, Aggregate
 from gpuops.match.durations import PATTERN as DURATION_PATTERN
 from gpuops.match.durations import format_duration, parse_duration
+from gpuops.match.nullguard import guard_nulls
 from gpuops.models import MAX_TEXT, cut_text
 
 Fact = Mapping[str, Any]
@@ -414,7 +414,7 @@ def _cond(f):
 
 def condition_from(expr: ast.expr, label: str = "<condition>") -> Condition:
     """`f -> bool` from an expression that `fact_expression` returned."""
-    namespace = compile_sandboxed(_COND, {"_EXPR": copy.deepcopy(expr)}, {}, label)
+    namespace = compile_sandboxed(_COND, {"_EXPR": guard_nulls(expr)}, {}, label)
     cond: Condition = namespace["_cond"]
     return cond
 
