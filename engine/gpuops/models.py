@@ -30,6 +30,9 @@ from gpuops.clock import rfc3339
 from gpuops.diagnose.results import GradeResult
 
 NODE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
+# The same for Python's re and for msgspec (which uses it): there `$` also matches before
+# a final newline, so "node-1\n" would pass as a node.
+NODE_PATTERN_PY = NODE_PATTERN.removesuffix("$") + r"\Z"
 # NVML's widest counters are unsigned 64-bit: no reading is larger. Anything beyond is
 # a forged or broken sample (10^400 would parse to inf), and rejecting it at the door
 # keeps every condition's arithmetic finite.

@@ -18,13 +18,13 @@ from typing import Any
 import yaml
 
 from gpuops.errors import ActionError
-from gpuops.models import NODE_PATTERN, Intent
+from gpuops.models import NODE_PATTERN_PY, Intent
 
 RESERVED = frozenset({"rule", "node", "gpu", "gpus", "event_id", "intent_key", "episode"})
 # Rendered per match ("GPU 3 at 91 C"): each host's own, so not part of a batch's identity.
 # The power controller's per-GPU limits are each node's own too.
 PER_HOST_VARS = frozenset({"reason", "limits"})
-_HOST_NAME = re.compile(NODE_PATTERN)
+_HOST_NAME = re.compile(NODE_PATTERN_PY)
 
 
 class _Unsafe(str):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
@@ -38,6 +39,10 @@ R = TypeVar("R")
 _UNSAFE = re.compile(r"[^-/_=.a-zA-Z0-9]")
 
 
+# A decision names a dozen records, each several times (every stage's reads are asked
+# for again as the proposal moves on), from a few rules and the fleet's nodes: the keys
+# are remembered rather than sanitised by a regular expression at every ask.
+@functools.lru_cache(maxsize=1 << 16)
 def kv_key(*parts: str) -> str:
     """A KV key from parts (anything outside the allowed characters becomes `_`)."""
     return ".".join(_UNSAFE.sub("_", p) for p in parts)

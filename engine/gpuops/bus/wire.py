@@ -35,7 +35,7 @@ from gpuops.models import (
     EVENT_ADAPTER,
     MAX_GPUS,
     MAX_MAGNITUDE,
-    NODE_PATTERN,
+    NODE_PATTERN_PY,
     GpuSample,
     TelemetryEvent,
 )
@@ -83,7 +83,7 @@ MAX_EPOCH = 253402300799.0
 # engine ignores them, as v1 ignores a field it does not know), within these bounds.
 MAX_FIELDS = 128
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
-_Node = Annotated[str, msgspec.Meta(pattern=NODE_PATTERN)]
+_Node = Annotated[str, msgspec.Meta(pattern=NODE_PATTERN_PY)]
 _Short = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 _FactsId = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{1,64}$")]
 # A static value is a scalar or a flat map of text (a series' labels): nothing nested,

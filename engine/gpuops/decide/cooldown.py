@@ -12,6 +12,7 @@ to be running is cached, since no replica can shorten one (a firing only moves i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 
@@ -39,6 +40,7 @@ class Firing(BaseModel):
 CACHE_LIMIT = 10_000
 
 
+@functools.lru_cache(maxsize=1 << 14)  # asked by every stage's look at the reads
 def _digest(rule: str, key: str) -> str:
     return hashlib.sha256(f"{rule}|{key}".encode()).hexdigest()[:40]
 

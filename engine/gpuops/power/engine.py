@@ -121,19 +121,24 @@ def readings(event: Telemetry) -> list[Reading]:
         low, high = g["power_min_limit_w"], g["power_max_limit_w"]
         if power is None or limit is None or low is None or high is None:
             continue
-        out.append(
-            Reading(
-                g["index"],
-                float(power),
-                float(limit),
-                float(low),
-                float(high),
-                g["power_default_limit_w"],
-                float(g["util_gpu"] or 0.0),
-                int(g["clocks_event_reasons"] or 0),
-            )
+        util, reasons = g["util_gpu"], g["clocks_event_reasons"]
+        readings = (
+            g["index"],
+            float(power),
+            float(limit),
+            float(low),
+            float(high),
+            g["power_default_limit_w"],
+            float(util) if util else 0.0,
+            int(reasons) if reasons else 0,
         )
+        out.append(_new(Reading, readings))
     return out
+
+
+# A Reading made by tuple's own constructor: NamedTuple's __new__ is Python code, and
+# this runs for every GPU sample (the fields are the same, in the same order).
+_new = tuple.__new__
 
 
 def node_policies(inventory: Inventory, settings: PowerSettings) -> dict[str, NodePolicy]:

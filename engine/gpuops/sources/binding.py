@@ -29,14 +29,14 @@ from gpuops import subjects
 from gpuops.agent.spool import Spooled
 from gpuops.intake.decode import dead_letter
 from gpuops.inventory.hosts import Inventory
-from gpuops.models import NODE_PATTERN
+from gpuops.models import NODE_PATTERN_PY
 from gpuops.sources.readings import Series, instance_host, kept_labels
 
 log = logging.getLogger(__name__)
 
 FORGED, UNKNOWN_TARGET = subjects.SOURCE_REFUSALS
 INSTANCE = "instance"  # the label Prometheus sets to each target's address
-_NODE = re.compile(NODE_PATTERN)
+_NODE = re.compile(NODE_PATTERN_PY)
 # Claims remembered as agreeing or not; a hostile page can vary its claim per series.
 MAX_CLAIMS = 4096
 

@@ -269,6 +269,8 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
     ("bad static", _keyframe(static_gpus=[{"index": 0, "power_limit_w": "x"}]), "schema"),
     ("static index out of range", _keyframe(static_gpus=[{"index": 64}]), "schema"),
     ("bad node", _keyframe(node="node 001"), "schema"),
+    # Python's `$` (msgspec's patterns are re) takes a final newline: the node may not.
+    ("node ending in a newline", _keyframe(node="node-001\n"), "schema"),
     ("bad facts id", _keyframe(facts="not hex"), "schema"),
     ("negative time", _keyframe(ts=-1.0), "schema"),
     ("future", _keyframe(ts=NOW + 3600), "future"),

@@ -3,9 +3,12 @@ dwell, and the return to policy."""
 
 from __future__ import annotations
 
+from gpuops.match.facts import Telemetry, with_derived
+from gpuops.models import GpuSample
 from gpuops.power.budgets import GroupBudget
 from gpuops.power.config import PowerSettings
 from gpuops.power.controller import NodeChange, NodePolicy, Plan, PowerController, Reading
+from gpuops.power.engine import readings
 
 T0 = 1_767_225_600.0
 
@@ -170,3 +173,29 @@ def test_after_a_restart_a_node_is_not_let_go_before_its_telemetry_shows_policy(
     plan = c.plan([], T0)
 
     assert plan.released == [] and c.managed == {"n1"}
+
+
+def test_a_samples_readings_are_typed_and_gpus_without_power_left_out() -> None:
+    def gpu(index: int, **fields: object) -> dict[str, object]:
+        return dict(
+            GpuSample.model_validate({"index": index, "uuid": f"GPU-{index}", **fields}).__dict__
+        )
+
+    full = {
+        "power_w": 650,
+        "power_limit_w": 700.0,
+        "power_min_limit_w": 200.0,
+        "power_max_limit_w": 700.0,
+        "power_default_limit_w": 700.0,
+    }
+    facts = with_derived(
+        [gpu(0, **full, util_gpu=97, clocks_event_reasons=4), gpu(1, **full), gpu(2, util_gpu=50)],
+        "n1",
+    )
+    got = readings(Telemetry("e1", "n1", 1.0, "test", facts))
+    assert got == [
+        Reading(0, 650.0, 700.0, 200.0, 700.0, 700.0, 97.0, 4),
+        Reading(1, 650.0, 700.0, 200.0, 700.0, 700.0, 0.0, 0),  # no util, no reasons
+    ]
+    assert all(isinstance(r, Reading) and isinstance(r.power_w, float) for r in got)
+    assert got[0].limit_w == 700.0 and got[1].util == 0.0

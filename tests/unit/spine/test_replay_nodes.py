@@ -23,6 +23,9 @@ def test_the_first_pass_reads_only_nodes_and_the_feed_refuses_what_does_not_deco
         envelope("heartbeat", "node-001", T0, {"seq": 1}),
         envelope("heartbeat", "node-002", T0 + 1, {"seq": 1}),
         {"id": "x", "node": "../etc", "kind": "heartbeat"},  # no node a subject may carry
+        # `$` in Python's re takes a final newline: the first pass must not.
+        envelope("heartbeat", "node-003\n", T0 + 2, {"seq": 1}),
+        {"id": "y", "node": 7, "kind": "heartbeat"},
     ]
     path = tmp_path / "r.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines) + "not json\n")
@@ -30,4 +33,4 @@ def test_the_first_pass_reads_only_nodes_and_the_feed_refuses_what_does_not_deco
     rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
     shadow, report = asyncio.run(replay(path, rules, None))
     assert shadow.hosts == {"node-001", "node-002"}
-    assert report.events == 2 and report.refusals() == 2
+    assert report.events == 2 and report.refusals() == 4
