@@ -187,6 +187,12 @@ class MemoryKV:
         return [k for k in self.data if fnmatch.fnmatchcase(k, f"{prefix}*")]
 
 
+# Records decoded, per store, kept with the entry they came from (at most this many):
+# a decision reads its node's records again at each stage and commit, and records are
+# frozen, so one decoded from the same bytes is the same record.
+DECODED_MAX = 4096
+
+
 class Store(Generic[T]):
     """Records of one type under `prefix.` in a KV."""
 
@@ -194,6 +200,7 @@ class Store(Generic[T]):
         self.kv = kv
         self.model = model
         self.prefix = prefix
+        self._decoded: dict[str, tuple[Entry, T]] = {}
 
     def key(self, *parts: str) -> str:
         """The KV key of a record (parts sanitised)."""
@@ -213,10 +220,17 @@ class Store(Generic[T]):
         """An entry as (record, revision), as `get` returns it."""
         if entry is None:
             return None, 0
+        held = self._decoded.get(key)
+        if held is not None and (held[0] is entry or held[0].value == entry.value):
+            return held[1], entry.revision
         try:
-            return self.model.model_validate_json(entry.value), entry.revision
+            record = self.model.model_validate_json(entry.value)
         except ValidationError as exc:
             raise StateUnreadable(self.kv.name, key, _first_error(exc), entry.value) from None
+        if len(self._decoded) >= DECODED_MAX:
+            del self._decoded[next(iter(self._decoded))]  # the longest held
+        self._decoded[key] = (entry, record)
+        return record, entry.revision
 
     async def put(self, value: T, *parts: str) -> int:
         """Store unconditionally."""

@@ -102,8 +102,10 @@ def test_rules(
 
 
 def _replayed(file: Path, rules: RuleSet, settings: Settings) -> Report:
+    from gpuops.spine.heap import settle_heap
     from gpuops.spine.replay import replay
 
+    settle_heap()  # the rules loaded, as `run` settles its heap: a tenth of replay's CPU
     _, report = run_async(replay(file, rules, _inventory(settings), settings))
     return report
 
