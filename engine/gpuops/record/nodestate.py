@@ -130,22 +130,33 @@ def after_decision(
     record: NodeRecord, d: Decision, catalog: Catalog, at: float
 ) -> NodeRecord | None:
     """What a decision does to the node's state."""
-    m = d.match
+    m, rule = d.match, d.match.rule
     plays = [a.playbook for a in d.actions]
-    cause, rule = decision_cause(m), m.rule
-    fault = fault_name(m.rule, m.gpus or ((m.gpu,) if m.gpu is not None else ()))
-    doing = f"{fault}: {', '.join(plays)}" if plays else fault
     if d.reason in (Reason.NEEDS_HUMAN, Reason.ATTEMPT_CAP):
-        return moved(record, S.NEEDS_HUMAN, d.detail, at, cause=cause, rule=rule)
+        return moved(record, S.NEEDS_HUMAN, d.detail, at, cause=decision_cause(m), rule=rule)
     if d.accepted and catalog.takes_out(plays):
-        out = S.QUARANTINED
+        out, cause = S.QUARANTINED, decision_cause(m)
+        doing = _doing(m, plays)
         return moved(record, out, doing, at, quarantined=True, cause=cause, rule=rule, grade=d.gate)
+    # Most decisions leave the node where it is (a fault seen again): the texts of a move
+    # are made only for one.
+    if record.state is not S.HEALTHY:
+        return None
     returning = any((s := catalog.get(p)) is not None and s.effect is Effect.RETURN for p in plays)
     if d.accepted and not returning:
-        return moved(record, S.SUSPECT, doing, at, rule=rule) if record.state is S.HEALTHY else None
-    if d.reason is Reason.NO_ACTION and record.state is S.HEALTHY:
-        return moved(record, S.SUSPECT, fault, at, rule=rule)
+        return moved(record, S.SUSPECT, _doing(m, plays), at, rule=rule)
+    if d.reason is Reason.NO_ACTION:
+        return moved(record, S.SUSPECT, _fault(m), at, rule=rule)
     return None
+
+
+def _fault(m: Match) -> str:
+    return fault_name(m.rule, m.gpus or ((m.gpu,) if m.gpu is not None else ()))
+
+
+def _doing(m: Match, plays: list[str]) -> str:
+    """What the node's record says is being done about the fault."""
+    return f"{_fault(m)}: {', '.join(plays)}" if plays else _fault(m)
 
 
 def gpu_names(gpus: Iterable[int]) -> str:
