@@ -151,6 +151,12 @@ class Decider:
         self.clock = clock
         self.dry_run = dry_run or Live()
         self.unreadable = unreadable or UnreadableState()
+        # What each stage does beyond its check. A decision passes some twenty stages;
+        # one that reads, keeps or gives back nothing (BaseStage's own methods) is not
+        # asked to: each ask is a coroutine made and run, for nothing.
+        self._reads = tuple(_does(s, "reads") for s in self.stages)
+        self._commits = frozenset(i for i, s in enumerate(self.stages) if _does(s, "commit"))
+        self._aborts = frozenset(i for i, s in enumerate(self.stages) if _does(s, "abort"))
 
     def propose(self, match: Match, rule: Rule, approved_by: str | None = None) -> Proposal:
         """The proposal a match starts as: the rule's actions, rendered from the fact."""
@@ -181,8 +187,9 @@ class Decider:
         p = self.propose(match, rule, approved_by)
         passed, drop = await self._check(p)
         if drop is not None and not drop.keep:
-            for done in reversed(passed):
-                await done.abort(p)
+            for i in reversed(passed):
+                if i in self._aborts:
+                    await self.stages[i].abort(p)
             d = decision(p, False, drop.reason, drop.detail)
             if record is not None:
                 await record(d)
@@ -193,15 +200,18 @@ class Decider:
             d = decision(p, False, drop.reason, drop.detail)
         if write is not None:
             await write(d)
-        await together(*(stage.commit(p) for stage in passed), *([record(d)] if record else []))
+        commits = (self.stages[i].commit(p) for i in passed if i in self._commits)
+        await together(*commits, *([record(d)] if record else []))
         return d
 
-    async def _check(self, p: Proposal) -> tuple[list[Stage], Drop | None]:
-        """The stages passed in order, and the drop that stopped the proposal, if one did."""
-        passed: list[Stage] = []
+    async def _check(self, p: Proposal) -> tuple[list[int], Drop | None]:
+        """The stages passed (their places, in order), and the drop that stopped the
+        proposal, if one did."""
+        passed: list[int] = []
         for i, stage in enumerate(self.stages):
             try:
-                await self._fetch(p, i)
+                if self._reads[i]:
+                    await self._fetch(p, i)
                 drop = await stage.check(p)
             except StateUnreadable as exc:
                 # Fail closed: a lock, cooldown, breaker or silence that cannot be read
@@ -211,13 +221,20 @@ class Decider:
                 return passed, Drop(Reason.STATE_UNREADABLE, detail)
             if drop is not None:
                 return passed, drop
-            passed.append(stage)
+            passed.append(i)
         return passed, None
 
     async def _fetch(self, p: Proposal, i: int) -> None:
         """Before stage `i` needs a record not read yet: read those of stages `i` on."""
         if p.reads.missing(self.stages[i].reads(p)):
-            await p.reads.fetch(r for stage in self.stages[i:] for r in stage.reads(p))
+            later = (s for s, reads in zip(self.stages[i:], self._reads[i:], strict=True) if reads)
+            await p.reads.fetch(r for stage in later for r in stage.reads(p))
+
+
+def _does(stage: Stage, method: str) -> bool:
+    """Whether a stage's `method` is its own (BaseStage's reads, keeps and gives back
+    nothing); a stage not built on BaseStage is always asked."""
+    return getattr(type(stage), method, None) is not getattr(BaseStage, method)
 
 
 def decision(p: Proposal, accepted: bool, reason: Reason, detail: str) -> Decision:
