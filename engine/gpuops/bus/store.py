@@ -227,7 +227,7 @@ class Store(Generic[T]):
             record = self.model.model_validate_json(entry.value)
         except ValidationError as exc:
             raise StateUnreadable(self.kv.name, key, _first_error(exc), entry.value) from None
-        if len(self._decoded) >= DECODED_MAX:
+        if key not in self._decoded and len(self._decoded) >= DECODED_MAX:
             del self._decoded[next(iter(self._decoded))]  # the longest held
         self._decoded[key] = (entry, record)
         return record, entry.revision

@@ -34,3 +34,19 @@ def test_the_first_pass_reads_only_nodes_and_the_feed_refuses_what_does_not_deco
     shadow, report = asyncio.run(replay(path, rules, None))
     assert shadow.hosts == {"node-001", "node-002"}
     assert report.events == 2 and report.refusals() == 4
+
+
+def test_the_first_pass_names_the_nodes_the_feed_takes(tmp_path: Path) -> None:
+    """The first pass parses as the feed does: a NaN in an event's open fields (as
+    json.dumps writes one) names its node; a line nested deeper than a parser recurses
+    is refused by both, and the replay goes on."""
+    ok = envelope("heartbeat", "node-001", T0, {"seq": 1})
+    odd = envelope("heartbeat", "node-002", T0 + 1, {"seq": 1, "x": float("nan")})
+    deep = b'{"x":' + b"[" * 3000 + b"]" * 3000 + b',"node":"node-003"}\n'
+    path = tmp_path / "r.jsonl"
+    path.write_bytes((json.dumps(ok) + "\n" + json.dumps(odd) + "\n").encode() + deep)
+    assert _nodes_in(path) == {"node-001", "node-002"}
+    rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
+    shadow, report = asyncio.run(replay(path, rules, None))
+    assert shadow.hosts == {"node-001", "node-002"}
+    assert report.events == 2 and report.refusals() == 1 and not report.unknown
