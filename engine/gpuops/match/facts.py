@@ -68,12 +68,21 @@ def with_medians(facts: list[Fact]) -> list[Fact]:
     ordered = sorted(v for v in bandwidth if v is not None)
     if len(ordered) < 2:  # no GPU has two reporting peers: the medians stay null (hot path)
         return facts
-    everyone = median_skipping(ordered, len(ordered))  # a GPU without a value: all others
+    n = len(ordered)
+    everyone = median_skipping(ordered, n)  # a GPU without a value: all others
+    # Leaving out the element at k, the median is the same for every k before the middle
+    # one (n - 1) // 2, and for every k after it: three values serve all GPUs.
+    mid = (n - 1) // 2
+    before = median_skipping(ordered, 0)
+    at = median_skipping(ordered, mid)
+    after = median_skipping(ordered, n - 1)
     for i, fact in enumerate(facts):
         own = bandwidth[i]
-        fact["dram_bw_util_peer_median"] = (
-            everyone if own is None else median_skipping(ordered, bisect.bisect_left(ordered, own))
-        )
+        if own is None:
+            fact["dram_bw_util_peer_median"] = everyone
+            continue
+        k = bisect.bisect_left(ordered, own)
+        fact["dram_bw_util_peer_median"] = before if k < mid else at if k == mid else after
     return facts
 
 
