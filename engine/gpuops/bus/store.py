@@ -208,7 +208,7 @@ class Store(Generic[T]):
 
     def read(self, *parts: str) -> Read:
         """The record under `parts`, named for `Reads.fetch`."""
-        return Read(self, parts)
+        return Read(self, parts, (self.kv, self.key(*parts)))
 
     async def get(self, *parts: str) -> tuple[T | None, int]:
         """The record and its revision; (None, 0) when absent; StateUnreadable when it is
@@ -308,15 +308,12 @@ def _first_error(exc: ValidationError) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Read:
-    """One record a check will read: its store and key parts."""
+    """One record a check will read: its store and key parts, and which bucket and key
+    (two stores on one bucket never share a key: prefixes). Made by `Store.read`."""
 
     store: Store[Any]
     parts: tuple[str, ...]
-
-    @property
-    def slot(self) -> tuple[KV, str]:
-        """Which bucket and key: two stores on one bucket never share a key (prefixes)."""
-        return self.store.kv, self.store.key(*self.parts)
+    slot: tuple[KV, str]
 
 
 class Reads:
@@ -329,6 +326,10 @@ class Reads:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[KV, str], Entry | None] = {}
+
+    def has(self, reads: Iterable[Read]) -> bool:
+        """Whether every record of `reads` was fetched (a check then reads none anew)."""
+        return all(r.slot in self._entries for r in reads)
 
     def missing(self, reads: Iterable[Read]) -> list[Read]:
         """Those of `reads` not fetched yet (each once)."""
@@ -347,7 +348,8 @@ class Reads:
     async def get(self, store: Store[T], *parts: str) -> tuple[T | None, int]:
         """The record and its revision as fetched (read now if it was not)."""
         read = store.read(*parts)
-        await self.fetch([read])
+        if read.slot not in self._entries:
+            await self.fetch([read])
         return store.decode(self._entries[read.slot], read.slot[1])
 
     def known(self, store: Store[T], *parts: str) -> tuple[T | None, int] | None:

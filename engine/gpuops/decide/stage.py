@@ -210,7 +210,7 @@ class Decider:
         passed: list[int] = []
         for i, stage in enumerate(self.stages):
             try:
-                if self._reads[i]:
+                if self._reads[i] and not p.reads.has(stage.reads(p)):
                     await self._fetch(p, i)
                 drop = await stage.check(p)
             except StateUnreadable as exc:
@@ -225,10 +225,9 @@ class Decider:
         return passed, None
 
     async def _fetch(self, p: Proposal, i: int) -> None:
-        """Before stage `i` needs a record not read yet: read those of stages `i` on."""
-        if p.reads.missing(self.stages[i].reads(p)):
-            later = (s for s, reads in zip(self.stages[i:], self._reads[i:], strict=True) if reads)
-            await p.reads.fetch(r for stage in later for r in stage.reads(p))
+        """Stage `i` needs a record not read yet: read those of stages `i` on."""
+        later = (s for s, reads in zip(self.stages[i:], self._reads[i:], strict=True) if reads)
+        await p.reads.fetch(r for stage in later for r in stage.reads(p))
 
 
 def _does(stage: Stage, method: str) -> bool:
