@@ -108,6 +108,8 @@ class FactsBook:
             raise EventError("schema", f"telemetry v2: {exc}") from exc
         except msgspec.DecodeError as exc:
             raise EventError("json", f"telemetry v2: neither JSON nor MessagePack ({exc})") from exc
+        except RecursionError as exc:  # the raw rows are skipped by recursing
+            raise EventError("json", "telemetry v2: nested deeper than a sample is") from exc
 
     def telemetry(self, payload: bytes, publisher: str = "") -> Telemetry:
         """`read` then `join`, for a sample with no subject to check (replay, publish)."""

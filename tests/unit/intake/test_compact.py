@@ -311,6 +311,27 @@ def test_a_static_value_nested_deep_is_refused_not_a_crash() -> None:
         assert refused.value.reason == "schema"
 
 
+def test_rows_nested_deep_are_a_json_dead_letter_not_a_crash() -> None:
+    """The rows stay raw until the node's field types are known, and msgspec skips raw
+    values by recursing: 5,000 nested arrays there exhaust its stack. A RecursionError
+    escaping the intake would leave the message unacked and redelivered for ever. So
+    would a later agent's column (read raw, then left out) nested as deep."""
+    rows = _keyframe(gpus="DEEP")
+    column = _keyframe(static_fields=["temp_c", "hbm_gen", "power_w"], gpus=[[40.0, "DEEP", 1.0]])
+    deep = [
+        encoded
+        for body in (rows, column)
+        for encoded in (
+            msgspec.msgpack.encode(body).replace(b"\xa4DEEP", b"\x91" * 5000 + b"\x90"),
+            msgspec.json.encode(body).replace(b'"DEEP"', b"[" * 5000 + b"]" * 5000),
+        )
+    ]
+    for payload in deep:
+        with pytest.raises(EventError) as refused:
+            decode_intake(payload, SUBJECT, NOW, book=FactsBook())
+        assert refused.value.reason == "json", refused.value.message
+
+
 def test_the_keyframe_itself_decodes() -> None:
     got = _facts(msgspec.msgpack.encode(_keyframe()), FactsBook())
     assert got.facts[0]["temp_c"] == 40.0 and got.facts[0]["power_limit_w"] == 700.0
