@@ -154,6 +154,20 @@ def read(payload: bytes) -> Compact:
     return _MSGPACK.decode(payload) if is_msgpack(payload) else _JSON.decode(payload)
 
 
+class _NodeOnly(msgspec.Struct):
+    node: _Node
+
+
+_NODE_MSGPACK = msgspec.msgpack.Decoder(_NodeOnly)
+_NODE_JSON = msgspec.json.Decoder(_NodeOnly)
+
+
+def node_of(payload: bytes) -> str:
+    """The node a v2 sample names, its other fields skipped unchecked (`gpuops replay`'s
+    first pass); msgspec's errors, or RecursionError when skipping nests too deep."""
+    return (_NODE_MSGPACK if is_msgpack(payload) else _NODE_JSON).decode(payload).node
+
+
 def kept(fid: str, static: Static, at: float) -> bytes:
     """What KV keeps of a node's static facts, learnt from a sample at `at`."""
     return msgspec.msgpack.encode(Kept(fid, static, at))

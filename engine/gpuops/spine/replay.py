@@ -18,8 +18,10 @@ from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpuops.bus import wire
 from gpuops.errors import EventError
 from gpuops.intake.compact import FactsBook
 from gpuops.intake.decode import check_future, decode_line
@@ -111,9 +113,9 @@ def _lines(path: Path) -> Iterator[tuple[int, Event | Telemetry | EventError]]:
 
 
 class _NodeOnly(BaseModel):
-    """What the first pass reads of an event: its node (pydantic-core parses the JSON and
-    builds nothing else, a sixth of a full decode). The parser is the intake's own, so
-    the pass takes what the feed takes: msgspec, faster, refuses the NaN an event's open
+    """What the first pass reads of a v1 event: its node (pydantic-core parses the JSON
+    and builds nothing else, a sixth of a full decode). The parser is the v1 feed's own,
+    so the pass takes what the feed takes: msgspec, faster, refuses the NaN an event's open
     fields may hold, passes invalid UTF-8 in fields it skips, and nesting too deep for it
     raises RecursionError (each would name a node the feed does not, or miss one)."""
 
@@ -123,12 +125,15 @@ class _NodeOnly(BaseModel):
 
 def _nodes_in(path: Path) -> set[str]:
     """Every node the recording names, without decoding its events: those are decoded
-    once, as they are fed (a line that does not decode is refused then, by reason)."""
+    once, as they are fed (a line that does not decode is refused then, by reason). Each
+    line's node is read by the parser the feed reads that line with: pydantic-core for
+    v1, msgspec for a v2 sample (half pydantic-core's cost for the node alone)."""
     out: set[str] = set()
     with path.open("rb") as lines:
         for line in lines:
             try:
-                out.add(_NodeOnly.model_validate_json(line).node)
-            except ValidationError:
+                v2 = wire.is_v2(line)
+                out.add(wire.node_of(line) if v2 else _NodeOnly.model_validate_json(line).node)
+            except (ValidationError, msgspec.DecodeError, RecursionError):
                 continue
     return out
