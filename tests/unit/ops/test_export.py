@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime
 
 import pytest
+from gpuops.bus.wire import V2, Expander, TelemetryWriter
 from gpuops.clock import ManualClock
 from gpuops.errors import ConfigError
-from gpuops.ops.export import Selection, parse_time
+from gpuops.ops.export import Selection, _telemetry_line, parse_time
 
 
 def test_times_are_durations_before_now_or_iso_times() -> None:
@@ -38,3 +40,15 @@ def test_filters_name_the_subjects_of_each_stream() -> None:
             "gpuops.events.*.ecc.n2",
         ]
     }
+
+
+def test_a_stored_sample_nested_too_deep_is_left_out_and_the_export_goes_on() -> None:
+    gpus = [{"index": 0, "uuid": "GPU-1", "temp_c": 40.0}]
+    ok = TelemetryWriter("agent", json=True).encode("node-001", 1_800_000_000.0, gpus, "e1")
+    deep = ok.replace(b'"gpus":[[', b'"gpus":[' + b"[" * 5000 + b"[", 1)
+    deep = deep.replace(b"]]}", b"]" * 5000 + b"]]}", 1)
+    expander = Expander(V2)
+    facts = None  # a keyframe's sample needs no KV copy
+    assert asyncio.run(_telemetry_line(expander, facts, deep, "")) is None  # type: ignore[arg-type]
+    line = asyncio.run(_telemetry_line(expander, facts, ok, ""))  # type: ignore[arg-type]
+    assert line is not None and b'"node":"node-001"' in line
