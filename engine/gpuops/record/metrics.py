@@ -8,11 +8,33 @@ tick every few seconds, not per event.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 # Seconds, from a sample's decision to a node's recovery after a reboot and a probe.
 BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600)
+
+
+class Children(Generic[M]):
+    """A metric of one label, its child for each value looked up once: `labels()` takes
+    a lock and checks its values, and the pipeline counts every event and three times a
+    decision. Values are few (event kinds, reasons, rule names), and the metric keeps each
+    child anyway."""
+
+    def __init__(self, metric: M) -> None:
+        self.metric = metric
+        self._made: dict[str, M] = {}
+
+    def __call__(self, value: str) -> M:
+        """The child for `value`."""
+        child = self._made.get(value)
+        if child is None:
+            child = self._made[value] = self.metric.labels(value)
+        return child
 
 
 class Metrics:

@@ -21,8 +21,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from prometheus_client import Counter
-
 from gpuops.bus.publish import Publisher
 from gpuops.bus.store import together
 from gpuops.clock import Clock
@@ -36,7 +34,7 @@ from gpuops.models import GATE_KIND, Decision, Event, Intent, Match, Request, ac
 from gpuops.record.audit import Auditor
 from gpuops.record.density import DensityTracker
 from gpuops.record.episodes import episode_id
-from gpuops.record.metrics import Metrics
+from gpuops.record.metrics import Children, Metrics
 from gpuops.record.recorder import Recorder
 from gpuops.signing import sign
 
@@ -109,9 +107,9 @@ class Pipeline:
         self.owner: Owner = owner or Whole()
         self._unknown: dict[str, int] = {}
         self._unknown_reported = float("-inf")
-        # Each kind's child of the events counter: `labels()` takes a lock and hashes its
-        # values, once per event otherwise. Kinds are the models' few (decode refuses others).
-        self._counted: dict[str, Counter] = {}
+        m = metrics
+        self._events, self._matches = Children(m.events), Children(m.matches)
+        self._decisions, self._latency = Children(m.decisions), Children(m.event_to_decision)
 
     @property
     def auditor(self) -> Auditor:
@@ -123,10 +121,7 @@ class Pipeline:
         one of its own requests; the decisions made, in order."""
         if isinstance(item, Request):
             return await self._request(item)
-        counted = self._counted.get(item.kind)
-        if counted is None:
-            counted = self._counted[item.kind] = self.metrics.events.labels(item.kind)
-        counted.inc()
+        self._events(item.kind).inc()
         if item.node not in self.inventory:
             await self._unknown_node(item)
             return []
@@ -174,7 +169,7 @@ class Pipeline:
             return None
         match, rule = self._climbing(match, rule)
         self._fence(match.node)
-        self.metrics.matches.labels(match.rule).inc()
+        self._matches(match.rule).inc()
         intents: list[Intent] = []
 
         async def write(d: Decision) -> None:
@@ -191,9 +186,8 @@ class Pipeline:
             await together(*(self._store(intent) for intent in intents))
 
         async def record(d: Decision) -> None:
-            self.metrics.decisions.labels(d.reason.value).inc()
-            since = self.clock.now() - match.event_ts
-            self.metrics.event_to_decision.labels(match.rule).observe(max(0.0, since))
+            self._decisions(d.reason.value).inc()
+            self._latency(match.rule).observe(max(0.0, self.clock.now() - match.event_ts))
             await self.recorder.decided(d, intents)
 
         return await self.decider.decide(match, rule, write, approved_by, record)
