@@ -180,6 +180,9 @@ def build_engine(
         Cooldown(buckets.cooldowns, catalog),
         # Picks the rung: the stages below judge its playbook.
         LadderStage(buckets.history, stores.locks),
+        # No stage below acts on, drops or keeps anything for a proposal with no playbook,
+        # and none gives it one: a rule that records only is decided here.
+        RecordOnly(),
         Equivalence(buckets.history, catalog, s.equivalence_window_s),
         NodeReadable(stores.states),  # whatever acts reads its node's state record
         EpisodeName(episode_records(buckets.nodes)),  # read with it: the episode acted on
@@ -205,7 +208,6 @@ def build_engine(
             window_s=s.breaker_window_s,
             on_trip=tripped,
         ),
-        RecordOnly(),
         DryRun(),
         ApprovalGate(),
     ]

@@ -5,16 +5,19 @@ later stage drops the proposal)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
+from gpuops.bus.buckets import Buckets
 from gpuops.bus.store import MemoryKV, Read, Store
 from gpuops.clock import ManualClock
 from gpuops.decide.stage import BaseStage, Decider, Drop, Proposal
 from gpuops.match.loader import load_rules
 from gpuops.models import Reason
+from gpuops.settings import SafetySettings
 from pydantic import BaseModel
 
-from tests.unit.decide.helpers import ROOT, T0, match
+from tests.unit.decide.helpers import ROOT, T0, engine_on, match
 
 RULES = {r.name: r for r in load_rules([ROOT / "rules"], ROOT / "playbooks").rules}
 
@@ -95,3 +98,36 @@ async def test_stages_are_asked_only_for_what_they_do() -> None:
     passing = Keeper(store)
     d = await Decider([Quiet(), passing], ManualClock(T0)).decide(match("xid-48-dbe"), rule)
     assert d.accepted and passing.log == ["check 7", "commit"]
+
+
+async def test_every_stage_after_record_only_passes_a_proposal_that_runs_nothing() -> None:
+    """RecordOnly decides a rule with no playbook before the stages that judge only what
+    runs (the cheaper place: a record-only rule can fire on every sample). That holds only
+    while each stage after it passes such a proposal untouched: it reads nothing, drops
+    nothing, gives it no playbook and keeps nothing, for every shipped rule, under the
+    default safety settings (budgets, breaker) and with the rule's own settings."""
+    defaults = SafetySettings()
+    buckets = Buckets.memory()
+    engine = engine_on(
+        ManualClock(T0),
+        buckets,
+        breaker_share=defaults.breaker_share,
+        breaker_absolute=defaults.breaker_absolute,
+        domain_budgets=defaults.domain_budgets,
+    )
+    decider = engine.pipeline.decider
+    names = [s.name for s in decider.stages]
+    after = decider.stages[names.index("record_only") + 1 :]
+    assert {"lock", "attempt_cap", "breaker", "domain_budget", "equivalence"} <= {
+        s.name for s in after
+    }
+    for rule in RULES.values():
+        bare = dataclasses.replace(rule, actions=())
+        p = decider.propose(match(rule.name), bare)
+        for stage in after:
+            assert not stage.reads(p), (rule.name, stage.name)
+            assert await stage.check(p) is None, (rule.name, stage.name)
+            assert not p.actions and not p.holds_lock, (rule.name, stage.name)
+            await stage.commit(p)
+    held = [getattr(buckets, f.name) for f in dataclasses.fields(buckets)]
+    assert {kv.name: kv.data for kv in held if isinstance(kv, MemoryKV) and kv.data} == {}
