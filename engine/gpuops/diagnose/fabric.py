@@ -21,7 +21,6 @@ stable hash so the same few nodes are not everyone's peer.
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
@@ -54,7 +53,7 @@ def pair_checks(pair: str, reports: Mapping[str, str], bound_gbps: float) -> lis
 def judged(text: str, bound_gbps: float) -> list[Check]:
     """The playbook's fabric output (JSON: `node`, `peers`, `passes`) judged."""
     try:
-        doc = json.loads(text)
+        doc = parsers.loads("fabric", text)
         node, peers, passes = str(doc["node"]), [str(p) for p in doc["peers"]], doc["passes"]
         reports = {
             str(pair): {str(h): str(r) for h, r in by_hca.items()}

@@ -25,7 +25,6 @@ design, never its width.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from gpuops.diagnose import fabric, parsers
@@ -85,7 +84,7 @@ def bundle_checks(text: str) -> list[Check]:
     "bytes", "error"}]}`): the directory, then a check per part, collected when it has
     bytes (a part the playbook did not list is missing)."""
     try:
-        doc = json.loads(text)
+        doc = parsers.loads("bundle", text)
         parts = {str(p["name"]): p for p in doc["parts"]}
         where = str(doc["dir"])
     except (ValueError, TypeError, KeyError) as exc:

@@ -42,9 +42,18 @@ def dcgm_diag(json_text: str) -> list[Check]:
     return checks
 
 
+def loads(tool: str, text: str) -> Any:
+    """A tool's JSON output, as `json.loads` reads it; DiagnosticsError when it nests
+    deeper than that parser recurses (a node's output is not trusted: its check fails)."""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise DiagnosticsError(tool, "output nested deeper than a report is") from exc
+
+
 def _dcgm_body(json_text: str) -> dict[str, Any]:
     try:
-        doc = json.loads(json_text)
+        doc = loads(DCGMI, json_text)
     except (json.JSONDecodeError, TypeError) as exc:
         raise DiagnosticsError(DCGMI, f"output is not JSON (cut short?): {exc}") from exc
     body = next((doc[k] for k in DCGM_ROOTS if isinstance(doc, dict) and k in doc), None)

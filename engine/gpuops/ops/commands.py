@@ -559,7 +559,7 @@ def recorded_subject(line: bytes) -> tuple[str, str | None]:
     The intake validates it there, and dead-letters a line that is not an event."""
     try:
         raw = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         raw = None
     if not isinstance(raw, dict):
         return subject_for("unknown", "unknown"), None

@@ -41,3 +41,14 @@ def test_a_part_missing_or_empty_is_named() -> None:
 def test_no_list_of_parts_is_a_failed_grade_not_a_crash() -> None:
     assert not judge(5, {"bundle": "not json"}, SKU).ok
     assert judge(5, {}, SKU).checks[0].name == "bundle:ran"
+
+
+def test_a_tools_output_nested_too_deep_fails_its_check_not_the_grade() -> None:
+    """A node's tool output is read as JSON (dcgmi, the fabric pass, the bundle's list);
+    Python's parser recurses per level, so 100,000 nested arrays raise RecursionError. It
+    is a failed check that says so, the other tools still judged, as for any bad output."""
+    deep = "[" * 100_000 + "]" * 100_000
+    for grade, tool in ((2, "dcgm"), (4, "fabric"), (5, "bundle")):
+        result = judge(grade, {tool: deep}, SKU)
+        [check] = [c for c in result.checks if c.name.startswith(f"{tool}:")]
+        assert not check.ok and "nested" in check.detail, (tool, check)
