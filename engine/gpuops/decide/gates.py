@@ -1,8 +1,9 @@
-"""Stages at the end of the line: a rule that only records, and dry-run.
+"""Stages that stop a proposal before anything runs: a rule that only records (decided
+right after the ladder: no later stage judges a proposal with no playbook), and dry-run,
+at the end of the line.
 
-Both stop the proposal before anything runs but keep what the stages before them
-remember (a dry-run rule cools down like a live one, so replay shows one firing per
-cooldown, as the live engine would).
+Both keep what the stages before them remember (a dry-run rule cools down like a live
+one, so replay shows one firing per cooldown, as the live engine would).
 """
 
 from __future__ import annotations

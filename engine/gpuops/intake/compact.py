@@ -201,6 +201,8 @@ def _joined(doc: wire.Compact, json: bool, known: NodeFacts, publisher: str) -> 
         rows = known.rows.decode(doc.gpus, json)
     except msgspec.DecodeError as exc:
         raise EventError("schema", f"telemetry v2 gpus: {exc}") from exc
+    except RecursionError as exc:  # a later agent's column is skipped raw, by recursing
+        raise EventError("json", "telemetry v2 gpus: nested deeper than a sample is") from exc
     templates = known.templates
     if len(rows) != len(templates):
         raise EventError(

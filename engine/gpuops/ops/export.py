@@ -164,7 +164,7 @@ def _one_line(payload: bytes) -> bytes | None:
         return line or None
     try:
         return json.dumps(json.loads(line), separators=(",", ":")).encode()
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
 
 

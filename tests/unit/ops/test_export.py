@@ -52,3 +52,10 @@ def test_a_stored_sample_nested_too_deep_is_left_out_and_the_export_goes_on() ->
     assert asyncio.run(_telemetry_line(expander, facts, deep, "")) is None  # type: ignore[arg-type]
     line = asyncio.run(_telemetry_line(expander, facts, ok, ""))  # type: ignore[arg-type]
     assert line is not None and b'"node":"node-001"' in line
+
+
+def test_a_stored_v1_line_spanning_lines_and_nested_too_deep_is_left_out() -> None:
+    """A payload that spans lines is re-encoded as one, through Python's parser."""
+    deep = b'{"v": 1,\n "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    for version in (1, V2):
+        assert asyncio.run(_telemetry_line(Expander(version), None, deep, "")) is None  # type: ignore[arg-type]
