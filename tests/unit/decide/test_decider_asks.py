@@ -104,8 +104,8 @@ async def test_every_stage_after_record_only_passes_a_proposal_that_runs_nothing
     """RecordOnly decides a rule with no playbook before the stages that judge only what
     runs (the cheaper place: a record-only rule can fire on every sample). That holds only
     while each stage after it passes such a proposal untouched: it reads nothing, drops
-    nothing, gives it no playbook and keeps nothing, for every shipped rule, under the
-    default safety settings (budgets, breaker) and with the rule's own settings."""
+    nothing, gives it no playbook and keeps nothing, for every shipped and built-in rule,
+    under the default safety settings (budgets, breaker) and with the rule's own settings."""
     defaults = SafetySettings()
     buckets = Buckets.memory()
     engine = engine_on(
@@ -121,7 +121,8 @@ async def test_every_stage_after_record_only_passes_a_proposal_that_runs_nothing
     assert {"lock", "attempt_cap", "breaker", "domain_budget", "equivalence"} <= {
         s.name for s in after
     }
-    for rule in RULES.values():
+    built_in = [*engine.pipeline.matcher.rules.rules, *engine.pipeline.requests.values()]
+    for rule in [*RULES.values(), *built_in]:
         bare = dataclasses.replace(rule, actions=())
         p = decider.propose(match(rule.name), bare)
         for stage in after:
