@@ -11,6 +11,8 @@
 #   slurm-client, munge       for the playbooks' drains, resumes and reboots (tests/peers/slurm.py)
 #   openipmi, ipmitool        OpenIPMI's BMC simulator (ipmi_sim) and the real ipmitool that
 #                             the playbooks drive it with (tests/peers/ipmi.py)
+#   valgrind                  callgrind, which `gpuops bench instructions` counts a replay's
+#                             instructions with (tests/e2e/test_bench_instructions.py)
 # sushy-tools (the Redfish emulator) comes from PyPI with the venv's dev extras.
 # kubectl (with kustomize) for the manifest checks comes with the machine; Debian's
 # kubernetes-client is too old for kustomize's current syntax, so without kubectl those
@@ -32,6 +34,7 @@ need sbatch slurm-client
 need munged munge
 need ipmi_sim openipmi
 need ipmitool ipmitool
+need valgrind valgrind
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

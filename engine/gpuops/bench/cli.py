@@ -37,6 +37,14 @@ def _progress(name: str, done: threading.Event) -> None:
         click.echo(f"bench {name}: running, {time.monotonic() - started:.0f} s", err=True)
 
 
+def _counts(text: str) -> list[int]:
+    """`--rules 1,20` as counts, each once, in order."""
+    try:
+        return sorted({int(c) for c in text.split(",")})
+    except ValueError as exc:
+        raise click.BadParameter(f"{text!r} is not a list of counts like 1,20") from exc
+
+
 @bench.command("windows")
 @click.option("--gpus", type=int, default=10_000, show_default=True)
 @click.option("--window", default="24h", show_default=True, help="the aggregate window")
@@ -74,11 +82,28 @@ def bench_rulebook(gpus: int, rule_counts: str, repeat: int, venv: Path | None) 
     from gpuops.bench.rulebook import DEFAULT_VENV
     from gpuops.bench.rulebook import bench_rulebook as run_bench
 
-    try:
-        counts = sorted({int(c) for c in rule_counts.split(",")})
-    except ValueError as exc:
-        raise click.BadParameter(f"{rule_counts!r} is not a list of counts like 1,20") from exc
+    counts = _counts(rule_counts)
     for line in run_bench(gpus, counts, max(1, repeat), venv or DEFAULT_VENV):
+        click.echo(line)
+
+
+@bench.command("instructions")
+@click.option("--gpus", type=int, default=90_000, show_default=True, help="GPU samples recorded")
+@click.option(
+    "--samples", "first", type=int, default=18_000, show_default=True, help="of them, measured"
+)
+@click.option("--rules", "rule_counts", default="1,20", show_default=True, help="rule counts")
+@click.option(
+    "--base",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="another checkout's source root (its engine folder), measured alike",
+)
+def bench_instructions(gpus: int, first: int, rule_counts: str, base: Path | None) -> None:
+    """Instructions a GPU sample of `gpuops replay` under callgrind (steady, unlike CPU time)."""
+    from gpuops.bench.instructions import bench_instructions as run_bench
+
+    counts = _counts(rule_counts)
+    for line in run_bench(gpus, first, counts, base):
         click.echo(line)
 
 

@@ -1,0 +1,54 @@
+"""`gpuops bench instructions`: a replay's instructions a GPU sample under callgrind,
+steady where CPU time is not: the same tree measured twice reads the same."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import gpuops_argv
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow  # four replays under valgrind: `make test-slow`
+@pytest.mark.skipif(
+    shutil.which("valgrind") is None, reason="needs valgrind (scripts/ci-setup.sh installs it)"
+)
+def test_a_tree_against_itself_reads_the_same_instructions_a_sample() -> None:
+    argv = ["bench", "instructions", "--gpus", "160", "--samples", "80", "--rules", "1"]
+    done = subprocess.run(
+        gpuops_argv(*argv, "--base", str(ROOT / "engine")),
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "the first 80 of 160 GPU samples (10 v2 lines)" in done.stdout, done.stdout
+    found = re.search(
+        r"1 rule: ([\d,]+) instructions a sample; base ([\d,]+) \(([-+]\d+\.\d)%\)", done.stdout
+    )
+    assert found is not None, done.stdout
+    here, base = (int(found.group(i).replace(",", "")) for i in (1, 2))
+    # A GPU sample of replay is some 150,000 instructions; the same tree twice differs by
+    # the allocator's and the collector's few, not by a percent.
+    assert 50_000 < here < 1_000_000 and abs(here - base) / base < 0.01, done.stdout
+
+
+def test_without_valgrind_it_says_what_to_install(tmp_path: Path) -> None:
+    done = subprocess.run(
+        gpuops_argv("bench", "instructions", "--gpus", "8", "--samples", "8"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env={"PATH": str(tmp_path), "HOME": str(tmp_path)},
+    )
+    assert done.returncode != 0
+    assert "install it (Debian: valgrind)" in done.stderr + done.stdout
