@@ -61,8 +61,8 @@ def bench_instructions(
             f"samples: the first {n:,} of {gpus:,} GPU samples ({lines:,} v2 lines); "
             "callgrind, PYTHONHASHSEED=0, net of the same process on an empty file"
         )
+        runs = {"this tree": here, **({"base": base} if base is not None else {})}
         for k in rule_counts:
-            runs = {"this tree": here, **({"base": base} if base is not None else {})}
             per = {
                 name: (_count(valgrind, root, head, k) - _count(valgrind, root, empty, k)) / n
                 for name, root in runs.items()

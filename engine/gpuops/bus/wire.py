@@ -149,9 +149,19 @@ def is_v2(payload: bytes) -> bool:
 _V2_JSON = re.compile(rb'\s*\{\s*"v"\s*:\s*2\s*[,}]')
 
 
+def _decoded(decoder: Any, payload: bytes) -> Any:
+    """`decoder.decode(payload)`, a nesting deeper than msgspec recurses (it skips raw
+    values and unknown fields by recursing) raised as msgspec's DecodeError, as any other
+    undecodable payload: every caller already tells that apart, none a RecursionError."""
+    try:
+        return decoder.decode(payload)
+    except RecursionError as exc:
+        raise msgspec.DecodeError("nested deeper than a sample is") from exc
+
+
 def read(payload: bytes) -> Compact:
     """The envelope of a v2 sample in either encoding; msgspec's errors say what is wrong."""
-    return _MSGPACK.decode(payload) if is_msgpack(payload) else _JSON.decode(payload)
+    return _decoded(_MSGPACK if is_msgpack(payload) else _JSON, payload)  # type: ignore[no-any-return]
 
 
 class _NodeOnly(msgspec.Struct):
@@ -164,8 +174,8 @@ _NODE_JSON = msgspec.json.Decoder(_NodeOnly)
 
 def node_of(payload: bytes) -> str:
     """The node a v2 sample names, its other fields skipped unchecked (`gpuops replay`'s
-    first pass); msgspec's errors, or RecursionError when skipping nests too deep."""
-    return (_NODE_MSGPACK if is_msgpack(payload) else _NODE_JSON).decode(payload).node
+    first pass); msgspec's errors say what is wrong."""
+    return _decoded(_NODE_MSGPACK if is_msgpack(payload) else _NODE_JSON, payload).node  # type: ignore[no-any-return]
 
 
 def kept(fid: str, static: Static, at: float) -> bytes:
@@ -230,7 +240,7 @@ class Rows:
     def decode(self, raw: bytes, json: bool) -> list[tuple[Any, ...]]:
         """Each GPU's readings, in `fields` order; a wrong one names its field."""
         try:
-            return (self._json if json else self._msgpack).decode(raw)
+            return _decoded(self._json if json else self._msgpack, raw)  # type: ignore[no-any-return]
         except msgspec.ValidationError as exc:
             raise msgspec.ValidationError(self._named(str(exc))) from exc
 
@@ -423,7 +433,7 @@ class Expander:
             self.unjoined += 1
             if self.version == 1:
                 return None
-            raw = msgspec.json.decode(doc.gpus) if json else msgspec.msgpack.decode(doc.gpus)
+            raw = _decoded(msgspec.json if json else msgspec.msgpack, doc.gpus)
             return self._compact(doc, None, raw)
         table = rows(tuple(kept.static.fields)).decode(doc.gpus, json)
         return self._compact(doc, kept, table) if self.version == V2 else self._v1(doc, kept, table)

@@ -108,8 +108,6 @@ class FactsBook:
             raise EventError("schema", f"telemetry v2: {exc}") from exc
         except msgspec.DecodeError as exc:
             raise EventError("json", f"telemetry v2: neither JSON nor MessagePack ({exc})") from exc
-        except RecursionError as exc:  # the raw rows are skipped by recursing
-            raise EventError("json", "telemetry v2: nested deeper than a sample is") from exc
 
     def telemetry(self, payload: bytes, publisher: str = "") -> Telemetry:
         """`read` then `join`, for a sample with no subject to check (replay, publish)."""
@@ -201,8 +199,6 @@ def _joined(doc: wire.Compact, json: bool, known: NodeFacts, publisher: str) -> 
         rows = known.rows.decode(doc.gpus, json)
     except msgspec.DecodeError as exc:
         raise EventError("schema", f"telemetry v2 gpus: {exc}") from exc
-    except RecursionError as exc:  # a later agent's column is skipped raw, by recursing
-        raise EventError("json", "telemetry v2 gpus: nested deeper than a sample is") from exc
     templates = known.templates
     if len(rows) != len(templates):
         raise EventError(

@@ -125,9 +125,8 @@ async def _telemetry_line(
             if kept is not None:
                 expander.learn(doc.node, kept)
         line = expander.line(payload, doc, node_token)
-    except (msgspec.DecodeError, RecursionError, KeyError, TypeError, ValueError, AttributeError):
-        return None  # as an unreadable v1 line is: counted, left out (msgspec skips raw
-        # rows by recursing: a sample nested deep enough ends that, not the export)
+    except (msgspec.DecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None  # as an unreadable v1 line is: counted, left out
     return None if line is None else _one_line(line)
 
 

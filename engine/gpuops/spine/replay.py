@@ -134,6 +134,6 @@ def _nodes_in(path: Path) -> set[str]:
             try:
                 v2 = wire.is_v2(line)
                 out.add(wire.node_of(line) if v2 else _NodeOnly.model_validate_json(line).node)
-            except (ValidationError, msgspec.DecodeError, RecursionError):
+            except (ValidationError, msgspec.DecodeError):
                 continue
     return out
