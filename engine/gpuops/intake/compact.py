@@ -4,13 +4,14 @@ every sample's arrays at decode, so rules see the same fields as from v1.
 A sample is read in two steps so that nothing is learnt from one the intake refuses:
 `read` decodes its envelope (the intake then checks its subject, so its publisher
 spoke for this node, and its time), and `join` checks the rest and joins it. A
-keyframe's static facts must hash to the id it gives; they are checked by the model's
-own validator (`GpuSample`, with its bounds and its cut of free text) and its arrays by
-msgspec with the same bounds (gpuops.bus.wire), and only a keyframe valid throughout is
-learnt. The facts go to KV (`Buckets.facts`, written by engines only) before the sample
-is handled, so a replica that takes the node's partition over reads them there at the
-node's first sample; one that finds no facts, or others than the sample names, refuses
-the sample as `facts_unknown` until the agent's next keyframe.
+keyframe's static facts must hash to the id it gives; they are checked as the model
+checks them (`GpuSample`'s fields, with their bounds and cut of free text: the fast
+reader's schema, gpuops.intake.fastdecode) and its arrays by msgspec with the same
+bounds (gpuops.bus.wire), and only a keyframe valid throughout is learnt. The facts go
+to KV (`Buckets.facts`, written by engines only) before the sample is handled, so a
+replica that takes the node's partition over reads them there at the node's first
+sample; one that finds no facts, or others than the sample names, refuses the sample
+as `facts_unknown` until the agent's next keyframe.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from pydantic import ValidationError
 from gpuops.bus import wire
 from gpuops.bus.store import KV, kv_key
 from gpuops.errors import EventError
-from gpuops.match.facts import Fact, Telemetry, with_derived, with_medians
-from gpuops.models import GpuSample
+from gpuops.intake.fastdecode import gpu_facts
+from gpuops.match.facts import Fact, Telemetry, with_medians
 
 log = logging.getLogger(__name__)
 
@@ -241,19 +242,16 @@ def _node_facts(node: str, fid: str, static: wire.Static) -> NodeFacts:
         rows = wire.rows(fields)
     except ValueError as exc:
         raise EventError("schema", f"telemetry v2 static.fields: {exc}") from exc
-    templates = []
+    named = set(fields)
     for i, gpu in enumerate(static.gpus):
-        both = sorted(set(gpu) & set(fields))
+        both = sorted(named.intersection(gpu))
         if both:
             raise EventError("schema", f"telemetry v2 static.gpus.{i}: {both[0]} is also in fields")
-        try:
-            model = GpuSample.model_validate(gpu)
-        except ValidationError as exc:
-            first = exc.errors(include_url=False)[0]
-            where = ".".join(map(str, first["loc"]))
-            raise EventError(
-                "schema", f"telemetry v2 static.gpus.{i}.{where}: {first['msg']}"
-            ) from exc
-        templates.append(with_derived([dict(model.__dict__)], node)[0])
+    try:
+        templates = gpu_facts(static.gpus, node)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(map(str, first["loc"]))
+        raise EventError("schema", f"telemetry v2 static.gpus.{where}: {first['msg']}") from exc
     labels = any(t["labels"] is not None for t in templates)
     return NodeFacts(fid, rows, tuple(templates), labels)

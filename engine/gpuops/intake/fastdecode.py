@@ -66,6 +66,7 @@ _Telemetry = _typed(
     TelemetryEvent,
 )
 _ADAPTER = TypeAdapter(_Telemetry)
+_GPUS: TypeAdapter[list[Fact]] = TypeAdapter(GenericAlias(list, (_Gpu,)))  # type: ignore[arg-type]
 _BLANK: Fact = dict.fromkeys(GPU_FIELDS)
 
 
@@ -81,6 +82,15 @@ def telemetry_facts(payload: bytes, publisher: str = "") -> Telemetry | None:
     facts = [{**blank, **gpu} for gpu in doc["data"]["gpus"]]
     facts = with_derived(facts, doc["node"])
     return Telemetry(doc["id"], doc["node"], epoch, doc["source"], facts, publisher=publisher)
+
+
+def gpu_facts(gpus: list[dict[str, Any]], node: str) -> list[Fact]:
+    """The facts of a node's GPUs from their fields as Python values (a v2 keyframe's
+    static part), every field of the model; ValidationError as `GpuSample` raises it,
+    each error's location led by the GPU's position. One validation for all of them: a
+    model each costs three times as much, at every node's first keyframe."""
+    facts = [{**_BLANK, **gpu} for gpu in _GPUS.validate_python(gpus)]
+    return with_derived(facts, node)
 
 
 def _epoch(ts: datetime) -> float:

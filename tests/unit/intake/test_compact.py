@@ -297,6 +297,16 @@ def test_hostile_v2_samples_are_refused_by_reason(
         assert refused.value.reason == reason, refused.value.message
 
 
+def test_a_bad_static_field_is_named_by_its_gpu_and_field() -> None:
+    """The GPUs' static fields are validated together; the refusal still says which."""
+    good, bad = {"index": 0, "power_limit_w": 700.0}, {"index": 1, "power_limit_w": "x"}
+    body = _keyframe(static_gpus=[good, bad], gpus=[[40.0, 300.0], [41.0, 301.0]])
+    with pytest.raises(EventError) as refused:
+        decode_intake(msgspec.msgpack.encode(body), SUBJECT, NOW, book=FactsBook())
+    assert refused.value.reason == "schema"
+    assert "static.gpus.1.power_limit_w:" in refused.value.message, refused.value.message
+
+
 def test_a_static_value_nested_deep_is_refused_not_a_crash() -> None:
     """5,000 nested arrays in a keyframe (a few KB): refused by type before any recursion
     could exhaust the stack (which would kill the intake, not dead-letter the sample)."""
