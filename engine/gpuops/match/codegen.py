@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuops.match.aggregates import Aggregates, is_number
-from gpuops.match.expr import compile_sandboxed, fact_keys
+from gpuops.match.expr import compile_sandboxed, fact_keys, inline_bits
 from gpuops.match.nullguard import guard_nulls
 from gpuops.match.rules import Rule
 from gpuops.match.windows import HeldFor, Increase, Instant, Window
@@ -279,7 +279,7 @@ def compile_kind(
         if rule.expr is None:
             lines.append(f"    _hit{i}(f, t, eid, out)")
             continue
-        parts[f"_EXPR{i}"] = guard_nulls(rule.expr, f"_g{i}_")
+        parts[f"_EXPR{i}"] = inline_bits(guard_nulls(rule.expr, f"_g{i}_"))
         lines += [
             "    try:",
             f"        _h = _EXPR{i}",

@@ -41,6 +41,51 @@ def _bit(value: int, mask: int) -> bool:
     return bool(int(value) & int(mask))
 
 
+def inline_bits(expr: ast.expr) -> ast.expr:
+    """`bit(x, MASK)` with a constant mask, as `(_int(x) & MASK) != 0`: what `_bit` does,
+    without a Python call (three shipped rules test a GPU's clocks-event reasons on every
+    sample). Any other mask stays a call. Rewrites `expr` in place; give it a guarded
+    copy (the generated code's namespace has `_int`)."""
+    return _InlineBits().visit(expr)  # type: ignore[no-any-return]
+
+
+class _InlineBits(ast.NodeTransformer):
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        fn = node.func
+        if not (isinstance(fn, ast.Name) and fn.id == "bit" and len(node.args) == 2):
+            return node
+        mask = _constant_int(node.args[1])
+        if mask is None or node.keywords:
+            return node
+        value = ast.Call(func=ast.Name(id="_int", ctx=ast.Load()), args=[node.args[0]], keywords=[])
+        masked = ast.BinOp(left=value, op=ast.BitAnd(), right=ast.Constant(mask))
+        test = ast.Compare(left=masked, ops=[ast.NotEq()], comparators=[ast.Constant(0)])
+        return ast.copy_location(test, node)
+
+
+# What a constant mask may be made of: bitwise and additive operators only (no `**` or
+# `<<`, whose folding here could build an integer of any size from a short rule).
+_FOLDED = (
+    *(ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp),
+    *(ast.BitOr, ast.BitAnd, ast.Add, ast.Sub, ast.USub, ast.UAdd),
+)
+
+
+def _constant_int(node: ast.expr) -> int | None:
+    """The integer `int(node)` is, when the node is constants and operators only."""
+    tree = ast.Expression(body=node)
+    if not all(isinstance(n, _FOLDED) for n in ast.walk(tree)):
+        return None
+    try:
+        value = eval(compile(tree, "<mask>", "eval"), {"__builtins__": {}})  # constants only
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return int(value)  # OverflowError, ValueError: an infinite or NaN mask
+    except (ArithmeticError, TypeError, ValueError):
+        pass
+    return None  # the call, which raises as it did
+
+
 def _label(labels: Any, name: str) -> str | None:
     """A label's value (an alert's `labels`), or None when it has no such label."""
     value = labels.get(name) if isinstance(labels, Mapping) else None

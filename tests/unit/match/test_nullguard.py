@@ -11,7 +11,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from gpuops.match.expr import ERRORS, compile_sandboxed, condition_from, fact_expression
+from gpuops.match.expr import (
+    ERRORS,
+    compile_sandboxed,
+    condition_from,
+    fact_expression,
+    inline_bits,
+)
 from gpuops.match.loader import load_rules
 from gpuops.match.matcher import Matcher
 from gpuops.match.nullguard import guard_nulls, guarded_fields
@@ -210,3 +216,28 @@ def test_guarded_and_unguarded_agree_on_any_seed(seed: int) -> None:
     except ValueError:
         assume(False)
     _agree(source, [_fact(rng) for _ in range(12)])
+
+
+_MASKS = ["0x20 | 0x40", "4", "0x80", "2.9", "-1", "0x60 & 0x40 - 0x20", "a", "1 // 0", "1e999"]
+_BITS_SEEN: list[Any] = [0, 4, 0x41, 0x80, -1, 2**70, 2.5, 7.9, True, False, "12", "x", None]
+
+
+@pytest.mark.parametrize("mask", _MASKS)
+def test_bit_with_a_constant_mask_inlined_answers_as_the_call(mask: str) -> None:
+    """The generated code inlines `bit(x, MASK)` (gpuops.match.codegen): for every value,
+    the answer the call `_bit` gives (an error, caught, is False alike); a mask that is
+    not a constant (a field, a division by zero) stays the call."""
+    source = f"bit(c, {mask})"
+    code = (
+        "def _cond(f):\n    try:\n        return _bool(_EXPR)\n"
+        "    except _ERRS:\n        return False\n"
+    )
+    inlined = inline_bits(guard_nulls(fact_expression(source, KNOWN), "_g"))
+    calls = [n for n in ast.walk(inlined) if isinstance(n, ast.Call)]
+    constant = mask not in ("a", "1 // 0", "1e999")
+    assert (calls == [] or [ast.unparse(n.func) for n in calls] == ["_int"]) is constant
+    ns = compile_sandboxed(code, {"_EXPR": inlined}, {"_int": int}, "<inlined>")
+    called = condition_from(guard_nulls(fact_expression(source, KNOWN)))
+    for value in _BITS_SEEN:
+        fact = {"a": 0x40, "c": value}
+        assert ns["_cond"](fact) is called(fact), f"bit({value!r}, {mask})"
