@@ -83,13 +83,31 @@ def node_gpu_key(f: Fact) -> Hashable:
     return (f["node"], f.get("gpu"))
 
 
+def node_key(f: Fact) -> Hashable:
+    """The group key of a rule grouped by node (a rule that names no group)."""
+    node: Hashable = f["node"]
+    return node
+
+
+# The keys whose bodies the generated code writes inline (no call; most rules' keys).
+_INLINE_KEYS: dict[KeyFn, str] = {node_gpu_key: '(f["node"], f.get("gpu"))', node_key: 'f["node"]'}
+
+
 def _key_src(i: int, key: KeyFn, names: dict[str, Any]) -> str:
-    """The generated code's expression for entry i's group key: node_gpu_key's own body
-    inline (no call; it is most rules' key), else a call of the rule's key function."""
-    if key is node_gpu_key:
-        return '(f["node"], f.get("gpu"))'
+    """The generated code's expression for entry i's group key: a common key's own body
+    inline, else a call of the rule's key function."""
+    inline = _INLINE_KEYS.get(key)
+    if inline is not None:
+        return inline
     names[f"_key{i}"] = key
     return f"_key{i}(f)"
+
+
+def _fired_src(i: int, e: Entry, key_src: str) -> str:
+    """The generated test of whether a false sample's key had fired: the membership
+    inline (a rule that fired anywhere would otherwise cost a call on every false
+    sample of every GPU); an alert rule's set holds (key, fingerprint), its handler's."""
+    return f"_fired{i}" if e.alert else f"_fired{i} and {key_src} in _fired{i}"
 
 
 def _member(f: Fact) -> Hashable:
@@ -293,12 +311,16 @@ def compile_kind(
             names[f"_state{i}"] = window.state
             lines += [
                 f"    elif _state{i}:",
-                f"        _state{i}.pop({_key_src(i, key, names)}, None)",
+                f"        _k = {_key_src(i, key, names)}",
+                f"        _state{i}.pop(_k, None)",
             ]
             if watch:
-                lines += [f"        if _fired{i}:", f"            _clr{i}(f, t)"]
+                lines += [f"        if {_fired_src(i, e, '_k')}:", f"            _clr{i}(f, t)"]
         elif watch:
-            lines += [f"    elif _fired{i}:", f"        _clr{i}(f, t)"]
+            lines += [
+                f"    elif {_fired_src(i, e, _key_src(i, key, names))}:",
+                f"        _clr{i}(f, t)",
+            ]
     if len(lines) == 1:
         lines.append("    return None")
     # The sandbox has no builtins: what the inline series code needs is given.

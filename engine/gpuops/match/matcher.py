@@ -19,7 +19,14 @@ from gpuops.clock import Clock
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.aggregates import Aggregates
 from gpuops.match.baselines import FIELDS, GRADE_FIELDS, FleetBaseline, GradeBaseline
-from gpuops.match.codegen import Cleared, Entry, KindEval, compile_kind, node_gpu_key
+from gpuops.match.codegen import (
+    Cleared,
+    Entry,
+    KindEval,
+    compile_kind,
+    node_gpu_key,
+    node_key,
+)
 from gpuops.match.expr import fact_keys
 from gpuops.match.facts import Fact, Telemetry, facts_of
 from gpuops.match.facts import peer_median as peer_median  # where callers found it
@@ -44,9 +51,9 @@ def _key_fn(
     if group_by == ("fleet",):
         return lambda f: "fleet"
     if group_by == ("node",):
-        return lambda f: f["node"]
+        return node_key  # the generated code inlines these two
     if group_by == ("node", "gpu") or group_by == ("gpu", "node"):
-        return node_gpu_key  # the generated code inlines this one
+        return node_gpu_key
     return lambda f: tuple(f.get(k) for k in group_by)
 
 
