@@ -88,22 +88,20 @@ def bench_rulebook(gpus: int, rule_counts: str, repeat: int, venv: Path | None) 
 
 
 @bench.command("instructions")
-@click.option("--gpus", type=int, default=90_000, show_default=True, help="GPU samples recorded")
-@click.option(
-    "--samples", "first", type=int, default=18_000, show_default=True, help="of them, measured"
-)
+@click.option("--gpus", type=int, default=18_000, show_default=True, help="GPU samples recorded")
+@click.option("--samples", "first", type=int, help="the first of them, measured  [default: all]")
 @click.option("--rules", "rule_counts", default="1,20", show_default=True, help="rule counts")
 @click.option(
     "--base",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="another checkout's source root (its engine folder), measured alike",
 )
-def bench_instructions(gpus: int, first: int, rule_counts: str, base: Path | None) -> None:
+def bench_instructions(gpus: int, first: int | None, rule_counts: str, base: Path | None) -> None:
     """Instructions a GPU sample of `gpuops replay` under callgrind (steady, unlike CPU time)."""
     from gpuops.bench.instructions import bench_instructions as run_bench
 
     counts = _counts(rule_counts)
-    for line in run_bench(gpus, first, counts, base):
+    for line in run_bench(gpus, gpus if first is None else first, counts, base):
         click.echo(line)
 
 

@@ -2,10 +2,14 @@
 
 On a shared VM, CPU time moves by a third between two runs of the same build, so it
 cannot show a 5% change; the instructions a process executes barely move. This bench
-runs the rulebook bench's replay (the same recording, v2 JSON lines, the same 1 and 20
-threshold rules, memory stores) under valgrind's callgrind, once on the first
-`--samples` GPU samples and once on an empty file, and prints the difference a sample:
-what the samples cost, without the start-up (imports, bytecode compiles) both runs share.
+runs the rulebook bench's replay (its kind of recording, v2 JSON lines, the same 1 and 20
+threshold rules, memory stores) under valgrind's callgrind, once on the recording and
+once on an empty file, and prints the difference a sample: what the samples cost,
+without the start-up (imports, bytecode compiles) both runs share. The recording is
+smaller than the rulebook bench's (18,000 GPU samples, not 90,000, to keep callgrind's
+runs to minutes) and made alike, ten samples a node, so a tenth of its lines are a
+node's first keyframe as there; `--samples` measures only the first of them (the first
+lines of a recording are every node's keyframe, the costliest kind).
 With `--base`, another checkout's source root (a git worktree of an earlier commit, its
 `engine` folder) is measured the same way on the same file, and the change printed.
 """
