@@ -53,10 +53,11 @@ class _InlineBits(ast.NodeTransformer):
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         fn = node.func
-        if not (isinstance(fn, ast.Name) and fn.id == "bit" and len(node.args) == 2):
+        is_bit = isinstance(fn, ast.Name) and fn.id == "bit"
+        if not is_bit or len(node.args) != 2 or node.keywords:
             return node
         mask = _constant_int(node.args[1])
-        if mask is None or node.keywords:
+        if mask is None:
             return node
         value = ast.Call(func=ast.Name(id="_int", ctx=ast.Load()), args=[node.args[0]], keywords=[])
         masked = ast.BinOp(left=value, op=ast.BitAnd(), right=ast.Constant(mask))
