@@ -101,7 +101,7 @@ def bench_instructions(gpus: int, first: int | None, rule_counts: str, base: Pat
     from gpuops.bench.instructions import bench_instructions as run_bench
 
     counts = _counts(rule_counts)
-    for line in run_bench(gpus, gpus if first is None else first, counts, base):
+    for line in run_bench(gpus, first, counts, base):
         click.echo(line)
 
 

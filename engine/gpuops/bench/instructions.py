@@ -44,9 +44,9 @@ RUN_TIMEOUT_S = 3600
 
 
 def bench_instructions(
-    gpus: int, first: int, rule_counts: list[int], base: Path | None
+    gpus: int, first: int | None, rule_counts: list[int], base: Path | None
 ) -> Iterator[str]:
-    """Figures, one line each."""
+    """Figures, one line each; `first` None measures the whole recording."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise ConfigError("bench instructions runs under valgrind: install it (Debian: valgrind)")
@@ -55,14 +55,14 @@ def bench_instructions(
     here = Path(__file__).resolve().parents[2]
     with tempfile.TemporaryDirectory(prefix="gpuops-bench-instructions-") as held:
         work = Path(held)
-        recording, _, _ = record(work, gpus)
+        recording, _, recorded = record(work, gpus)
         v2 = work / "v2.jsonl"
         samples(recording, v2, work / "events.jsonl")
         head, n, lines = _head(v2, first, work / "head.jsonl")
         empty = work / "empty.jsonl"
         empty.write_text("")
         yield (
-            f"samples: the first {n:,} of {gpus:,} GPU samples ({lines:,} v2 lines); "
+            f"samples: the first {n:,} of {recorded:,} GPU samples ({lines:,} v2 lines); "
             "callgrind, PYTHONHASHSEED=0, net of the same process on an empty file"
         )
         runs = {"this tree": here, **({"base": base} if base is not None else {})}
@@ -78,13 +78,13 @@ def bench_instructions(
             yield line
 
 
-def _head(v2: Path, first: int, out: Path) -> tuple[Path, int, int]:
-    """The v2 lines holding the first `first` GPU samples (whole lines): the file, how
-    many samples and lines it holds."""
+def _head(v2: Path, first: int | None, out: Path) -> tuple[Path, int, int]:
+    """The v2 lines holding the first `first` GPU samples (whole lines; None: all of
+    them): the file, how many samples and lines it holds."""
     n = lines = 0
     with v2.open("rb") as src, out.open("wb") as dst:
         for line in src:
-            if n >= first:
+            if first is not None and n >= first:
                 break
             n += len(msgspec.json.decode(wire.read(line).gpus))
             lines += 1
