@@ -254,6 +254,39 @@ class GpuSample(_Open):
     labels: dict[str, AlertText] | None = Field(default=None, max_length=64)
 
 
+# The readings that move from one second to the next on a working GPU: temperatures,
+# power and energy, clocks, utilisation, memory in use, bandwidths, the performance
+# state and the PCIe link's generation (it drops while the GPU idles). Every other
+# field changes on an event (a counter on an error, a flag, a limit, a link, the
+# driver's advice) or never; the matcher skips the rules that read only those for a
+# GPU whose values did not change (match.codegen.Quiet). The H200 recording of a load
+# burst (fixtures/nvml) changed clocks_event_reasons 3 times in 27 s at 10 Hz.
+MOVING_FIELDS = frozenset(
+    {
+        "temp_c",
+        "mem_temp_c",
+        "power_w",
+        "energy_j",
+        "sm_clock_mhz",
+        "mem_clock_mhz",
+        "util_gpu",
+        "util_mem",
+        "mem_used_bytes",
+        "pstate",
+        "pcie_gen",
+        "dram_bw_util",
+        "sm_active",
+        "sm_occupancy",
+        "tensor_active",
+        "nvlink_rx_bytes_s",
+        "nvlink_tx_bytes_s",
+    }
+)
+# What rules may read of a GPU that changes only on events: its fields but the moving
+# ones, and its node and index (the medians the matcher adds move with their fields).
+QUIET_FIELDS = frozenset(GpuSample.model_fields).difference(MOVING_FIELDS) | {"node", "gpu"}
+
+
 class TelemetryData(_Open):
     """Every GPU of a node in one sample."""
 

@@ -8,11 +8,16 @@ called only when something happens (the rare path).
 Rules with aggregates or inventory variables take a slower path, one call per sample:
 their aggregates must see every sample (not only those whose condition holds), and
 their facts are copied to receive the aggregate values and the node's variables.
+
+Rules that read only fields which change on events are skipped for a GPU whose values
+of them have not changed since they were all false on it (`Quiet`).
 """
 
 from __future__ import annotations
 
+import ast
 import math
+import operator
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -251,19 +256,96 @@ def _between(i: int, agg: Aggregates, every: float, key: KeyFn, names: dict[str,
     return [*lines, "    else:", f"        _slow{i}(f, t, eid, out)"]
 
 
+def reads_only(expr: ast.expr, fields: frozenset[str]) -> bool:
+    """The condition reads the fact only as `f["name"]`, each name one of `fields`."""
+    subscripted = set()
+    for n in ast.walk(expr):
+        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "f":
+            if not (isinstance(n.slice, ast.Constant) and n.slice.value in fields):
+                return False
+            subscripted.add(id(n.value))
+    names = [n for n in ast.walk(expr) if isinstance(n, ast.Name) and n.id == "f"]
+    return all(id(n) in subscripted for n in names)
+
+
+def is_quiet(e: Entry, fields: frozenset[str]) -> bool:
+    """Whether a false result of the entry may be remembered by its inputs (`Quiet`): a
+    condition on quiet fields only, keyed by GPU, whose false sample only ends what a
+    true one began (`for`, or none)."""
+    return (
+        bool(fields)
+        and not e.slow
+        and not e.alert
+        and e.rule.expr is not None
+        and e.key is node_gpu_key
+        and isinstance(e.window, HeldFor | Instant)
+        and reads_only(e.rule.expr, fields)
+    )
+
+
+# What a fact without one of the quiet fields reads as: never remembered, never equal.
+_UNREAD = object()
+
+
+@dataclass(slots=True)
+class Quiet:
+    """What lets the generated code skip, for one GPU, the rules that read only fields
+    that change on events, not every second (a reset, a link down, a power limit): most
+    samples carry the same values as the last, on which every such rule was false.
+
+    A condition is a function of the fields it reads, so with the same values it is
+    false again, and a false sample of such a rule does nothing to a GPU whose last one
+    was false as well (its run had ended, its key was cleared then). So `seen` keeps,
+    per (node, gpu), the values of the quiet fields at the last sample on which all
+    these rules were false; a sample with the same values skips them. A sample on which
+    one is true drops the GPU's entry, and only that GPU's samples move these rules'
+    state (they are keyed by GPU), so the entry stands for "nothing held" until then.
+    """
+
+    fields: frozenset[str]  # the fields that change on events (models.QUIET_FIELDS)
+    seen: dict[Hashable, Any]  # (node, gpu) -> the quiet values of its last all-false sample
+
+    def forget(self) -> None:
+        """Look at every GPU again on its next sample (a sweep: GPUs that left go)."""
+        self.seen.clear()
+
+
 def compile_kind(
-    entries: list[Entry], make: MakeMatch, kind: str, cleared: list[Cleared] | None = None
+    entries: list[Entry],
+    make: MakeMatch,
+    kind: str,
+    cleared: list[Cleared] | None = None,
+    quiet: Quiet | None = None,
 ) -> KindEval:
     """The evaluation function for every rule of one kind, rules in file order.
 
     Entries with a `fired` set also report, into `cleared`, the first false sample of
-    each key that had fired (what ends an episode).
+    each key that had fired (what ends an episode). With `quiet`, the entries that read
+    only its fields are skipped for a GPU whose values did not change since a sample on
+    which all of them were false.
     """
     lines = ["def _eval(f, t, eid, out):"]
     parts: dict[str, Any] = {}
     names: dict[str, Any] = {}
+    calm = {i for i, e in enumerate(entries) if quiet is not None and is_quiet(e, quiet.fields)}
+    if calm and quiet is not None:
+        read = sorted(set().union(*(fact_keys(entries[i].rule.expr) for i in calm)))
+        # One C call reads them all; a fact without one of them (a test's, a bench's)
+        # is evaluated and not remembered.
+        names["_quiet_of"], names["_seen"] = operator.itemgetter(*read), quiet.seen
+        names["_unread"], names["_KeyError"] = _UNREAD, KeyError
+        lines += [
+            "    _qk = (f['node'], f.get('gpu'))",
+            "    try:",
+            "        _qv = _quiet_of(f)",
+            "    except _KeyError:",
+            "        _qv = _unread",
+            "    _skip = _seen.get(_qk, _unread) == _qv and _qv is not _unread",
+            "    _qtrue = False",
+        ]
     for i, e in enumerate(entries):
         rule, window, key = e.rule, e.window, e.key
+        start = len(lines)
         if e.slow:
             names[f"_slow{i}"] = _slow(e, make, cleared)
             every = slow_cadence(rule) if e.agg is not None and e.agg_only else 0.0
@@ -304,6 +386,7 @@ def compile_kind(
             "    except _ERRS:",
             "        _h = False",
             "    if _h:",
+            *(["        _qtrue = True"] if i in calm else []),
             f"        _hit{i}(f, t, eid, out)",
         ]
         if isinstance(window, HeldFor):
@@ -321,6 +404,21 @@ def compile_kind(
                 f"    elif {_fired_src(i, e, _key_src(i, key, names))}:",
                 f"        _clr{i}(f, t)",
             ]
+        if i in calm:
+            # Under one `if not _skip:` with the calm rule just before, if there is one.
+            joined = i - 1 in calm
+            lines[start:] = [
+                *([] if joined else ["    if not _skip:"]),
+                *("    " + line for line in lines[start:]),
+            ]
+    if calm:
+        lines += [
+            "    if not _skip:",
+            "        if _qtrue or _qv is _unread:",
+            "            _seen.pop(_qk, None)",
+            "        else:",
+            "            _seen[_qk] = _qv",
+        ]
     if len(lines) == 1:
         lines.append("    return None")
     # The sandbox has no builtins: what the inline series code needs is given.

@@ -23,6 +23,7 @@ from gpuops.match.codegen import (
     Cleared,
     Entry,
     KindEval,
+    Quiet,
     compile_kind,
     node_gpu_key,
     node_key,
@@ -32,7 +33,7 @@ from gpuops.match.facts import Fact, Telemetry, facts_of
 from gpuops.match.facts import peer_median as peer_median  # where callers found it
 from gpuops.match.rules import Rule, RuleSet
 from gpuops.match.windows import Absent, CountWithin, HeldFor, Increase, Instant, Window
-from gpuops.models import STATEFUL_KINDS, Event, Match
+from gpuops.models import QUIET_FIELDS, STATEFUL_KINDS, Event, Match
 
 # How long state outlives its window, by the clock. After an outage the engine reads a
 # backlog of samples minutes old; their runs must go on, so eviction waits as long as
@@ -131,8 +132,13 @@ class Matcher:
         clock: Clock | None = None,
         sweep_grace_s: float = SWEEP_GRACE_S,
         inventory: Inventory | None = None,
+        quiet_fields: frozenset[str] = QUIET_FIELDS,
     ) -> None:
+        """`quiet_fields`: the telemetry fields that change on events (frozenset() makes
+        every rule look at every sample; the tests compare both)."""
         self.inventory = inventory
+        self.quiet_fields = quiet_fields
+        self._quiet = Quiet(quiet_fields, {})
         self._by_kind: dict[str, list[Entry]] = {}
         self._eval_kind: dict[str, KindEval] = {}
         self._per_node: frozenset[str] = frozenset()
@@ -165,8 +171,13 @@ class Matcher:
                 alert = kind == "alert"
                 compiled.append(Entry(rule, window, key, field, fired, agg, extra, alert))
             by_kind[kind] = compiled
+        # What the last rule set remembered of quiet GPUs is not this one's.
+        self._quiet = Quiet(self.quiet_fields, {})
         self._eval_kind = {
-            kind: compile_kind(cs, _match, kind, self._cleared) for kind, cs in by_kind.items()
+            kind: compile_kind(
+                cs, _match, kind, self._cleared, self._quiet if kind == "telemetry" else None
+            )
+            for kind, cs in by_kind.items()
         }
         self._by_kind = by_kind
         self._per_node = frozenset(r.name for r in rules.rules if r.consolidate)
@@ -282,6 +293,7 @@ class Matcher:
     def forget(self, nodes: frozenset[str] | set[str]) -> int:
         """Drop the state keyed by these nodes (their partition went to another replica,
         whose windows are the ones that count now); returns how many keys went."""
+        self._quiet.forget()
         dropped = 0
         for c in (c for cs in self._by_kind.values() for c in cs):
             for held in (*_key_holders(c.window), *((c.fired,) if c.fired is not None else ())):
@@ -314,6 +326,7 @@ class Matcher:
                 return 0
             now = self.clock.now()
         at = now - self.sweep_grace_s
+        self._quiet.forget()  # GPUs that stopped reporting go; the rest are looked at again
         dropped = sum(c.window.sweep(at) for cs in self._by_kind.values() for c in cs)
         dropped += sum(c.agg.sweep(at) for cs in self._by_kind.values() for c in cs if c.agg)
         for c in (c for cs in self._by_kind.values() for c in cs):
