@@ -285,6 +285,9 @@ def is_quiet(e: Entry, fields: frozenset[str]) -> bool:
 
 # What a fact without one of the quiet fields reads as: never remembered, never equal.
 _UNREAD = object()
+# GPUs remembered before a sweep starts again from none (those that stopped reporting
+# go then): more than one engine decides for, so a fleet's are kept from sweep to sweep.
+MAX_QUIET_GPUS = 250_000
 
 
 @dataclass(slots=True)
@@ -304,10 +307,16 @@ class Quiet:
 
     fields: frozenset[str]  # the fields that change on events (models.QUIET_FIELDS)
     seen: dict[Hashable, Any]  # (node, gpu) -> the quiet values of its last all-false sample
+    most: int = MAX_QUIET_GPUS
 
     def forget(self) -> None:
-        """Look at every GPU again on its next sample (a sweep: GPUs that left go)."""
+        """Look at every GPU again on its next sample."""
         self.seen.clear()
+
+    def trim(self) -> None:
+        """Bound what is kept (a sweep): past `most` GPUs, start again from none."""
+        if len(self.seen) > self.most:
+            self.seen.clear()
 
 
 def compile_kind(
@@ -341,6 +350,8 @@ def compile_kind(
             "    except _KeyError:",
             "        _qv = _unread",
             "    _skip = _seen.get(_qk, _unread) == _qv and _qv is not _unread",
+            "    if not _skip:",
+            "        _seen.pop(_qk, None)",  # until all are false again (a handler may raise)
             "    _qtrue = False",
         ]
     for i, e in enumerate(entries):
@@ -413,11 +424,8 @@ def compile_kind(
             ]
     if calm:
         lines += [
-            "    if not _skip:",
-            "        if _qtrue or _qv is _unread:",
-            "            _seen.pop(_qk, None)",
-            "        else:",
-            "            _seen[_qk] = _qv",
+            "    if not _skip and not _qtrue and _qv is not _unread:",
+            "        _seen[_qk] = _qv",
         ]
     if len(lines) == 1:
         lines.append("    return None")

@@ -293,7 +293,7 @@ class Matcher:
     def forget(self, nodes: frozenset[str] | set[str]) -> int:
         """Drop the state keyed by these nodes (their partition went to another replica,
         whose windows are the ones that count now); returns how many keys went."""
-        self._quiet.forget()
+        self._quiet.forget()  # not needed (less state only), but the nodes are gone here
         dropped = 0
         for c in (c for cs in self._by_kind.values() for c in cs):
             for held in (*_key_holders(c.window), *((c.fired,) if c.fired is not None else ())):
@@ -326,7 +326,7 @@ class Matcher:
                 return 0
             now = self.clock.now()
         at = now - self.sweep_grace_s
-        self._quiet.forget()  # GPUs that stopped reporting go; the rest are looked at again
+        self._quiet.trim()
         dropped = sum(c.window.sweep(at) for cs in self._by_kind.values() for c in cs)
         dropped += sum(c.agg.sweep(at) for cs in self._by_kind.values() for c in cs if c.agg)
         for c in (c for cs in self._by_kind.values() for c in cs):

@@ -107,7 +107,11 @@ def test_a_gpu_is_remembered_after_an_all_false_sample_and_forgotten_after_a_tru
     m.match_facts("telemetry", [_fact(temp_c=95.0)], T0 + 2, "e2")  # a moving rule's hit
     assert ("n1", 0) in m._quiet.seen
     m.sweep(T0 + 3)
-    assert m._quiet.seen == {}
+    assert ("n1", 0) in m._quiet.seen  # a sweep keeps a fleet's worth
+    m._quiet.most = 1
+    m.match_facts("telemetry", [_fact(gpu=1)], T0 + 4, "e4")
+    m.sweep(T0 + 5)
+    assert m._quiet.seen == {}  # past that, it starts again from none
 
 
 def test_a_run_ends_on_a_false_sample_that_repeats_the_remembered_values(tmp_path: Path) -> None:
