@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpuops.match.codegen import is_quiet
+from gpuops.match.codegen import is_quiet, skips_whole
 from gpuops.match.loader import load_rules
 from gpuops.match.matcher import Matcher
 from gpuops.match.rules import RuleSet
@@ -49,6 +49,13 @@ rules:
     on: telemetry
     when: nvlink_links_down > 0
     actions: [{notify: chatops}]
+  - name: remaps-twice
+    on: telemetry
+    group_by: [node]
+    when: remap_pending and recovery_action != 1
+    count: 2
+    within: 10s
+    actions: [{notify: chatops}]
   - name: reboot-when-warm
     on: telemetry
     group_by: [node, gpu]
@@ -62,15 +69,23 @@ def _rules(tmp_path: Path) -> RuleSet:
     return load_rules([tmp_path / "r.yml"], None)
 
 
-def _calm(m: Matcher) -> list[str]:
-    return [e.rule.name for e in m._by_kind["telemetry"] if is_quiet(e, m.quiet_fields)]
+def _calm(m: Matcher) -> list[tuple[str, bool]]:
+    entries = m._by_kind["telemetry"]
+    return [(e.rule.name, skips_whole(e)) for e in entries if is_quiet(e, m.quiet_fields)]
 
 
-def test_only_rules_on_quiet_fields_keyed_by_gpu_are_skipped(tmp_path: Path) -> None:
+def test_rules_on_quiet_fields_are_skipped_whole_when_keyed_by_gpu(tmp_path: Path) -> None:
     m = Matcher(_rules(tmp_path))
-    # Not `hot` (a temperature moves every second), not the per-node rule (another
-    # GPU's sample moves its state), not one that also reads a moving field.
-    assert _calm(m) == ["reset-held", "remap-pending", "capped"]
+    # Not `hot` (a temperature moves every second), nor one that also reads a moving
+    # field; the per-node rules skip their condition only (another GPU's sample moves
+    # their state), as does one counting within a window.
+    assert _calm(m) == [
+        ("reset-held", True),
+        ("remap-pending", True),
+        ("capped", True),
+        ("link-down-per-node", False),
+        ("remaps-twice", False),
+    ]
     assert _calm(Matcher(_rules(tmp_path), quiet_fields=frozenset())) == []
 
 
@@ -192,3 +207,16 @@ def test_skipping_gives_the_matches_and_clearings_of_looking_at_every_sample(
         seen = [[(m.rule, m.key, m.event_id, m.at) for m in out] for out in got]
         assert seen[0] == seen[1]
         assert skipping.take_cleared() == looking.take_cleared()
+
+
+def test_no_values_are_kept_where_no_rule_is_skipped_whole(tmp_path: Path) -> None:
+    (tmp_path / "r.yml").write_text(
+        "rules:\n"
+        "  - name: link-down-per-node\n"
+        "    on: telemetry\n"
+        "    when: nvlink_links_down > 0\n"
+        "    actions: [{notify: chatops}]\n"
+    )
+    m = Matcher(load_rules([tmp_path / "r.yml"], None))
+    m.match_facts("telemetry", [_fact()], T0, "e0")
+    assert m._quiet.seen == {}  # a lookup a sample would cost more than the condition
