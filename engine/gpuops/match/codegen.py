@@ -346,7 +346,7 @@ def compile_kind(
     whole = {i for i in calm if skips_whole(entries[i])}
     if not whole:
         # Remembering the values costs a lookup a GPU sample, which skipping conditions
-        # alone does not pay for: six threshold rules grouped by node read 1% more
+        # alone does not pay for: six threshold rules grouped by node read 1.2% more
         # instructions a sample with it (gpuops bench instructions, 20 rules).
         calm = set()
     if calm and quiet is not None:
