@@ -97,7 +97,8 @@ def bench_rulebook(gpus: int, rule_counts: str, repeat: int, venv: Path | None) 
     help="another checkout's source root (its engine folder), measured alike",
 )
 def bench_instructions(gpus: int, first: int | None, rule_counts: str, base: Path | None) -> None:
-    """Instructions a GPU sample of `gpuops replay` under callgrind (steady, unlike CPU time)."""
+    """Instructions a GPU sample of `gpuops replay` under callgrind (steady, unlike CPU
+    time, when nothing else runs: beside a test run, unchanged code read 1-5% more)."""
     from gpuops.bench.instructions import bench_instructions as run_bench
 
     counts = _counts(rule_counts)
