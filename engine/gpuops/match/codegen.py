@@ -15,7 +15,6 @@ of them have not changed since they were all false on it (`Quiet`).
 
 from __future__ import annotations
 
-import ast
 import math
 import operator
 from collections.abc import Callable, Hashable, Mapping
@@ -256,18 +255,6 @@ def _between(i: int, agg: Aggregates, every: float, key: KeyFn, names: dict[str,
     return [*lines, "    else:", f"        _slow{i}(f, t, eid, out)"]
 
 
-def reads_only(expr: ast.expr, fields: frozenset[str]) -> bool:
-    """The condition reads the fact only as `f["name"]`, each name one of `fields`."""
-    subscripted = set()
-    for n in ast.walk(expr):
-        if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "f":
-            if not (isinstance(n.slice, ast.Constant) and n.slice.value in fields):
-                return False
-            subscripted.add(id(n.value))
-    names = [n for n in ast.walk(expr) if isinstance(n, ast.Name) and n.id == "f"]
-    return all(id(n) in subscripted for n in names)
-
-
 def is_quiet(e: Entry, fields: frozenset[str]) -> bool:
     """Whether the entry's condition reads only `fields` (`Quiet`): its value is known
     to be false where they are the same as when it was."""
@@ -276,7 +263,7 @@ def is_quiet(e: Entry, fields: frozenset[str]) -> bool:
         and not e.slow
         and not e.alert
         and e.rule.expr is not None
-        and reads_only(e.rule.expr, fields)
+        and fact_keys(e.rule.expr) <= fields  # its only reads of the fact (`f["x"]`)
     )
 
 

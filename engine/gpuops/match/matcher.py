@@ -138,7 +138,6 @@ class Matcher:
         every rule look at every sample; the tests compare both)."""
         self.inventory = inventory
         self.quiet_fields = quiet_fields
-        self._quiet = Quiet(quiet_fields, {})
         self._by_kind: dict[str, list[Entry]] = {}
         self._eval_kind: dict[str, KindEval] = {}
         self._per_node: frozenset[str] = frozenset()
