@@ -97,9 +97,17 @@ def node_key(f: Fact) -> Hashable:
 _INLINE_KEYS: dict[KeyFn, str] = {node_gpu_key: '(f["node"], f.get("gpu"))', node_key: 'f["node"]'}
 
 
-def _key_src(i: int, key: KeyFn, names: dict[str, Any]) -> str:
-    """The generated code's expression for entry i's group key: a common key's own body
-    inline, else a call of the rule's key function."""
+# The name the generated code gives a sample's (node, gpu) key where it makes it once at
+# the top (`_shares_gpu_key`).
+_GPU_KEY = "_gk"
+
+
+def _key_src(i: int, key: KeyFn, names: dict[str, Any], shared: bool = False) -> str:
+    """The generated code's expression for entry i's group key: the (node, gpu) key made
+    once at the top where it is (`shared`), a common key's own body inline, else a call
+    of the rule's key function."""
+    if shared and key is node_gpu_key:
+        return _GPU_KEY
     inline = _INLINE_KEYS.get(key)
     if inline is not None:
         return inline
@@ -232,14 +240,16 @@ def _clear_alert(e: Entry, cleared: list[Cleared]) -> Callable[[Fact, float], No
     return clear
 
 
-def _between(i: int, agg: Aggregates, every: float, key: KeyFn, names: dict[str, Any]) -> list[str]:
+def _between(
+    i: int, agg: Aggregates, every: float, key: KeyFn, names: dict[str, Any], shared: bool
+) -> list[str]:
     """Lines for a rule read at a cadence (`slow_cadence`): between two looks at a key,
     its sample goes into the key's series inline, as `Aggregates.between` puts it, without
     the rule's and the aggregates' calls (a day-long p95 takes every sample of every GPU);
     a key due for a look, or not seen yet, goes to the rule's whole evaluation."""
     names[f"_aggk{i}"], names[f"_every{i}"] = agg.keys, every
     lines = [
-        f"    _k = {_key_src(i, key, names)}",
+        f"    _k = {_key_src(i, key, names, shared)}",
         f"    _st = _aggk{i}.get(_k)",
         f"    if _st is not None and _st.evaluated <= t < _st.evaluated + _every{i}:",
         "        _ser = _st.series",
@@ -264,6 +274,20 @@ def is_quiet(e: Entry, fields: frozenset[str]) -> bool:
         and not e.alert
         and e.rule.expr is not None
         and fact_keys(e.rule.expr) <= fields  # its only reads of the fact (`f["x"]`)
+    )
+
+
+def _shares_gpu_key(entries: list[Entry], calm: set[int]) -> bool:
+    """Whether the generated code makes the (node, gpu) key once, at the top: where some
+    entry keyed by it reads it on every sample (a quiet memo, a long-window aggregate,
+    a counter), rather than each of them making the tuple again."""
+    return bool(calm) or any(
+        e.key is node_gpu_key
+        and (
+            (e.slow and e.agg is not None and e.agg_only and slow_cadence(e.rule) > 0)
+            or (e.rule.expr is None and isinstance(e.window, Increase) and bool(e.field))
+        )
+        for e in entries
     )
 
 
@@ -336,6 +360,9 @@ def compile_kind(
         # alone does not pay for: six threshold rules grouped by node read 1.2% more
         # instructions a sample with it (gpuops bench instructions, 20 rules).
         calm = set()
+    shared = _shares_gpu_key(entries, calm)
+    if shared:
+        lines.append(f'    {_GPU_KEY} = (f["node"], f.get("gpu"))')
     if calm and quiet is not None:
         read = sorted(set().union(*(fact_keys(entries[i].rule.expr) for i in calm)))
         # One C call reads them all; a fact without one of them (a test's, a bench's)
@@ -343,14 +370,13 @@ def compile_kind(
         names["_quiet_of"], names["_seen"] = operator.itemgetter(*read), quiet.seen
         names["_unread"], names["_KeyError"] = _UNREAD, KeyError
         lines += [
-            "    _qk = (f['node'], f.get('gpu'))",
             "    try:",
             "        _qv = _quiet_of(f)",
             "    except _KeyError:",
             "        _qv = _unread",
-            "    _skip = _seen.get(_qk, _unread) == _qv and _qv is not _unread",
+            "    _skip = _seen.get(_gk, _unread) == _qv and _qv is not _unread",
             "    if not _skip:",
-            "        _seen.pop(_qk, None)",  # until all are false again (a handler may raise)
+            "        _seen.pop(_gk, None)",  # until all are false again (a handler may raise)
             "    _qtrue = False",
         ]
     for i, e in enumerate(entries):
@@ -360,7 +386,7 @@ def compile_kind(
             names[f"_slow{i}"] = _slow(e, make, cleared)
             every = slow_cadence(rule) if e.agg is not None and e.agg_only else 0.0
             if every and e.agg is not None:
-                lines += _between(i, e.agg, every, key, names)
+                lines += _between(i, e.agg, every, key, names, shared)
                 continue
             lines.append(f"    _slow{i}(f, t, eid, out)")
             continue
@@ -377,7 +403,7 @@ def compile_kind(
             lines += [
                 f"    _v = f.get(_fld{i})",
                 "    if _v is not None:",
-                f"        _k = {_key_src(i, key, names)}",
+                f"        _k = {_key_src(i, key, names, shared)}",
                 f"        _p = _last{i}.get(_k)",
                 f"        if _p is not None and _v == _p[1] and t >= _p[0]"
                 f" and not _rises{i}.get(_k):",
@@ -406,14 +432,14 @@ def compile_kind(
             names[f"_state{i}"] = window.state
             lines += [
                 f"    elif _state{i}:",
-                f"        _k = {_key_src(i, key, names)}",
+                f"        _k = {_key_src(i, key, names, shared)}",
                 f"        _state{i}.pop(_k, None)",
             ]
             if watch:
                 lines += [f"        if {_fired_src(i, e, '_k')}:", f"            _clr{i}(f, t)"]
         elif watch:
             lines += [
-                f"    elif {_fired_src(i, e, _key_src(i, key, names))}:",
+                f"    elif {_fired_src(i, e, _key_src(i, key, names, shared))}:",
                 f"        _clr{i}(f, t)",
             ]
         if i in whole:
@@ -426,7 +452,7 @@ def compile_kind(
     if calm:
         lines += [
             "    if not _skip and not _qtrue and _qv is not _unread:",
-            "        _seen[_qk] = _qv",
+            "        _seen[_gk] = _qv",
         ]
     if len(lines) == 1:
         lines.append("    return None")
