@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from itertools import accumulate, compress
@@ -28,7 +29,12 @@ MAX_WINDOW_S = 7 * 86400.0  # longer windows would make a bucket coarser than an
 QUANTILES = {"p50": 0.5, "p95": 0.95, "p99": 0.99}
 FUNCTIONS = ("sum", "avg", "min", "max", "count", *QUANTILES)
 _U16 = 0xFFFF
-_SUMS = BUCKETS * BINS  # where a quantile series' row of bin sums starts
+# Samples of the head bucket a series holds as a list before putting them into its
+# arrays (`Series.add`): a bound on the list, where nothing reads the series sooner.
+HELD = 64
+# The share of a bucket's width at each end whose samples take the exact way (t / width
+# rounds): a sample further inside is in the head bucket without computing it.
+_EDGE = 1e-4
 _COUNTS = array("I", bytes(4 * BUCKETS))
 _FLOATS = array("d", bytes(8 * BUCKETS))
 # Quantiles only: BUCKETS rows of BINS counts, then one row of their sums.
@@ -50,6 +56,13 @@ class Series:
 
     A sample at time s lies in bucket floor(s / width), width = window / BUCKETS; the
     window is the `BUCKETS` buckets that end with the newest one (`head`).
+
+    A sample inside the head bucket (the usual one: a long window's bucket spans many
+    samples) is appended to `held`, and the held samples go into the arrays together
+    (`_settle`) before anything reads them or another bucket takes a sample: a list
+    append where putting one sample into five arrays took a tenth of a rule's time per
+    GPU sample (callgrind: 10,000 instructions an add), and equal values, the usual
+    run of an integer percentage, are binned once.
     """
 
     __slots__ = (
@@ -57,11 +70,14 @@ class Series:
         "count",
         "exp",
         "head",
+        "held",
         "hi",
         "hist",
+        "inside",
         "lo",
         "n",
         "total",
+        "until",
         "width",
         "window",
     )
@@ -80,41 +96,33 @@ class Series:
         self.hist: array[int] | None = _HIST[:] if quantiles else None
         self.exp: int | None = None  # bin width 2**exp; None until a value arrives
         self.base = 0  # absolute bin index of the first bin
+        self.held: list[float] = []  # samples of the head bucket not in the arrays yet
+        # The times surely in the head bucket: from `inside` to before `until` (none
+        # until a sample makes a head).
+        self.inside, self.until = math.inf, -math.inf
 
     def add(self, t: float, value: float) -> None:
         """Take one sample; one older than the window that ends at `head` is dropped."""
+        if self.inside <= t < self.until:
+            held = self.held
+            held.append(value)
+            if len(held) >= HELD:
+                self._settle()
+            return
         b = math.floor(t / self.width)
         head = self.head
         if head is None or b > head:
+            self._settle()  # into the bucket they came in, before the window moves
             self._advance(b)
         elif b <= head - BUCKETS:
             return
-        slot = b % BUCKETS
-        n = self.count[slot]
-        if n == 0:
-            self.lo[slot] = self.hi[slot] = value
-        elif value < self.lo[slot]:
-            self.lo[slot] = value
-        elif value > self.hi[slot]:
-            self.hi[slot] = value
-        self.count[slot] = n + 1
-        self.n += 1
-        self.total[slot] += value
-        hist = self.hist
-        if hist is None:
+        if b == self.head:  # near an edge of the head bucket: held like the rest
+            self.held.append(value)
+            if len(self.held) >= HELD:
+                self._settle()
             return
-        # The usual sample (a grid chosen, the value on it, counters with room) is two
-        # increments here; anything else is `_bin`'s. A day of 1 Hz samples per GPU
-        # comes this way, so the call saved is most of the cost of a p95 rule.
-        if self.exp is not None:
-            j = math.floor(math.ldexp(value, -self.exp)) - self.base
-            if 0 <= j < BINS:
-                at, total = slot * BINS + j, _SUMS + j
-                if hist.typecode == "I" or (hist[at] < _U16 and hist[total] < _U16):
-                    hist[at] += 1
-                    hist[total] += 1
-                    return
-        self._bin(slot, value)
+        self._settle()
+        self._put(b % BUCKETS, [value])  # late, for an older bucket of the window
 
     def _advance(self, b: int) -> None:
         """Make `b` the head bucket, emptying the buckets that fall out of the window."""
@@ -128,8 +136,44 @@ class Series:
             for old in gone:
                 self._clear(old % BUCKETS)
         self.head = b
+        self.inside, self.until = self._surely_in(b)
         if self.hist is not None and not self.n:
             self.exp = None  # nothing held: the next values choose a fine grid again
+
+    def _surely_in(self, b: int) -> tuple[float, float]:
+        """Times from the first to before the second surely in bucket `b`: floor(t /
+        width) never decreases as t grows, so both ends in `b` put all between in it
+        (a bucket too narrow for the margin has none: every sample takes the exact way)."""
+        inside, until = (b + _EDGE) * self.width, (b + 1 - _EDGE) * self.width
+        last = math.nextafter(until, -math.inf)
+        if math.floor(inside / self.width) != b or math.floor(last / self.width) != b:
+            return math.inf, -math.inf
+        return inside, until
+
+    def _settle(self) -> None:
+        """Put the held samples into the head bucket's arrays."""
+        held = self.held
+        if held:
+            assert self.head is not None
+            self._put(self.head % BUCKETS, held)
+            held.clear()
+
+    def _put(self, slot: int, values: list[float]) -> None:
+        """Samples of one bucket into its count, sum, least and greatest, and histogram
+        (each distinct value binned once)."""
+        k = len(values)
+        low, high = min(values), max(values)
+        if self.count[slot] == 0:
+            self.lo[slot], self.hi[slot] = low, high
+        else:
+            self.lo[slot] = min(self.lo[slot], low)
+            self.hi[slot] = max(self.hi[slot], high)
+        self.count[slot] += k
+        self.n += k
+        self.total[slot] = sum(values, self.total[slot])
+        if self.hist is not None:
+            for value, times in Counter(values).items() if k > 1 else ((values[0], 1),):
+                self._bin(slot, value, times)
 
     def _clear(self, slot: int) -> None:
         if not self.count[slot]:
@@ -145,7 +189,7 @@ class Series:
                     hist[sums + i] -= hist[row + i]
                     hist[row + i] = 0
 
-    def _bin(self, slot: int, value: float) -> None:
+    def _bin(self, slot: int, value: float, times: int = 1) -> None:
         if self.exp is None:
             self.exp = MIN_EXP
             self.base = math.floor(math.ldexp(value, -MIN_EXP)) - BINS // 2
@@ -155,9 +199,9 @@ class Series:
         hist = self.hist
         assert hist is not None
         for at in (slot * BINS + j - self.base, BUCKETS * BINS + j - self.base):
-            if hist[at] == _U16 and hist.typecode == "H":
+            if hist[at] + times > _U16 and hist.typecode == "H":
                 self.hist = hist = array("I", hist)  # a crowded key: wider counters
-            hist[at] += 1
+            hist[at] += times
 
     def _regrid(self, j: int) -> int:
         """Shift and, if needed, widen the grid so bin `j` fits; returns j on the new grid."""
@@ -184,6 +228,7 @@ class Series:
 
     def value(self, fn: str) -> float | None:
         """`fn` over the window; None when the window holds no sample."""
+        self._settle()
         n = self.n
         if not n:
             return None
@@ -212,11 +257,13 @@ class Series:
     @property
     def bin_width(self) -> float:
         """The histogram's bin width now (a quantile is within half of it)."""
+        self._settle()
         return 0.0 if self.exp is None else math.ldexp(1.0, self.exp)
 
     def nbytes(self) -> int:
-        """Bytes held by the arrays (the per-key cost the bench reports)."""
-        held = self.count.itemsize * len(self.count) + 3 * 8 * BUCKETS
+        """Bytes held by the arrays and the held samples' list (the per-key cost the
+        bench reports; the list at its bound, as it is between two looks)."""
+        held = self.count.itemsize * len(self.count) + 3 * 8 * BUCKETS + 8 * HELD
         return held + (0 if self.hist is None else self.hist.itemsize * len(self.hist))
 
 

@@ -66,19 +66,70 @@ def test_series_agrees_with_the_raw_samples(seq: list[tuple[float, float]], wind
         # A sample older than the window that ends at the head bucket is dropped at once.
         if math.floor(t / series.width) > newest - BUCKETS:
             held.append((t, value))
-        vals = _in_window(held, series.width)
-        for fn in ("count", "sum", "avg", "min", "max"):
-            got = series.value(fn)
-            assert got is not None
-            assert math.isclose(got, _exact(fn, vals), rel_tol=1e-9, abs_tol=1e-6), fn
-        spread = max(everything) - min(everything)
-        half = series.bin_width / 2
-        # The documented bound: half a bin, and a bin under 2 * spread / (BINS - 2).
-        assert half <= max(math.ldexp(1.0, MIN_EXP - 1), spread / (BINS - 2))
-        for fn in QUANTILES:
-            got = series.value(fn)
-            assert got is not None
-            assert abs(got - _exact(fn, vals)) <= half + 1e-9 * max(1.0, abs(got)), fn
+        _agrees(series, held, everything)
+
+
+def _agrees(series: Series, held: list[tuple[float, float]], everything: list[float]) -> None:
+    """Every function of `series` against the samples in its window, within the bounds."""
+    vals = _in_window(held, series.width)
+    for fn in ("count", "sum", "avg", "min", "max"):
+        got = series.value(fn)
+        assert got is not None
+        assert math.isclose(got, _exact(fn, vals), rel_tol=1e-9, abs_tol=1e-6), fn
+    spread = max(everything) - min(everything)
+    half = series.bin_width / 2
+    # The documented bound: half a bin, and a bin under 2 * spread / (BINS - 2).
+    assert half <= max(math.ldexp(1.0, MIN_EXP - 1), spread / (BINS - 2))
+    for fn in QUANTILES:
+        got = series.value(fn)
+        assert got is not None
+        assert abs(got - _exact(fn, vals)) <= half + 1e-9 * max(1.0, abs(got)), fn
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(steps, st.one_of(st.sampled_from([97.0, 98.0, 100.0]), values), st.booleans()),
+        min_size=1,
+        max_size=400,
+    ),
+    st.sampled_from([60.0, 3600.0, 86400.0]),
+    st.integers(1, 50),
+)
+def test_samples_held_between_reads_agree_with_the_raw_samples(
+    seq: list[tuple[float, float, bool]], window: float, every: int
+) -> None:
+    """Read only now and then (a rule looked at once a minute), so the samples of the head
+    bucket are held, up to HELD of them, and put into the arrays together: every read
+    still agrees with the samples in the window, late ones and bucket edges included."""
+    series = Series(window, quantiles=True)
+    t, held, newest = 1_800_000_000.0, [], -math.inf
+    everything: list[float] = []
+    for i, (step, value, late) in enumerate(seq):
+        t += step
+        at = t - 7 * window / BUCKETS if late and i % 5 == 0 else t  # a late one now and then
+        series.add(at, value)
+        everything.append(value)
+        newest = max(newest, math.floor(at / series.width))
+        if math.floor(at / series.width) > newest - BUCKETS:
+            held.append((at, value))
+        if i % every == every - 1 or i == len(seq) - 1:
+            _agrees(series, held, everything)
+
+
+def test_a_sample_on_a_bucket_edge_lies_in_the_bucket_its_time_divides_into() -> None:
+    """The held way takes a sample only well inside the head bucket; one at an edge is
+    put where floor(t / width) says, as the window's reference reads it."""
+    series = Series(3600.0, quantiles=False)  # buckets of 112.5 s
+    width = series.width
+    edge = 16_000_000 * width
+    series.add(edge + 1.0, 1.0)
+    series.add(math.nextafter(edge + width, -math.inf), 2.0)  # the head bucket's last time
+    series.add(edge + width, 4.0)  # the next bucket's first
+    assert series.value("count") == 3.0
+    # The window moves so that the first bucket has just left it: only 4.0 remains.
+    series.add(edge + BUCKETS * width + 1.0, 8.0)
+    assert series.value("sum") == 12.0
 
 
 def test_integer_percentages_are_within_two_points() -> None:
