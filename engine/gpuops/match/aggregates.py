@@ -102,7 +102,9 @@ class Series:
         self.inside, self.until = math.inf, -math.inf
 
     def add(self, t: float, value: float) -> None:
-        """Take one sample; one older than the window that ends at `head` is dropped."""
+        """Take one sample; one older than the window that ends at `head` is dropped.
+        The generated code of a rule read at a cadence does the first step inline
+        (codegen._between): keep them alike."""
         if self.inside <= t < self.until:
             held = self.held
             held.append(value)

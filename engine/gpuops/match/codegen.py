@@ -21,7 +21,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuops.match.aggregates import Aggregates, is_number
+from gpuops.match.aggregates import HELD, Aggregates, is_number
 from gpuops.match.expr import compile_sandboxed, fact_keys, inline_bits
 from gpuops.match.nullguard import guard_nulls
 from gpuops.match.rules import Rule
@@ -260,8 +260,15 @@ def _between(
             f"        _v = f.get(_sf{i}_{j})",
             "        if (_v.__class__ is _float and _isfinite(_v)) or _v.__class__ is _int"
             " or _number(_v):",
-            f"            _ser[{j}].add(t, _v)",
+            # Series.add's first step inline: a sample well inside the head bucket, with
+            # room in the held list, is appended to it (the call costs more than that).
+            f"            _s = _ser[{j}]",
+            "            if _s.inside <= t < _s.until and _len(_s.held) < _HELD_ROOM:",
+            "                _s.held.append(_v)",
+            "            else:",
+            "                _s.add(t, _v)",
         ]
+    names["_HELD_ROOM"] = HELD - 1  # one appended stays under HELD: no settling due
     return [*lines, "    else:", f"        _slow{i}(f, t, eid, out)"]
 
 
@@ -457,7 +464,7 @@ def compile_kind(
     if len(lines) == 1:
         lines.append("    return None")
     # The sandbox has no builtins: what the inline series code needs is given.
-    names.update(_isfinite=math.isfinite, _number=is_number, _float=float, _int=int)
+    names.update(_isfinite=math.isfinite, _number=is_number, _float=float, _int=int, _len=len)
     namespace = compile_sandboxed("\n".join(lines) + "\n", parts, names, f"<rules on {kind}>")
     evaluate: KindEval = namespace["_eval"]
     return evaluate

@@ -9,6 +9,7 @@ same facts, so a sample is expanded once.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -65,24 +66,29 @@ def with_medians(facts: list[Fact]) -> list[Fact]:
     """Set each GPU's peer medians (in place), its facts already holding `node` and `gpu`
     (a v2 sample's do from its node's static facts, telemetry v2)."""
     bandwidth: list[float | None] = [f["dram_bw_util"] for f in facts]
-    ordered = sorted(v for v in bandwidth if v is not None)
-    if len(ordered) < 2:  # no GPU has two reporting peers: the medians stay null (hot path)
-        return facts
+    # Without a None (the usual sample), sorted as it is: no generator to leave them out.
+    ordered: list[float] = sorted(
+        (v for v in bandwidth if v is not None) if None in bandwidth else bandwidth  # type: ignore[arg-type]
+    )
     n = len(ordered)
-    everyone = median_skipping(ordered, n)  # a GPU without a value: all others
+    if n < 2:  # no GPU has two reporting peers: the medians stay null (hot path)
+        return facts
     # Leaving out the element at k, the median is the same for every k before the middle
     # one (n - 1) // 2, and for every k after it: three values serve all GPUs.
     mid = (n - 1) // 2
     before = median_skipping(ordered, 0)
     at = median_skipping(ordered, mid)
     after = median_skipping(ordered, n - 1)
-    for i, fact in enumerate(facts):
-        own = bandwidth[i]
-        if own is None:
-            fact["dram_bw_util_peer_median"] = everyone
-            continue
-        k = bisect.bisect_left(ordered, own)
-        fact["dram_bw_util_peer_median"] = before if k < mid else at if k == mid else after
+    # A GPU's own value's place k (bisect_left: how many are below it) is before the
+    # middle when the value is at most ordered[mid - 1], at it when at most ordered[mid]:
+    # two comparisons a GPU rather than a search.
+    low = ordered[mid - 1] if mid else -math.inf
+    high = ordered[mid]
+    everyone = median_skipping(ordered, n) if n < len(bandwidth) else None  # GPUs without
+    for fact, own in zip(facts, bandwidth, strict=True):
+        fact["dram_bw_util_peer_median"] = (
+            everyone if own is None else before if own <= low else at if own <= high else after
+        )
     return facts
 
 

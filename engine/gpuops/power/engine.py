@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -114,31 +115,34 @@ def allocations(kv: KV) -> Store[NodeAllocation]:
 
 
 def readings(event: Telemetry) -> list[Reading]:
-    """The power readings of a telemetry event (GPUs that lack one are left out)."""
+    """The power readings of a telemetry event (GPUs that lack one are left out). The
+    readings are as the decoders typed them (the model's floats, whatever the JSON
+    wrote), so they are taken without converting them again."""
     out = []
     for g in event.facts:
-        power, limit = g["power_w"], g["power_limit_w"]
-        low, high = g["power_min_limit_w"], g["power_max_limit_w"]
+        index, power, limit, low, high, default, util, reasons = _POWER_OF(g)
         if power is None or limit is None or low is None or high is None:
             continue
-        util, reasons = g["util_gpu"], g["clocks_event_reasons"]
-        readings = (
-            g["index"],
-            float(power),
-            float(limit),
-            float(low),
-            float(high),
-            g["power_default_limit_w"],
-            float(util) if util else 0.0,
-            int(reasons) if reasons else 0,
+        out.append(
+            _new(Reading, (index, power, limit, low, high, default, util or 0.0, reasons or 0))
         )
-        out.append(_new(Reading, readings))
     return out
 
 
 # A Reading made by tuple's own constructor: NamedTuple's __new__ is Python code, and
 # this runs for every GPU sample (the fields are the same, in the same order).
 _new = tuple.__new__
+# A GPU's fields a Reading is made of, read in one call.
+_POWER_OF = operator.itemgetter(
+    "index",
+    "power_w",
+    "power_limit_w",
+    "power_min_limit_w",
+    "power_max_limit_w",
+    "power_default_limit_w",
+    "util_gpu",
+    "clocks_event_reasons",
+)
 
 
 def node_policies(inventory: Inventory, settings: PowerSettings) -> dict[str, NodePolicy]:

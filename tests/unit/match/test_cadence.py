@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpuops.match.aggregates import Series
+from gpuops.match.aggregates import HELD, Series
 from gpuops.match.codegen import _slow, slow_cadence
 from gpuops.match.loader import load_rules
 from gpuops.match.matcher import Matcher, _match
@@ -111,6 +111,31 @@ def test_the_inline_series_path_is_the_rules_whole_evaluation(samples: list[Any]
     assert _series(inline) == _series(whole)
 
 
+def test_the_samples_held_between_looks_stay_under_their_bound() -> None:
+    """Between two looks (a minute for a day-long p95) a GPU's samples at 10 Hz are held
+    and settled every HELD of them, inline as in Series.add: never more are kept, and
+    the series reads what one fed directly reads."""
+    rules = load_rules_text("p95(util_gpu, 24h) < 10", "")
+    m, direct = Matcher(rules), Series(86400.0, True)
+    for i in range(500):
+        t, util = T0 + i * 0.1, float(i % 7)
+        m.match_facts("telemetry", [{"node": "n1", "gpu": 0, "util_gpu": util}], t, "e")
+        direct.add(t, util)
+        (series,) = _one_key(m).series
+        assert len(series.held) < HELD
+    (series,) = _one_key(m).series
+    assert [series.value(fn) for fn in ("count", "sum", "p95")] == [
+        direct.value(fn) for fn in ("count", "sum", "p95")
+    ]
+
+
+def _one_key(m: Matcher) -> Any:
+    agg = m._by_kind["telemetry"][0].agg
+    assert agg is not None
+    (state,) = agg.keys.values()
+    return state
+
+
 def _without_inline(m: Matcher) -> Any:
     runs = [_slow(e, _match, m._cleared) for e in m._by_kind["telemetry"]]
 
@@ -133,7 +158,7 @@ def _series(m: Matcher) -> dict[Any, Any]:
 def _held(s: Series) -> tuple[Any, ...]:
     hist = None if s.hist is None else list(s.hist)
     arrays = [list(a) for a in (s.count, s.total, s.lo, s.hi)]
-    return (s.head, s.n, s.exp, s.base, hist, *arrays)
+    return (s.head, s.n, s.exp, s.base, hist, *arrays, list(s.held))  # held: not settled
 
 
 def load_rules_text(when: str, extra: str) -> RuleSet:
