@@ -26,7 +26,7 @@ at 70% of what its twins reach is caught where the bound alone passes it.
 
 from __future__ import annotations
 
-import bisect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import fsum
@@ -52,26 +52,58 @@ class _Latest:
 
     max_age_s: float
     latest: dict[str, tuple[float, float]] = field(default_factory=dict)  # node -> (t, value)
-    ordered: list[float] = field(default_factory=list)  # the values, sorted, as of `at`
-    used: dict[str, float] = field(default_factory=dict)  # node -> its value in `ordered`
+    used: dict[str, float] = field(default_factory=dict)  # node -> its value as of `at`
     at: float = float("-inf")
+    # What `median` answers until the next refresh (`_refresh`).
+    picks: _Picks = field(default_factory=lambda: _NO_PICKS)
 
     def median(self, node: str, t: float, gone: Callable[[str], object]) -> float | None:
         """The median of the other nodes' values (None with fewer than MIN_PEERS), the
-        sorted values recomputed at most every REFRESH_S of event time; `gone` hears of
-        each node dropped for age."""
+        values as of the last refresh, at most every REFRESH_S of event time; `gone`
+        hears of each node dropped for age."""
         if t - self.at >= REFRESH_S or t < self.at:
-            fresh = {n: v for n, (seen, v) in self.latest.items() if t - seen <= self.max_age_s}
-            for old in self.latest.keys() - fresh.keys():
-                del self.latest[old]
-                gone(old)
-            self.ordered, self.used, self.at = sorted(fresh.values()), fresh, t
-        ordered, own = self.ordered, self.used.get(node)
-        # The median of the others (the node is not its own peer), without copying: the
-        # others are `ordered` with one copy of the node's own value skipped.
-        skip = bisect.bisect_left(ordered, own) if own is not None else len(ordered)
-        value = median_skipping(ordered, skip, MIN_PEERS)
-        return None if value is None else round(value, 2)
+            self._refresh(t, gone)
+        own = self.used.get(node)
+        low, high, before, middle, after, everyone = self.picks
+        if own is None:
+            return everyone
+        return before if own <= low else middle if own <= high else after
+
+    def _refresh(self, t: float, gone: Callable[[str], object]) -> None:
+        """Take the fresh values, and work out the medians every node gets till the next:
+        the others' median (the node is not its own peer: one copy of its value left out)
+        is the same for every node whose value lies before the middle of the sorted values
+        (at most `low`), and for every one after it (above `high`), as in with_medians."""
+        fresh = {n: v for n, (seen, v) in self.latest.items() if t - seen <= self.max_age_s}
+        for old in self.latest.keys() - fresh.keys():
+            del self.latest[old]
+            gone(old)
+        self.used, self.at = fresh, t
+        ordered = sorted(fresh.values())
+        n = len(ordered)
+        everyone = _rounded(median_skipping(ordered, n, MIN_PEERS))
+        if not n:
+            self.picks = (*_NO_PICKS[:5], everyone)
+            return
+        mid = (n - 1) // 2
+        self.picks = (
+            ordered[mid - 1] if mid else -math.inf,
+            ordered[mid],
+            _rounded(median_skipping(ordered, 0, MIN_PEERS)),
+            _rounded(median_skipping(ordered, mid, MIN_PEERS)),
+            _rounded(median_skipping(ordered, n - 1, MIN_PEERS)),
+            everyone,
+        )
+
+
+# (low, high, before, middle, after, everyone): a node's value at most low gets before,
+# at most high middle, above it after; a node without a value everyone.
+_Picks = tuple[float, float, float | None, float | None, float | None, float | None]
+_NO_PICKS: _Picks = (math.inf, math.inf, None, None, None, None)
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 class FleetBaseline:
@@ -94,7 +126,9 @@ class FleetBaseline:
         moved_from = self._band_of.get(node)
         if moved_from is not None and moved_from != key:
             self._bands[moved_from].latest.pop(node, None)
-        band = self._bands.setdefault(key, _Latest(MAX_AGE_S))
+        band = self._bands.get(key)
+        if band is None:  # not setdefault: a band made for nothing every sample
+            band = self._bands[key] = _Latest(MAX_AGE_S)
         band.latest[node] = (t, mine)
         self._band_of[node] = key
         median = band.median(node, t, self._gone)

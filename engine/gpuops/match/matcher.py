@@ -217,6 +217,10 @@ class Matcher:
         extra = {node: {v: hv[v] for v in wanted if v in hv} for node, hv in inv.hostvars.items()}
         return tables, extra
 
+    def has_cleared(self) -> bool:
+        """Whether some key went false since the last `take_cleared`."""
+        return bool(self._cleared)
+
     def take_cleared(self) -> list[Cleared]:
         """Keys whose condition went false since the last call (rule, node, gpu, time)."""
         if not self._cleared:

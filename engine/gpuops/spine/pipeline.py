@@ -132,8 +132,12 @@ class Pipeline:
             event = telemetry
             for observe in self.observers:
                 observe(telemetry)
-        decisions = [await self._decide(match) for match in self.matcher.match(event)]
-        await self.settle_cleared()
+        matches = self.matcher.match(event)
+        # Most samples match nothing and clear nothing: no awaits for them (each costs a
+        # coroutine, and this runs for every event).
+        decisions = [await self._decide(match) for match in matches] if matches else []
+        if self.matcher.has_cleared():
+            await self.settle_cleared()
         return [d for d in decisions if d is not None]
 
     async def settle_cleared(self) -> None:

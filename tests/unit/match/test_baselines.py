@@ -15,11 +15,14 @@ from gpuops.match.baselines import (
     REFRESH_S,
     FleetBaseline,
     GradeBaseline,
+    _Latest,
 )
 from gpuops.match.facts import Telemetry
 from gpuops.match.loader import load_rules
 from gpuops.match.matcher import Matcher
 from gpuops.models import EVENT_ADAPTER, Event, new_event
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.unit.decide.helpers import ROOT
 
@@ -55,6 +58,28 @@ def test_too_few_peers_or_stale_ones_give_no_median() -> None:
     nothing = [{"dram_bw_util": None, "sm_active": None, "name": "NVIDIA H200"}]
     baseline.observe("n-none", nothing, 0.0)
     assert nothing[0]["dram_bw_util_fleet_median"] is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from([f"n{i}" for i in range(12)]),
+        st.one_of(st.integers(40, 44).map(float), st.floats(0, 100)),
+        max_size=12,
+    ),
+    st.sampled_from([f"n{i}" for i in range(14)]),
+)
+def test_each_node_gets_the_median_of_the_others_latest(
+    values: dict[str, float], asking: str
+) -> None:
+    """Whatever its value's place among equal and unequal peers (or none, a node not
+    seen at the last refresh), a node's median is the others' as statistics computes it."""
+    band = _Latest(MAX_AGE_S)
+    band.latest.update({node: (0.0, v) for node, v in values.items()})
+    got = band.median(asking, 0.0, lambda node: None)
+    others = [v for node, v in values.items() if node != asking]
+    want = round(statistics.median(others), 2) if len(others) >= MIN_PEERS else None
+    assert got == want
 
 
 def test_live_and_replay_feed_the_baseline_alike() -> None:
