@@ -263,9 +263,10 @@ class Series:
         return 0.0 if self.exp is None else math.ldexp(1.0, self.exp)
 
     def nbytes(self) -> int:
-        """Bytes held by the arrays and the held samples' list (the per-key cost the
-        bench reports; the list at its bound, as it is between two looks)."""
-        held = self.count.itemsize * len(self.count) + 3 * 8 * BUCKETS + 8 * HELD
+        """Bytes held by the arrays and the held samples (the per-key cost the bench
+        reports; the list at its bound, as it is between two looks, each sample a
+        pointer and the float it keeps alive)."""
+        held = self.count.itemsize * len(self.count) + 3 * 8 * BUCKETS + (8 + 24) * HELD
         return held + (0 if self.hist is None else self.hist.itemsize * len(self.hist))
 
 
