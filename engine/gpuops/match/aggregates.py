@@ -35,6 +35,8 @@ HELD = 64
 # The share of a bucket's width at each end whose samples take the exact way (t / width
 # rounds): a sample further inside is in the head bucket without computing it.
 _EDGE = 1e-4
+_FEW = 8
+_SUMS = BUCKETS * BINS  # where a quantile series' row of bin sums starts
 _COUNTS = array("I", bytes(4 * BUCKETS))
 _FLOATS = array("d", bytes(8 * BUCKETS))
 # Quantiles only: BUCKETS rows of BINS counts, then one row of their sums.
@@ -57,8 +59,8 @@ class Series:
     A sample at time s lies in bucket floor(s / width), width = window / BUCKETS; the
     window is the `BUCKETS` buckets that end with the newest one (`head`).
 
-    A sample inside the head bucket (the usual one: a long window's bucket spans many
-    samples) is appended to `held`, and the held samples go into the arrays together
+    A sample `add` finds well inside the head bucket (the usual one: a long window's
+    bucket spans many samples) is appended to `held`, and the held go into the arrays together
     (`_settle`) before anything reads them or another bucket takes a sample: a list
     append where putting one sample into five arrays took a tenth of a rule's time per
     GPU sample (callgrind: 10,000 instructions an add), and equal values, the usual
@@ -102,29 +104,30 @@ class Series:
         self.inside, self.until = math.inf, -math.inf
 
     def add(self, t: float, value: float) -> None:
-        """Take one sample; one older than the window that ends at `head` is dropped.
-        The generated code of a rule read at a cadence does the first step inline
-        (codegen._between): keep them alike."""
+        """Take one sample, held when it lies well inside the head bucket (`take` for a
+        key read right after). The generated code of a rule read at a cadence does the
+        first step inline (codegen._between): keep them alike."""
         if self.inside <= t < self.until:
             held = self.held
             held.append(value)
             if len(held) >= HELD:
                 self._settle()
             return
+        self.take(t, value)
+
+    def take(self, t: float, value: float) -> None:
+        """Take one sample into the arrays now, after those held (a key whose value is
+        read on every sample has nothing to hold); one older than the window that ends
+        at `head` is dropped."""
+        if self.held:
+            self._settle()
         b = math.floor(t / self.width)
         head = self.head
         if head is None or b > head:
-            self._settle()  # into the bucket they came in, before the window moves
             self._advance(b)
         elif b <= head - BUCKETS:
             return
-        if b == self.head:  # near an edge of the head bucket: held like the rest
-            self.held.append(value)
-            if len(self.held) >= HELD:
-                self._settle()
-            return
-        self._settle()
-        self._put(b % BUCKETS, [value])  # late, for an older bucket of the window
+        self._put_one(b % BUCKETS, value)
 
     def _advance(self, b: int) -> None:
         """Make `b` the head bucket, emptying the buckets that fall out of the window."""
@@ -155,10 +158,41 @@ class Series:
     def _settle(self) -> None:
         """Put the held samples into the head bucket's arrays."""
         held = self.held
-        if held:
-            assert self.head is not None
+        if not held:
+            return
+        assert self.head is not None
+        if len(held) == 1:
+            self._put_one(self.head % BUCKETS, held[0])
+        else:
             self._put(self.head % BUCKETS, held)
-            held.clear()
+        held.clear()
+
+    def _put_one(self, slot: int, value: float) -> None:
+        """One sample into its bucket's arrays (`_put` of one, without its lists)."""
+        n = self.count[slot]
+        if n == 0:
+            self.lo[slot] = self.hi[slot] = value
+        elif value < self.lo[slot]:
+            self.lo[slot] = value
+        elif value > self.hi[slot]:
+            self.hi[slot] = value
+        self.count[slot] = n + 1
+        self.n += 1
+        self.total[slot] += value
+        hist = self.hist
+        if hist is None:
+            return
+        # The usual sample (a grid chosen, the value on it, counters with room) is two
+        # increments here; anything else is `_bin`'s.
+        if self.exp is not None:
+            j = math.floor(math.ldexp(value, -self.exp)) - self.base
+            if 0 <= j < BINS:
+                at, total = slot * BINS + j, _SUMS + j
+                if hist.typecode == "I" or (hist[at] < _U16 and hist[total] < _U16):
+                    hist[at] += 1
+                    hist[total] += 1
+                    return
+        self._bin(slot, value)
 
     def _put(self, slot: int, values: list[float]) -> None:
         """Samples of one bucket into its count, sum, least and greatest, and histogram
@@ -174,7 +208,10 @@ class Series:
         self.n += k
         self.total[slot] = sum(values, self.total[slot])
         if self.hist is not None:
-            for value, times in Counter(values).items() if k > 1 else ((values[0], 1),):
+            # A few values (a sparse key, an edge, a late one) are binned one by one: the
+            # Counter costs more than it saves below about eight.
+            counted = Counter(values).items() if k > _FEW else ((v, 1) for v in values)
+            for value, times in counted:
                 self._bin(slot, value, times)
 
     def _clear(self, slot: int) -> None:
@@ -230,7 +267,8 @@ class Series:
 
     def value(self, fn: str) -> float | None:
         """`fn` over the window; None when the window holds no sample."""
-        self._settle()
+        if self.held:
+            self._settle()
         n = self.n
         if not n:
             return None
@@ -374,7 +412,7 @@ class Aggregates:
         for field, one in zip(self.series_fields, state.series, strict=True):
             v = fact.get(field)
             if is_number(v):
-                one.add(t, v)
+                one.take(t, v)  # read just below: nothing to hold it for
         if late:
             return None
         state.newest = max(state.newest, t)
