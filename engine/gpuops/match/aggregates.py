@@ -35,7 +35,7 @@ HELD = 64
 # The share of a bucket's width at each end whose samples take the exact way (t / width
 # rounds): a sample further inside is in the head bucket without computing it.
 _EDGE = 1e-4
-_FEW = 8
+_FEW = 8  # held values binned one by one, not counted first (`_put`)
 _SUMS = BUCKETS * BINS  # where a quantile series' row of bin sums starts
 _COUNTS = array("I", bytes(4 * BUCKETS))
 _FLOATS = array("d", bytes(8 * BUCKETS))
@@ -208,8 +208,8 @@ class Series:
         self.n += k
         self.total[slot] = sum(values, self.total[slot])
         if self.hist is not None:
-            # A few values (a sparse key, an edge, a late one) are binned one by one: the
-            # Counter costs more than it saves below about eight.
+            # A few held values (a key sampled slowly, read once a minute) are binned one
+            # by one: the Counter costs more than it saves below about eight.
             counted = Counter(values).items() if k > _FEW else ((v, 1) for v in values)
             for value, times in counted:
                 self._bin(slot, value, times)
