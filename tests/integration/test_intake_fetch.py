@@ -98,6 +98,42 @@ async def test_a_failed_handling_is_redelivered_and_a_handled_one_is_not(bus: Bu
     assert info.num_ack_pending == 0 and info.num_pending == 0
 
 
+async def test_a_sample_whose_handling_failed_is_a_dead_letter_not_acked_away(bus: Bus) -> None:
+    """With AckAll the batch's ack covers a sample whose handling failed, so it is never
+    redelivered: it goes to the dead letters as `undecided`, with its error, and every
+    sample published is handled or dead-lettered, none twice."""
+    handled: list[str] = []
+
+    async def handle(event: Event | Telemetry) -> None:
+        if event.node == "n3":
+            raise TimeoutError("nats slow")  # what the pipeline's own tries did not get past
+        handled.append(event.node)
+
+    dead = await bus.nc.subscribe("gpuops.dlq.>")
+    intake = Intake(
+        bus.js, SystemClock(), stream=TELEMETRY, subject="gpuops.telemetry.>", durable="t4",
+        handler=handle, ack_all=True,
+    )  # fmt: skip
+    published = [f"n{i}" for i in range(6)]
+    for node in published:
+        await bus.js.publish(f"gpuops.telemetry.{node}", _telemetry(node))
+    stop = asyncio.Event()
+    task = asyncio.create_task(intake.run(stop))
+    try:
+        letter = await dead.next_msg(timeout=30)
+        await wait_for(lambda: len(handled) == 5, 30)
+    finally:
+        stop.set()
+        await task
+    record = json.loads(letter.data)
+    assert letter.subject == "gpuops.dlq.undecided"
+    assert "nats slow" in record["error"] and json.loads(record["payload"])["node"] == "n3"
+    assert sorted([*handled, "n3"]) == published, "published = handled + dead-lettered"
+    assert intake.dead == {"undecided": 1}
+    info = await bus.js.consumer_info(TELEMETRY, "t4")
+    assert info.num_ack_pending == 0 and info.num_pending == 0, "nothing comes back"
+
+
 @pytest.mark.slow
 async def test_a_health_event_is_handled_before_the_telemetry_backlog(bus: Bus) -> None:
     """With telemetry 2,000 samples behind, an XID is handled within a few samples of

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -183,6 +184,28 @@ def test_return_to_service_resumes_gpuops_drain_and_slurm_shows_the_node_idle(
     assert (node["State"], node.get("Reason")) == ("IDLE", None), node
     job = _running(cluster, 1)  # and it takes work again
     cluster.wait("the job's end", lambda: cluster.job(job)["JobState"] == "COMPLETED", 20)
+
+
+@pytest.mark.slow  # tens of seconds: Slurm's pings of a slurmd that does not answer
+def test_return_to_service_waits_for_slurm_to_hear_from_the_node(
+    cluster: peer.Slurm, tmp_path: Path
+) -> None:
+    """CI once read IDLE+NOT_RESPONDING just after a return from Slurm's reboot: resumed,
+    but given no work. A return waits for Slurm to hear from the node, and one still
+    silent after resume_timeout_s fails, naming the state; once it answers, it returns."""
+    assert _run(_fleet(tmp_path / "a"), "drain.yml", **GPUOPS).status is RunStatus.SUCCESSFUL
+    slurmd = int((cluster.root / "run" / f"slurmd-{NODE}.pid").read_text())
+    os.kill(slurmd, signal.SIGSTOP)  # alive, but answers no ping
+    try:
+        cluster.wait("the node unheard", lambda: "NOT_RESPONDING" in cluster.state(NODE), 30)
+        silent = _run(_fleet(tmp_path / "b", resume_timeout_s=2), "return_to_service.yml", **GPUOPS)
+    finally:
+        os.kill(slurmd, signal.SIGCONT)
+    assert silent.status is RunStatus.FAILED
+    assert "NOT_RESPONDING in Slurm 2s after the resume" in (silent.failed_message or ""), silent
+    back = _run(_fleet(tmp_path / "c"), "return_to_service.yml", **GPUOPS)
+    assert back.status is RunStatus.SUCCESSFUL, back.error
+    assert cluster.state(NODE) == "IDLE", "in service, and heard from"
 
 
 @pytest.mark.slow  # tens of seconds: a real job's run and a reboot

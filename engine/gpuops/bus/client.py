@@ -16,7 +16,7 @@ from nats.errors import AuthorizationError, NoServersError, OutboundBufferLimitE
 from nats.errors import Error as NatsError
 
 from gpuops.bus.auth import Credentials
-from gpuops.errors import BusError
+from gpuops.errors import BusError, LeaseLost
 from gpuops.settings import NatsSettings
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,13 @@ def away(exc: BaseException) -> bool:
     """A call that failed only because the client is away from NATS (reconnecting, or
     its buffer full): worth trying again in a moment, not a fault of the caller's."""
     return isinstance(exc, OutboundBufferLimitError)
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure of the bus rather than of the work: NATS slow, away, or a record too
+    contended (compare-and-set lost every try); the same work may succeed a moment later.
+    A lost lease is not one: the partition is another replica's now."""
+    return isinstance(exc, BusError | NatsError | TimeoutError) and not isinstance(exc, LeaseLost)
 
 
 class _ConnectErrors:

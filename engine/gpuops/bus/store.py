@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import functools
+import random
 import re
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from dataclasses import dataclass
@@ -258,7 +259,7 @@ class Store(Generic[T]):
         read a moment ago) saves the first read: only a write is trusted to it, since the
         compare-and-set proves it current; "nothing to change" is checked on a fresh read.
         """
-        for _ in range(tries):
+        for attempt in range(tries):
             current, revision = known or await self.get(*parts)
             new = change(current)
             if new is None or new == current:
@@ -269,6 +270,7 @@ class Store(Generic[T]):
             known = None
             if await self.cas(new, revision, *parts):
                 return new
+            await contended(attempt)  # another writer won
         return None
 
     async def all(self) -> list[tuple[str, T]]:
@@ -364,6 +366,19 @@ class Reads:
         if done is not None:
             self._entries[store.read(*parts).slot] = Entry(data, done)
         return done is not None
+
+
+# Compare-and-set tries before a decision gives up (its event is decided again later).
+CAS_TRIES = 16
+CAS_PAUSE_MAX_S = 0.1
+
+
+async def contended(lost: int) -> None:
+    """Sit out the `lost`th lost compare-and-set (0: the first) before reading again: a
+    random pause of up to 2 ms, doubling with each loss, at most 100 ms. Deciders racing
+    for one record (a storm's partitions, replicas) then spread out; read again at once,
+    they lose again in the same turns of a loaded loop, and sixteen tries ran out (CI)."""
+    await asyncio.sleep(random.uniform(0.0, min(CAS_PAUSE_MAX_S, 0.002 * 2**lost)))
 
 
 async def together(*calls: Awaitable[R]) -> list[R]:

@@ -15,16 +15,13 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuops.bus.store import KV, Read, Store
+from gpuops.bus.store import CAS_TRIES, KV, Read, Store, contended
 from gpuops.catalog import Catalog
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.errors import BusError, StateUnreadable
 from gpuops.match.durations import format_duration
 from gpuops.models import Reason
 from gpuops.record.unreadable import UnreadableState
-
-# Compare-and-set tries before a decision gives up and its event is decided again later.
-CAS_TRIES = 16
 
 
 class BreakerState(StrEnum):
@@ -140,7 +137,7 @@ class FleetBreaker(BaseStage):
             return None
         found, rev = await p.reads.get(self.store.store, FLEET)  # read ahead, with the rest
         state = found or BreakerRecord()
-        for _ in range(CAS_TRIES):
+        for lost in range(CAS_TRIES):
             if state.state is BreakerState.OPEN:
                 return Drop(
                     Reason.BREAKER_OPEN, f"fleet breaker open ({state.why}); a person resets it"
@@ -157,7 +154,8 @@ class FleetBreaker(BaseStage):
                 return await self._trip(state, rev, len(recent) + 1, p)
             if await p.reads.cas(self.store.store, self._entered(state, p), rev, FLEET):
                 return None
-            state, rev = await self.store.get()  # another decision changed it first: count again
+            await contended(lost)  # another decision changed it first: count again
+            state, rev = await self.store.get()
         raise BusError("fleet breaker: too many concurrent changes; the event is decided again")
 
     async def _trip(self, state: BreakerRecord, rev: int, count: int, p: Proposal) -> Drop:

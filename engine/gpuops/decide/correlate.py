@@ -20,8 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuops.bus.store import KV, Read, Store
-from gpuops.decide.breaker import CAS_TRIES
+from gpuops.bus.store import CAS_TRIES, KV, Read, Store, contended
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.errors import BusError
 from gpuops.inventory.domains import Domains
@@ -95,14 +94,15 @@ class DomainCorrelation(BaseStage):
         spec, name = found
         key = (p.rule.name, spec.kind, name)
         current, rev = await p.reads.get(self.store, *key)
-        for _ in range(CAS_TRIES):
+        for lost in range(CAS_TRIES):
             record = current or DomainFaults()
             new, drop = self._step(record, p, spec, name)
             if new == record or await p.reads.cas(self.store, new, rev, *key):
                 if new.opened is not None and not new.applied and p.now < new.until:
                     await self._apply(new, p, spec, name, key)
                 return drop
-            current, rev = await self.store.get(*key)  # another decision came first
+            await contended(lost)  # another decision came first
+            current, rev = await self.store.get(*key)
         raise BusError(f"{spec.kind} {name}: too many concurrent changes; decided again later")
 
     def _step(

@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuops.bus.store import KV, Read, Store
+from gpuops.bus.store import CAS_TRIES, KV, Read, Store, contended
 from gpuops.catalog import Catalog
-from gpuops.decide.breaker import CAS_TRIES, Entry
+from gpuops.decide.breaker import Entry
 from gpuops.decide.stage import BaseStage, Drop, Proposal
 from gpuops.errors import BusError
 from gpuops.inventory.domains import Domains
@@ -92,7 +92,7 @@ class DomainBudgets(BaseStage):
     async def _enter(self, p: Proposal, kind: str, name: str) -> Drop | None:
         found, rev = await p.reads.get(self.store, kind, name)
         limit = self.budgets[kind](self.domains.size(kind, name))
-        for _ in range(CAS_TRIES):
+        for lost in range(CAS_TRIES):
             state = found or DomainRecord()
             recent = state.recent(p.now, self.window_s)
             if p.node in recent:
@@ -101,7 +101,8 @@ class DomainBudgets(BaseStage):
                 return Drop(Reason.DOMAIN_BUDGET, self._why(kind, name, recent, limit))
             if await p.reads.cas(self.store, self._entered(state, p), rev, kind, name):
                 return None
-            found, rev = await self.store.get(kind, name)  # another decision came first
+            await contended(lost)  # another decision came first
+            found, rev = await self.store.get(kind, name)
         raise BusError(f"{kind} {name}: too many concurrent changes; the event is decided again")
 
     def _why(self, kind: str, name: str, recent: set[str], limit: int) -> str:

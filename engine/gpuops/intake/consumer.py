@@ -241,10 +241,17 @@ class Intake:
             await self.handler(event)
         except LeaseLost:
             raise  # the partition went to another replica: nothing more is handled or acked
-        except Exception:
-            log.exception("handling %s %s failed; it will be redelivered", event.kind, event.id)
+        except Exception as exc:
             if not self.ack_all:
+                log.exception("handling %s %s failed; it will be redelivered", event.kind, event.id)
                 await nak(self.nc, msg, 5.0)
+                return
+            # The batch's ack (AckAll) covers this message too: it is not redelivered. It
+            # goes to the dead letters with its error, counted, so a sample the engine could
+            # not decide is never dropped unseen; its node's next sample is decided afresh.
+            log.exception("handling %s %s failed; dead-lettered as undecided", event.kind, event.id)
+            with contextlib.suppress(NatsError, OSError):  # the bus may be what failed
+                await self._dead_letter(msg, EventError("undecided", f"handling failed: {exc}"))
             return
         if not self.ack_all:
             await ack(self.nc, msg)

@@ -15,12 +15,14 @@ the commits rather than after them.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
+from gpuops.bus.client import transient
 from gpuops.bus.publish import Publisher
 from gpuops.bus.store import together
 from gpuops.clock import Clock
@@ -43,6 +45,13 @@ log = logging.getLogger(__name__)
 # Events from hosts outside the inventory are counted, and summarised in the audit at
 # most once per period: a flood of made-up names must not grow state or the trail.
 UNKNOWN_REPORT_S = 60.0
+
+# A decision the bus failed (NATS slow or away, a record contended) is decided again this
+# many times, after pauses of 0.1, 0.2 and 0.4 s, before its event's handling fails: a
+# telemetry sample is acked with its batch, so a failed one is not redelivered, and its
+# match (the key has fired) would not come again from a redelivery anyway.
+DECIDE_TRIES = 4
+DECIDE_PAUSE_S = 0.1
 
 
 def intent_key(rule: str, key: str, event_id: str, playbook: str) -> str:
@@ -178,6 +187,7 @@ class Pipeline:
 
         async def write(d: Decision) -> None:
             self._fence(match.node)  # the lease may have run out while the stages read KV
+            intents.clear()  # a decision decided again writes its own intents, once
             if d.accepted:
                 now = self.clock.now()
                 # The open episode the stages found, or the one this decision opens, named
@@ -194,6 +204,18 @@ class Pipeline:
             self._latency(match.rule).observe(max(0.0, self.clock.now() - match.event_ts))
             await self.recorder.decided(d, intents)
 
+        for attempt in range(DECIDE_TRIES - 1):
+            try:
+                return await self.decider.decide(match, rule, write, approved_by, record)
+            except Exception as exc:
+                if not transient(exc):
+                    raise
+                # Every stage's entry and every write is idempotent by event id, so the
+                # decision made again is the one the first try would have made.
+                log.warning(
+                    "deciding %s for %s failed (%s); deciding it again", match.rule, match.node, exc
+                )
+                await asyncio.sleep(DECIDE_PAUSE_S * 2**attempt)
         return await self.decider.decide(match, rule, write, approved_by, record)
 
     def _climbing(self, match: Match, rule: Rule) -> tuple[Match, Rule]:

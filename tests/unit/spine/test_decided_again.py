@@ -1,0 +1,104 @@
+"""A decision the bus failed is decided again, and is then the decision it would have been.
+
+Deciders racing for one record (a storm's partitions counting nodes into the fleet
+breaker) lose compare-and-sets; in CI, on a loaded host, one decision lost all sixteen of
+its tries, and the telemetry sample behind it was acked with its batch: a drain never
+decided. The stages now pause between lost tries, and the pipeline decides a decision the
+bus failed again (`DECIDE_TRIES`), with every write idempotent by event id.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+from gpuops.bus.buckets import Buckets
+from gpuops.bus.publish import MemoryPublisher
+from gpuops.bus.store import CAS_TRIES, MemoryKV
+from gpuops.clock import ManualClock
+from gpuops.match.loader import load_rules
+from gpuops.spine.pipeline import DECIDE_TRIES
+
+from tests.support import decide
+from tests.unit.decide.helpers import ROOT, T0, engine_on, match
+
+RULES = load_rules([ROOT / "rules"], ROOT / "playbooks")
+
+
+class LosingKV(MemoryKV):
+    """A bucket whose first `losses` compare-and-sets lose, as to other deciders."""
+
+    def __init__(self, name: str, losses: int) -> None:
+        super().__init__(name)
+        self.losses = losses
+
+    async def cas(self, key: str, value: bytes, revision: int) -> int | None:
+        if self.losses > 0:
+            self.losses -= 1
+            return None
+        return await super().cas(key, value, revision)
+
+
+class FailingPublisher(MemoryPublisher):
+    """Fails its first `failures` publishes with `error`."""
+
+    def __init__(self, failures: int, error: Exception) -> None:
+        super().__init__()
+        self.failures, self.error, self.calls = failures, error, 0
+
+    async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> bool:
+        self.calls += 1
+        if self.failures > 0:
+            self.failures -= 1
+            raise self.error
+        return await super().publish(subject, payload, msg_id)
+
+
+def _records(publisher: MemoryPublisher, prefix: str) -> list[dict[str, object]]:
+    return [json.loads(p) for s, p in publisher.messages if s.startswith(prefix)]
+
+
+async def test_a_breaker_count_that_lost_every_try_is_decided_again_and_counted_once() -> None:
+    control = LosingKV("control", losses=CAS_TRIES + 3)  # the first decision runs out
+    buckets = replace(Buckets.memory(), control=control)
+    publisher = MemoryPublisher()
+    engine = engine_on(
+        ManualClock(T0), buckets, rules=RULES, publisher=publisher, breaker_absolute=5
+    )
+    d = await decide(engine.pipeline, match("gpu-overheat", kind="telemetry", event_id="E"))
+    assert d.accepted, d.detail
+    assert control.losses == 0, "the lost tries were all taken"
+    state, _ = await engine.breaker.get()
+    assert [e.node for e in state.entries] == ["node-001"], "the node is counted in once"
+    intents = [i for i in _records(publisher, "gpuops.actions.") if i["event_id"] == "E"]
+    assert [i["action"]["playbook"] for i in intents] == ["drain.yml"], "its intent is stored once"
+    decided = [r for r in _records(publisher, "gpuops.audit.") if r["type"] == "decision"]
+    assert len(decided) == 1, "and its decision is in the audit once"
+
+
+async def test_a_store_the_bus_failed_is_decided_again_with_its_intent_stored_once() -> None:
+    publisher = FailingPublisher(failures=DECIDE_TRIES - 1, error=TimeoutError("nats slow"))
+    engine = engine_on(ManualClock(T0), rules=RULES, publisher=publisher)
+    d = await decide(engine.pipeline, match("gpu-overheat", kind="telemetry", event_id="E"))
+    assert d.accepted, d.detail
+    intents = [i for i in _records(publisher, "gpuops.actions.") if i["event_id"] == "E"]
+    assert len(intents) == 1, "one intent, though it was written on each try"
+    [decided] = [r for r in _records(publisher, "gpuops.audit.") if r["type"] == "decision"]
+    assert decided["body"]["intents"] == [intents[0]["key"]], "the audit names it once"
+
+
+async def test_a_bus_that_stays_away_fails_the_handling_after_its_tries() -> None:
+    publisher = FailingPublisher(failures=100, error=TimeoutError("nats away"))
+    engine = engine_on(ManualClock(T0), rules=RULES, publisher=publisher)
+    with pytest.raises(TimeoutError, match="nats away"):
+        await decide(engine.pipeline, match("gpu-overheat", kind="telemetry", event_id="E"))
+    assert publisher.calls == DECIDE_TRIES, "tried again, but not forever"
+
+
+async def test_a_fault_of_the_engine_s_own_is_not_decided_again() -> None:
+    publisher = FailingPublisher(failures=1, error=RuntimeError("a bug"))
+    engine = engine_on(ManualClock(T0), rules=RULES, publisher=publisher)
+    with pytest.raises(RuntimeError, match="a bug"):
+        await decide(engine.pipeline, match("gpu-overheat", kind="telemetry", event_id="E"))
+    assert publisher.calls == 1, "a bug is not the bus: trying again would hide it"
