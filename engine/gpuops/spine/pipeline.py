@@ -199,9 +199,13 @@ class Pipeline:
             # lets the redelivered event store them all again, the stored ones as no-ops.
             await together(*(self._store(intent) for intent in intents))
 
+        counted: list[Decision] = []  # one match is one decision in the metrics
+
         async def record(d: Decision) -> None:
-            self._decisions(d.reason.value).inc()
-            self._latency(match.rule).observe(max(0.0, self.clock.now() - match.event_ts))
+            if not counted:  # a decision decided again is counted once, as it is audited once
+                counted.append(d)
+                self._decisions(d.reason.value).inc()
+                self._latency(match.rule).observe(max(0.0, self.clock.now() - match.event_ts))
             await self.recorder.decided(d, intents)
 
         for attempt in range(DECIDE_TRIES - 1):

@@ -18,6 +18,7 @@ from gpuops.bus.publish import MemoryPublisher
 from gpuops.bus.store import CAS_TRIES, MemoryKV
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
+from gpuops.record.metrics import total
 from gpuops.spine.pipeline import DECIDE_TRIES
 
 from tests.support import decide
@@ -41,15 +42,15 @@ class LosingKV(MemoryKV):
 
 
 class FailingPublisher(MemoryPublisher):
-    """Fails its first `failures` publishes with `error`."""
+    """Fails its first `failures` publishes (to subjects under `under`) with `error`."""
 
-    def __init__(self, failures: int, error: Exception) -> None:
+    def __init__(self, failures: int, error: Exception, under: str = "gpuops.") -> None:
         super().__init__()
-        self.failures, self.error, self.calls = failures, error, 0
+        self.failures, self.error, self.under, self.calls = failures, error, under, 0
 
     async def publish(self, subject: str, payload: bytes, msg_id: str | None = None) -> bool:
         self.calls += 1
-        if self.failures > 0:
+        if self.failures > 0 and subject.startswith(self.under):
             self.failures -= 1
             raise self.error
         return await super().publish(subject, payload, msg_id)
@@ -86,6 +87,18 @@ async def test_a_store_the_bus_failed_is_decided_again_with_its_intent_stored_on
     assert len(intents) == 1, "one intent, though it was written on each try"
     [decided] = [r for r in _records(publisher, "gpuops.audit.") if r["type"] == "decision"]
     assert decided["body"]["intents"] == [intents[0]["key"]], "the audit names it once"
+
+
+async def test_an_audit_the_bus_failed_is_written_again_and_the_decision_counted_once() -> None:
+    publisher = FailingPublisher(failures=1, error=TimeoutError("nats slow"), under="gpuops.audit.")
+    engine = engine_on(ManualClock(T0), rules=RULES, publisher=publisher)
+    d = await decide(engine.pipeline, match("gpu-overheat", kind="telemetry", event_id="E"))
+    assert d.accepted, d.detail
+    decided = [r for r in _records(publisher, "gpuops.audit.") if r["type"] == "decision"]
+    assert len(decided) == 1, "the decision is in the audit once"
+    assert total(engine.metrics.decisions) == 1, (
+        "and counted once, though its record was written twice"
+    )
 
 
 async def test_a_bus_that_stays_away_fails_the_handling_after_its_tries() -> None:
