@@ -48,8 +48,7 @@ UNKNOWN_REPORT_S = 60.0
 
 # A decision the bus failed (NATS slow or away, a record contended) is decided again this
 # many times, after pauses of 0.1, 0.2 and 0.4 s, before its event's handling fails: a
-# telemetry sample is acked with its batch, so a failed one is not redelivered, and its
-# match (the key has fired) would not come again from a redelivery anyway.
+# telemetry sample is acked with its batch, so a failed one is not redelivered.
 DECIDE_TRIES = 4
 DECIDE_PAUSE_S = 0.1
 
