@@ -202,7 +202,7 @@ def test_return_to_service_waits_for_slurm_to_hear_from_the_node(
     finally:
         os.kill(slurmd, signal.SIGCONT)
     assert silent.status is RunStatus.FAILED
-    assert "NOT_RESPONDING in Slurm 2s after the resume" in (silent.failed_message or ""), silent
+    assert "NOT_RESPONDING in Slurm after 2s of waiting" in (silent.failed_message or ""), silent
     back = _run(_fleet(tmp_path / "c"), "return_to_service.yml", **GPUOPS)
     assert back.status is RunStatus.SUCCESSFUL, back.error
     assert cluster.state(NODE) == "IDLE", "in service, and heard from"

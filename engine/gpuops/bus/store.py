@@ -368,7 +368,7 @@ class Reads:
         return done is not None
 
 
-# Compare-and-set tries before a decision gives up (its event is decided again later).
+# Compare-and-set tries before a stage gives up (BusError: the pipeline decides again).
 CAS_TRIES = 16
 CAS_PAUSE_MAX_S = 0.1
 

@@ -250,8 +250,10 @@ class Intake:
             # goes to the dead letters with its error, counted, so a sample the engine could
             # not decide is never dropped unseen; its node's next sample is decided afresh.
             log.exception("handling %s %s failed; dead-lettered as undecided", event.kind, event.id)
-            with contextlib.suppress(NatsError, OSError):  # the bus may be what failed
+            try:
                 await self._dead_letter(msg, EventError("undecided", f"handling failed: {exc}"))
+            except (NatsError, OSError) as gone:  # the bus may be what failed: counted still
+                log.error("%s %s not dead-lettered either: %s", event.kind, event.id, gone)
             return
         if not self.ack_all:
             await ack(self.nc, msg)

@@ -63,8 +63,8 @@ class Series:
     bucket spans many samples) is appended to `held`, and the held go into the arrays together
     (`_settle`) before anything reads them or another bucket takes a sample: a list
     append where putting one sample into five arrays took a tenth of a rule's time per
-    GPU sample (callgrind: 10,000 instructions an add), and equal values, the usual
-    run of an integer percentage, are binned once.
+    GPU sample (callgrind: 10,000 instructions an add), and past `_FEW` held, equal
+    values (the usual run of an integer percentage) are binned once.
     """
 
     __slots__ = (
@@ -196,7 +196,7 @@ class Series:
 
     def _put(self, slot: int, values: list[float]) -> None:
         """Samples of one bucket into its count, sum, least and greatest, and histogram
-        (each distinct value binned once)."""
+        (past `_FEW` of them, each distinct value binned once)."""
         k = len(values)
         low, high = min(values), max(values)
         if self.count[slot] == 0:
@@ -302,8 +302,9 @@ class Series:
 
     def nbytes(self) -> int:
         """Bytes held by the arrays and the held samples (the per-key cost the bench
-        reports; the list at its bound, as it is between two looks, each sample a
-        pointer and the float it keeps alive)."""
+        reports; the list at its bound, as it is between two looks of a cadence rule,
+        each sample a pointer and the float it keeps alive: an upper bound for a key
+        read on every sample, which holds none)."""
         held = self.count.itemsize * len(self.count) + 3 * 8 * BUCKETS + (8 + 24) * HELD
         return held + (0 if self.hist is None else self.hist.itemsize * len(self.hist))
 

@@ -137,6 +137,10 @@ class Episodes:
         self.metrics = metrics
         self.times = times or EpisodeTimes()
         self.open: dict[tuple[str, str], Episode] = {}
+        # The last decision folded into each open episode (its event and verdict): the
+        # same decision folded again (decided again after its audit write failed) is
+        # not one more sample, nor one more notification.
+        self._folded: dict[tuple[str, str], tuple[str, Reason]] = {}
         self._loaded = False  # the episodes a previous run left open are read on first sweep
 
     async def decided(self, d: Decision, opened_at: float | None = None) -> None:
@@ -151,6 +155,9 @@ class Episodes:
         if m.kind in NOT_FAULT_KINDS:
             return  # a person's command, the power controller's request: not a fault
         now, key = self.clock.now(), (m.rule, m.node)
+        folded = (m.event_id, d.reason)
+        if self._folded.get(key) == folded and key in self.open:
+            return
         ep = self.open.get(key) or await self._load(key)
         first = ep is None
         if ep is None:
@@ -173,6 +180,7 @@ class Episodes:
         if first or changes:
             ep = await self._write(key, ep.model_copy(update=changes), first)
         self.open[key] = ep
+        self._folded[key] = folded
         incident = None
         if d.notify and d.reason in (Reason.ACCEPTED, Reason.NO_ACTION):
             plays = ", ".join(a.playbook for a in d.actions) or "nothing to run"
@@ -239,6 +247,7 @@ class Episodes:
         done = ep.model_copy(update={"resolved_at": now, "why_resolved": why})
         done = await self._write(key, done, False)  # with the run times the executor added
         self.open.pop(key, None)
+        self._folded.pop(key, None)
         await self.auditor.note(
             now,
             ep.node,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuops.bus.store import together
 from gpuops.catalog import Catalog
@@ -30,6 +30,16 @@ log = logging.getLogger(__name__)
 # A rule held true keeps matching every sample while its cooldown drops it; write the
 # first such drop and then one per period with a count, not one record per sample.
 REPEAT_PERIOD_S = 60.0
+
+
+class _Written(NamedTuple):
+    """The last record written of a (rule, key, verdict): when, for which event, the
+    repeats it reported, and the repeats skipped since."""
+
+    at: float
+    event_id: str
+    reported: int
+    since: int
 
 
 def decision_record(
@@ -97,7 +107,7 @@ class Recorder:
         self.outbox = outbox
         self.approval_timeout_s = approval_timeout_s
         self.validation_timeout_s = validation_timeout_s
-        self._repeats: dict[tuple[str, str, str], tuple[float, int]] = {}
+        self._repeats: dict[tuple[str, str, str], _Written] = {}
 
     async def decided(self, d: Decision, intents: list[Intent]) -> None:
         """Everything that follows one decision.
@@ -157,13 +167,18 @@ class Recorder:
         """None to skip the record (a repeat within the period), else repeats since the last."""
         if d.accepted or d.reason is Reason.APPROVAL_PENDING:
             return 0
-        slot = (d.match.rule, d.match.key, d.reason.value)
-        last, count = self._repeats.get(slot, (float("-inf"), 0))
-        if now - last < REPEAT_PERIOD_S:
-            self._repeats[slot] = (last, count + 1)
+        slot, event = (d.match.rule, d.match.key, d.reason.value), d.match.event_id
+        last = self._repeats.get(slot)
+        if last is not None and last.event_id == event:
+            # The same decision again (its write failed, or its event came back): its
+            # record again, with the same count; the audit stores it once, by its id.
+            return last.reported
+        if last is not None and now - last.at < REPEAT_PERIOD_S:
+            self._repeats[slot] = last._replace(since=last.since + 1)
             return None
-        self._repeats[slot] = (now, 0)
-        return count
+        reported = last.since if last is not None else 0
+        self._repeats[slot] = _Written(now, event, reported, 0)
+        return reported
 
     async def run_started(self, intent: Intent) -> None:
         """A playbook began on the node (its decision applied first, if not yet: the
@@ -234,5 +249,5 @@ class Recorder:
                 await self.auditor.note(now, moved.node, f"{moved.node}: {moved.why}")
         await self.episodes.sweep()
         self.flush()
-        for slot in [s for s, (t, _) in self._repeats.items() if now - t > REPEAT_PERIOD_S]:
+        for slot in [s for s, w in self._repeats.items() if now - w.at > REPEAT_PERIOD_S]:
             del self._repeats[slot]

@@ -198,11 +198,12 @@ class Pipeline:
             # lets the redelivered event store them all again, the stored ones as no-ops.
             await together(*(self._store(intent) for intent in intents))
 
-        counted: list[Decision] = []  # one match is one decision in the metrics
+        counted = False  # one match is one decision in the metrics
 
         async def record(d: Decision) -> None:
+            nonlocal counted
             if not counted:  # a decision decided again is counted once, as it is audited once
-                counted.append(d)
+                counted = True
                 self._decisions(d.reason.value).inc()
                 self._latency(match.rule).observe(max(0.0, self.clock.now() - match.event_ts))
             await self.recorder.decided(d, intents)

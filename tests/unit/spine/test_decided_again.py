@@ -18,6 +18,7 @@ from gpuops.bus.publish import MemoryPublisher
 from gpuops.bus.store import CAS_TRIES, MemoryKV
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
+from gpuops.models import Reason
 from gpuops.record.metrics import total
 from gpuops.spine.pipeline import DECIDE_TRIES
 
@@ -73,9 +74,11 @@ async def test_a_breaker_count_that_lost_every_try_is_decided_again_and_counted_
     state, _ = await engine.breaker.get()
     assert [e.node for e in state.entries] == ["node-001"], "the node is counted in once"
     intents = [i for i in _records(publisher, "gpuops.actions.") if i["event_id"] == "E"]
-    assert [i["action"]["playbook"] for i in intents] == ["drain.yml"], "its intent is stored once"
+    assert [i["action"]["playbook"] for i in intents] == ["drain.yml"], (
+        "one intent: decided again, it has the same key (the queue keeps one)"
+    )
     decided = [r for r in _records(publisher, "gpuops.audit.") if r["type"] == "decision"]
-    assert len(decided) == 1, "and its decision is in the audit once"
+    assert len(decided) == 1, "one audit record: the same message id"
 
 
 async def test_a_store_the_bus_failed_is_decided_again_with_its_intent_stored_once() -> None:
@@ -84,7 +87,7 @@ async def test_a_store_the_bus_failed_is_decided_again_with_its_intent_stored_on
     d = await decide(engine.pipeline, match("gpu-overheat", kind="telemetry", event_id="E"))
     assert d.accepted, d.detail
     intents = [i for i in _records(publisher, "gpuops.actions.") if i["event_id"] == "E"]
-    assert len(intents) == 1, "one intent, though it was written on each try"
+    assert len(intents) == 1, "one intent: written on each try, under the same key"
     [decided] = [r for r in _records(publisher, "gpuops.audit.") if r["type"] == "decision"]
     assert decided["body"]["intents"] == [intents[0]["key"]], "the audit names it once"
 
@@ -97,8 +100,25 @@ async def test_an_audit_the_bus_failed_is_written_again_and_the_decision_counted
     decided = [r for r in _records(publisher, "gpuops.audit.") if r["type"] == "decision"]
     assert len(decided) == 1, "the decision is in the audit once"
     assert total(engine.metrics.decisions) == 1, (
-        "and counted once, though its record was written twice"
+        "and counted once, though it was recorded on two tries"
     )
+
+
+async def test_a_drop_whose_audit_failed_is_audited_when_decided_again() -> None:
+    """A drop's record is written once a period per rule, key and verdict; the same drop
+    decided again is not a repeat of itself, so its record is written on the next try."""
+    publisher = FailingPublisher(failures=0, error=TimeoutError("nats slow"), under="gpuops.audit.")
+    engine = engine_on(ManualClock(T0), rules=RULES, publisher=publisher)
+    first = await decide(engine.pipeline, match("gpu-overheat", kind="telemetry", event_id="E1"))
+    assert first.accepted, first.detail
+    publisher.failures = 1  # the next audit write fails once
+    again = await decide(engine.pipeline, match("gpu-overheat", kind="telemetry", event_id="E2"))
+    assert again.reason is Reason.COOLDOWN, again.detail
+    decided = [r["body"] for r in _records(publisher, "gpuops.audit.") if r["type"] == "decision"]
+    verdicts = [(b["decision"]["match"]["event_id"], b["decision"]["reason"]) for b in decided]
+    assert verdicts == [("E1", "accepted"), ("E2", "cooldown")], "the drop is in the audit"
+    [episode] = engine.pipeline.recorder.episodes.open.values()
+    assert episode.samples == 2, "two decisions, two samples, though E2 was folded on two tries"
 
 
 async def test_a_bus_that_stays_away_fails_the_handling_after_its_tries() -> None:
