@@ -54,3 +54,27 @@ def test_without_valgrind_it_says_what_to_install(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "install it (Debian: valgrind)" in done.stderr + done.stdout
+
+
+@pytest.mark.slow  # two replays and two engines under valgrind: `make test-slow`
+@pytest.mark.skipif(
+    shutil.which("valgrind") is None, reason="needs valgrind (scripts/ci-setup.sh installs it)"
+)
+def test_live_against_replay_prints_both_and_their_ratio() -> None:
+    argv = ["bench", "instructions", "--live", "--gpus", "800", "--seconds", "10"]
+    done = subprocess.run(
+        gpuops_argv(*argv), capture_output=True, text=True, timeout=1800, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert "samples: 800 GPU samples (100 v2 lines: 10 nodes x 8 GPUs" in done.stdout, done.stdout
+    replay = re.search(r"^replay: ([\d,]+) instructions a GPU sample", done.stdout, re.M)
+    live = re.search(
+        r"^live: ([\d,]+) instructions a GPU sample \(8 partitions, 6 messages", done.stdout, re.M
+    )
+    ratio = re.search(r"^live/replay: (\d+\.\d\d)$", done.stdout, re.M)
+    assert replay and live and ratio, done.stdout
+    r, v = (int(m.group(1).replace(",", "")) for m in (replay, live))
+    # Live does what replay does and more (a message read, its MAC checked, pulls, acks):
+    # never less, and not ten times more.
+    assert 20_000 < r < v < 10 * r, done.stdout
+    assert float(ratio.group(1)) == pytest.approx(v / r, abs=0.006)

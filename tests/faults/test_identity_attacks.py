@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import shlex
 import time
@@ -20,7 +21,7 @@ import pytest
 from gpuops import subjects
 from gpuops.bus.auth import ensure_credentials, ensure_node_credentials, server_config
 from gpuops.bus.conn import DLQ, EVENTS, Bus, connect
-from gpuops.bus.identity import EXECUTOR, KeyRing, Signer, Verifier
+from gpuops.bus.identity import EXECUTOR, KeyRing, Signer, Verifier, mac, prepared
 from gpuops.bus.partitions import durable, partition_of
 from gpuops.bus.server import EmbeddedNats
 from gpuops.errors import EventError
@@ -126,6 +127,26 @@ def test_the_verifier_refuses_a_mac_of_other_bytes_and_an_unknown_publisher() ->
     other = KeyRing(b"x" * 64).node("node-a").headers(payload)
     with pytest.raises(EventError, match="the MAC is not"):
         verifier.publisher(other, payload, "xid", "node-a")
+
+
+def test_a_prepared_key_macs_as_rfc_4231_and_checks_message_after_message() -> None:
+    # RFC 4231, test case 1: the prepared HMAC is the standard one, and one prepared key
+    # is copied for each message, never changed by one (a MAC of the one before).
+    key, data = b"\x0b" * 20, b"Hi There"
+    assert mac(prepared(key), data) == (
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"
+    )
+    keys = KeyRing(b"k" * 64)
+    verifier, signer = Verifier(keys), keys.node("node-a")
+    for n in (0, 1, 63, 64, 65, 1100, 5000):  # around SHA-256's 64-byte block
+        payload = bytes(range(256)) * (n // 256) + bytes(n % 256)
+        headers = signer.headers(payload)
+        assert headers["Gpuops-Mac"] == hmac.digest(signer.key, payload, "sha256").hex()
+        assert verifier.publisher(headers, payload, "xid", "node-a") == "node:node-a"
+        with pytest.raises(EventError, match="the MAC is not 'node:node-a'"):
+            verifier.publisher(headers, payload + b"x", "xid", "node-a")
+    assert keys.keyed("node:node-a") is not None, "the checked publisher's key is kept"
+    assert keys.keyed("node:node-b") is None
 
 
 async def _embedded(tmp_path: Path) -> tuple[EmbeddedNats, dict, dict]:

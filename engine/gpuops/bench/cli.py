@@ -96,9 +96,34 @@ def bench_rulebook(gpus: int, rule_counts: str, repeat: int, venv: Path | None) 
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="another checkout's source root (its engine folder), measured alike",
 )
-def bench_instructions(gpus: int, first: int | None, rule_counts: str, base: Path | None) -> None:
+@click.option(
+    "--live",
+    is_flag=True,
+    help="the live engine against replay on the same 1 Hz samples (shipped rules, inventory)",
+)
+@click.option("--seconds", type=int, default=60, show_default=True, help="--live: a node's samples")
+@click.option("--partitions", type=int, default=8, show_default=True, help="--live: partitions")
+@click.option("--batch", type=int, default=6, show_default=True, help="--live: messages a pull")
+def bench_instructions(
+    gpus: int,
+    first: int | None,
+    rule_counts: str,
+    base: Path | None,
+    live: bool,
+    seconds: int,
+    partitions: int,
+    batch: int,
+) -> None:
     """Instructions a GPU sample of `gpuops replay` under callgrind (steady, unlike CPU
-    time, when nothing else runs: beside a test run, unchanged code read 1-5% more)."""
+    time, when nothing else runs: beside a test run, unchanged code read 1-5% more);
+    with --live, of the live engine reading the same samples from a real nats-server
+    beside replay's, and their ratio."""
+    if live:
+        from gpuops.bench.live_instructions import bench_live_instructions
+
+        for line in bench_live_instructions(gpus, seconds, partitions, batch):
+            click.echo(line)
+        return
     from gpuops.bench.instructions import bench_instructions as run_bench
 
     counts = _counts(rule_counts)

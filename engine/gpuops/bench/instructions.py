@@ -57,7 +57,7 @@ def bench_instructions(
         work = Path(held)
         recording, _, recorded = record(work, gpus)
         v2 = work / "v2.jsonl"
-        samples(recording, v2, work / "events.jsonl")
+        samples(recording, v2)
         head, n, lines = _head(v2, first, work / "head.jsonl")
         empty = work / "empty.jsonl"
         empty.write_text("")
@@ -96,15 +96,21 @@ def _head(v2: Path, first: int | None, out: Path) -> tuple[Path, int, int]:
 
 def _count(valgrind: str, root: Path, path: Path, rules: int) -> int:
     """Instructions of one replay of `path` with the tree at `root` on the path."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return callgrind(valgrind, [sys.executable, "-c", _REPLAY, str(path), str(rules)], env)[0]
+
+
+def callgrind(valgrind: str, argv: list[str], env: dict[str, str]) -> tuple[int, bytes]:
+    """Instructions of one command under callgrind (PYTHONHASHSEED=0: the same dicts and
+    sets each run), and what it printed."""
     with tempfile.NamedTemporaryFile(prefix="callgrind-", suffix=".out") as out:
-        env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(root)}
-        argv = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out.name}"]
-        argv += [sys.executable, "-c", _REPLAY, str(path), str(rules)]
+        env = {**env, "PYTHONHASHSEED": "0"}
+        argv = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out.name}", *argv]
         done = subprocess.run(argv, capture_output=True, env=env, timeout=RUN_TIMEOUT_S)
         if done.returncode != 0:
             tail = done.stderr.decode(errors="replace")[-2000:]
-            raise ConfigError(f"the replay under callgrind failed ({done.returncode}):\n{tail}")
+            raise ConfigError(f"{argv[3:6]} under callgrind failed ({done.returncode}):\n{tail}")
         found = _TOTAL.search(Path(out.name).read_bytes())
     if found is None:
-        raise ConfigError(f"callgrind wrote no instruction total for {root}")
-    return int(found.group(1))
+        raise ConfigError(f"callgrind wrote no instruction total for {argv[3:6]}")
+    return int(found.group(1)), done.stdout

@@ -31,8 +31,11 @@ STEP_S = 10.0
 T0 = 1_900_000_000.0
 
 
-def record(root: Path, gpus: int, steps: int = 10) -> tuple[Path, Path, int]:
-    """A recording of about `gpus` GPU samples; its path, the fleet's inventory, samples."""
+def record(
+    root: Path, gpus: int, steps: int = 10, step_s: float = STEP_S
+) -> tuple[Path, Path, int]:
+    """A recording of about `gpus` GPU samples, `steps` a node `step_s` apart; its path,
+    the fleet's inventory, samples."""
     nodes = max(1, math.ceil(gpus / GPUS_PER_NODE / steps))
     fleet = SimFleet.create(root / "sim", nodes=nodes, gpus=GPUS_PER_NODE)
     for node in fleet.nodes:
@@ -41,7 +44,7 @@ def record(root: Path, gpus: int, steps: int = 10) -> tuple[Path, Path, int]:
     with path.open("w") as out:
         for step in range(steps):
             for node in fleet.nodes:
-                sample = fleet.telemetry(node, T0 + step * STEP_S)
+                sample = fleet.telemetry(node, T0 + step * step_s)
                 if sample is not None:
                     out.write(json.dumps(sample, separators=(",", ":")) + "\n")
                     samples += len(sample["data"]["gpus"])

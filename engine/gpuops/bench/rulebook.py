@@ -20,6 +20,7 @@ short run with `print_event` first checks that it matches what gpuops matches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -205,20 +206,24 @@ class Rulebook:
 # --- the samples ---------------------------------------------------------------------
 
 
-def samples(recording: Path, out_v2: Path, out_events: Path) -> int:
-    """Write the recording as v2 JSON lines and as one rulebook event per GPU sample."""
+def samples(recording: Path, out_v2: Path, out_events: Path | None = None) -> int:
+    """Write the recording as v2 JSON lines and (given `out_events`) as one rulebook event
+    per GPU sample; how many GPU samples it holds."""
     writer = TelemetryWriter("sim", json=True)
     n = 0
-    with out_v2.open("wb") as v2, out_events.open("w") as flat:
+    with out_v2.open("wb") as v2, contextlib.ExitStack() as held:
+        flat = None if out_events is None else held.enter_context(out_events.open("w"))
         for line in recording.open("rb"):
             event = json.loads(line)
             t = from_rfc3339(event["ts"])
             gpus = event["data"]["gpus"]
             v2.write(writer.encode(event["node"], t, gpus, event["id"]) + b"\n")
+            n += len(gpus)
+            if flat is None:
+                continue
             for gpu in gpus:
                 fact = {k: v for k, v in gpu.items() if v is not None}
                 flat.write(json.dumps({"node": event["node"], "gpu": gpu["index"], **fact}) + "\n")
-                n += 1
     return n
 
 

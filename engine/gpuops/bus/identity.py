@@ -20,7 +20,9 @@ this is the second, and the one that records who spoke.
 
 HMAC rather than a signature per message: the engine checks every sample of the fleet
 (tens of thousands a second), and an HMAC costs about a microsecond where an ed25519
-verification costs fifty.
+verification costs fifty. Each key's HMAC is prepared once (its padded key hashed) and
+copied per message: OpenSSL 3's one-shot HMAC looks the digest up and hashes the key
+again on every call, a third of the cost of a node's 1 KB sample.
 """
 
 from __future__ import annotations
@@ -77,17 +79,32 @@ def derive(identity_key: bytes, identity: str) -> bytes:
     ).digest()
 
 
+def prepared(key: bytes) -> hmac.HMAC:
+    """HMAC-SHA256 with `key`, ready for `mac`."""
+    return hmac.new(key, digestmod=hashlib.sha256)
+
+
+def mac(keyed: hmac.HMAC, payload: bytes) -> str:
+    """The hex HMAC of `payload` under a `prepared` key (the prepared one is not changed)."""
+    one = keyed.copy()
+    one.update(payload)
+    return one.hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class Signer:
     """A publisher's identity and key: the headers that prove a payload is its."""
 
     identity: str
     key: bytes = field(repr=False)
+    keyed: hmac.HMAC = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keyed", prepared(self.key))
 
     def headers(self, payload: bytes, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The publisher and MAC headers for `payload` (plus `extra`, e.g. Nats-Msg-Id)."""
-        mac = hmac.digest(self.key, payload, "sha256").hex()  # one-shot: OpenSSL's own HMAC
-        return {**(extra or {}), PUBLISHER: self.identity, MAC: mac}
+        return {**(extra or {}), PUBLISHER: self.identity, MAC: mac(self.keyed, payload)}
 
 
 def may_speak(identity: str, kind: str, node_token: str) -> str | None:
@@ -121,6 +138,7 @@ class KeyRing:
     def __init__(self, identity_key: bytes) -> None:
         self.root = identity_key
         self._keys: dict[str, bytes] = {}
+        self._keyed: dict[str, hmac.HMAC] = {}  # each kept key's HMAC, prepared
 
     def key(self, identity: str) -> bytes:
         """The identity's key."""
@@ -134,11 +152,18 @@ class KeyRing:
         """The identity's key if it was derived before."""
         return self._keys.get(identity)
 
-    def keep(self, identity: str, key: bytes) -> None:
-        """Remember a derived key (bounded: one per publisher of the fleet, in practice)."""
+    def keyed(self, identity: str) -> hmac.HMAC | None:
+        """The identity's prepared HMAC if its key was derived before."""
+        return self._keyed.get(identity)
+
+    def keep(self, identity: str, key: bytes, keyed: hmac.HMAC | None = None) -> None:
+        """Remember a derived key and its prepared HMAC (bounded: one per publisher of
+        the fleet, in practice)."""
         if len(self._keys) > 1_000_000:
             self._keys.clear()
+            self._keyed.clear()
         self._keys[identity] = key
+        self._keyed[identity] = keyed or prepared(key)
 
     def signer(self, identity: str) -> Signer:
         """The identity's signer."""
@@ -167,11 +192,16 @@ class Verifier:
             return "unsigned"
         if not name or not given or len(name) > _MAX_NAME:
             raise EventError("forged", "no publisher identity (Gpuops-Publisher, Gpuops-Mac)")
-        key = self.keys.known(name) or derive(self.keys.root, name)
-        want = hmac.digest(key, payload, "sha256").hex()
+        keyed = self.keys.keyed(name)
+        key = None
+        if keyed is None:
+            key = derive(self.keys.root, name)
+            keyed = prepared(key)
+        want = mac(keyed, payload)
         if not hmac.compare_digest(want.encode(), given.encode("ascii", "replace")):
             raise EventError("forged", f"the MAC is not {name!r}'s")
-        self.keys.keep(name, key)  # only names whose key signed: no cache for made-up ones
+        if key is not None:  # only names whose key signed: no cache for made-up ones
+            self.keys.keep(name, key, keyed)
         refused = may_speak(name, kind, node_token)
         if refused is not None:
             raise EventError("forged", refused)
