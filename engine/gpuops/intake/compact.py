@@ -17,8 +17,10 @@ as `facts_unknown` until the agent's next keyframe.
 from __future__ import annotations
 
 import logging
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from pydantic import ValidationError
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 # the inventory knows are kept (`known`), so a source that may speak for any node
 # cannot fill it with made-up ones.
 MAX_NODES = 250_000
+# Samples in a row joined in another array order before `read` tries that one first.
+SWITCH_AFTER = 8
 # A KV miss is remembered this long (event time): the node's samples until then do not
 # ask KV again. Longer would outlive a partition that moved away and came back.
 MISS_TTL_S = 30.0
@@ -90,6 +94,11 @@ class FactsBook:
         self._unsaved: dict[str, tuple[bytes, float]] = {}  # node -> (wire.Kept, its time)
         self._missed: dict[str, tuple[str, float]] = {}  # node -> facts id KV lacked, when
         self.learnt = 0
+        # The array order `read` tries in one parse: the last one joined, kept until
+        # SWITCH_AFTER samples in a row had another (a fleet mid-upgrade has two; the
+        # larger keeps it).
+        self._whole: wire.Rows | None = None
+        self._others = 0
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -100,15 +109,40 @@ class FactsBook:
 
     # --- decoding -----------------------------------------------------------------
 
-    @staticmethod
-    def read(payload: bytes) -> wire.Compact:
-        """A v2 sample's envelope (MessagePack or JSON); EventError when it does not decode."""
+    def read(self, payload: bytes) -> wire.Compact:
+        """A v2 sample's envelope (MessagePack or JSON); EventError when it does not decode.
+
+        A sample whose arrays are in the order this book read last comes back with its
+        rows decoded, in one parse, when the node it names has that order (its facts
+        here, or the keyframe's own); any other is read as an envelope with its arrays
+        left raw, decoded in `join` by the node's order (a sample that is not valid
+        throughout is read so too: the errors are the envelope's and the arrays' own)."""
+        whole = self._whole
+        if whole is not None:
+            try:
+                doc = whole.sample(payload)
+            except msgspec.DecodeError:
+                pass
+            else:
+                if self._order_of(doc) is whole:
+                    return doc
         try:
             return wire.read(payload)
         except msgspec.ValidationError as exc:
             raise EventError("schema", f"telemetry v2: {exc}") from exc
         except msgspec.DecodeError as exc:
             raise EventError("json", f"telemetry v2: neither JSON nor MessagePack ({exc})") from exc
+
+    def _order_of(self, doc: wire.Compact) -> wire.Rows | None:
+        """The order of the arrays of the node `doc` names: its keyframe's, or the facts
+        this book has under the id it gives (None: neither)."""
+        if doc.static is not None:
+            try:
+                return wire.rows(tuple(doc.static.fields))
+            except ValueError:
+                return None  # refused in `join`, read the long way
+        known = self._nodes.get(doc.node)
+        return known.rows if known is not None and known.id == doc.facts else None
 
     def telemetry(self, payload: bytes, publisher: str = "") -> Telemetry:
         """`read` then `join`, for a sample with no subject to check (replay, publish)."""
@@ -122,11 +156,22 @@ class FactsBook:
             learnt = _node_facts(doc.node, doc.facts, doc.static)
             telemetry = _joined(doc, json, learnt, publisher)  # valid throughout, or raises
             self._learn(doc.node, learnt, doc)
+            self._joined_order(learnt.rows)
             return telemetry
         if known is None or known.id != doc.facts:
             raise FactsUnknown(doc.node, doc.facts, known.id if known else None, doc.ts)
         self._touch(doc.node, known)
-        return _joined(doc, json, known, publisher)
+        telemetry = _joined(doc, json, known, publisher)
+        self._joined_order(known.rows)
+        return telemetry
+
+    def _joined_order(self, rows: wire.Rows) -> None:
+        if rows is self._whole:
+            self._others = 0
+            return
+        self._others += 1
+        if self._whole is None or self._others >= SWITCH_AFTER:
+            self._whole, self._others = rows, 0
 
     def _learn(self, node: str, facts: NodeFacts, doc: wire.Compact) -> None:
         if self.known is not None and not self.known(node):
@@ -196,10 +241,13 @@ class FactsBook:
 
 def _joined(doc: wire.Compact, json: bool, known: NodeFacts, publisher: str) -> Telemetry:
     """A sample's arrays joined to its node's facts."""
-    try:
-        rows = known.rows.decode(doc.gpus, json)
-    except msgspec.DecodeError as exc:
-        raise EventError("schema", f"telemetry v2 gpus: {exc}") from exc
+    if isinstance(doc.gpus, msgspec.Raw):
+        try:
+            rows = known.rows.decode(doc.gpus, json)
+        except msgspec.DecodeError as exc:
+            raise EventError("schema", f"telemetry v2 gpus: {exc}") from exc
+    else:  # read whole (`FactsBook.read`), in the order of these facts
+        rows = typing.cast(list[tuple[Any, ...]], doc.gpus)
     templates = known.templates
     if len(rows) != len(templates):
         raise EventError(

@@ -15,7 +15,7 @@ import pytest
 from gpuops.bus import wire
 from gpuops.bus.store import MemoryKV
 from gpuops.errors import EventError
-from gpuops.intake.compact import MISS_TTL_S, FactsBook, FactsUnknown
+from gpuops.intake.compact import MISS_TTL_S, SWITCH_AFTER, FactsBook, FactsUnknown
 from gpuops.intake.decode import decode_intake
 from gpuops.match.facts import GPU_FIELDS, Telemetry
 from gpuops.models import GpuSample
@@ -40,12 +40,20 @@ def _same_facts(gpus: list[dict[str, Any]], t: float = NOW) -> None:
     """v1 JSON, v2 MessagePack and v2 JSON of one sample: equal facts, key order, types."""
     v1 = _facts(wire.TelemetryWriter("agent", version=1).encode(NODE, t, gpus, "e1"), FactsBook())
     for writer in (wire.TelemetryWriter("agent"), wire.TelemetryWriter("agent", json=True)):
-        v2 = _facts(writer.encode(NODE, t, gpus, "e1"), FactsBook())
-        assert (v2.id, v2.node, v2.epoch, v2.source) == (v1.id, v1.node, v1.epoch, v1.source)
-        assert v2.facts == v1.facts
-        for a, b in zip(v2.facts, v1.facts, strict=True):
-            assert list(a) == list(b), "the same keys in the same order (the audit's)"
-            assert [type(a[k]) for k in a] == [type(b[k]) for k in b]
+        book = FactsBook()
+        keyframe = writer.encode(NODE, t, gpus, "e1")
+        # The keyframe is read the long way (the book knows no order yet); the sample
+        # after it in one parse, its arrays in the order the book has joined.
+        after = writer.encode(NODE, t, gpus, "e1")
+        assert writer.keyframes == 1
+        for payload in (keyframe, after):
+            v2 = _facts(payload, book)
+            assert (v2.id, v2.node, v2.epoch, v2.source) == (v1.id, v1.node, v1.epoch, v1.source)
+            assert v2.facts == v1.facts
+            for a, b in zip(v2.facts, v1.facts, strict=True):
+                assert list(a) == list(b), "the same keys in the same order (the audit's)"
+                assert [type(a[k]) for k in a] == [type(b[k]) for k in b]
+        assert not isinstance(book.read(after).gpus, msgspec.Raw), "read in one parse"
 
 
 def test_the_simulated_fleets_sample_gives_the_same_facts_in_v1_and_v2(tmp_path: Path) -> None:
@@ -285,6 +293,16 @@ HOSTILE: list[tuple[str, dict[str, Any], str]] = [
 _NOT_JSON = {"nan", "infinity"}
 
 
+def _primed() -> FactsBook:
+    """A book that has joined another node's sample in the HOSTILE samples' order, so
+    it reads theirs in one parse first (node-001 it does not know)."""
+    book = FactsBook()
+    other = _keyframe(node="node-009")
+    book.telemetry(msgspec.msgpack.encode(other))
+    assert book._whole is wire.rows(tuple(other["static"]["fields"]))
+    return book
+
+
 @pytest.mark.parametrize(("what", "body", "reason"), HOSTILE, ids=[h[0] for h in HOSTILE])
 def test_hostile_v2_samples_are_refused_by_reason(
     what: str, body: dict[str, Any], reason: str
@@ -292,9 +310,41 @@ def test_hostile_v2_samples_are_refused_by_reason(
     payloads = [msgspec.msgpack.encode(body)]
     payloads += [] if what in _NOT_JSON else [msgspec.json.encode(body)]
     for payload in payloads:
-        with pytest.raises(EventError) as refused:
-            decode_intake(payload, SUBJECT, NOW, book=FactsBook())
-        assert refused.value.reason == reason, refused.value.message
+        messages = []
+        for book in (FactsBook(), _primed()):  # read the long way, and tried in one parse
+            with pytest.raises(EventError) as refused:
+                decode_intake(payload, SUBJECT, NOW, book=book)
+            assert refused.value.reason == reason, refused.value.message
+            messages.append(refused.value.message)
+        assert messages[0] == messages[1], "the same words either way"
+
+
+def test_a_fleet_of_two_array_orders_joins_both_and_reads_the_larger_in_one_parse() -> None:
+    # Agents mid-upgrade: node-001 writes temp_c then power_w, node-002 the other way.
+    book = FactsBook()
+    first, second = ["temp_c", "power_w"], ["power_w", "temp_c"]
+
+    def sample(node: str, fields: list[str], t: float, keyframe: bool) -> bytes:
+        body = _keyframe(node=node, static_fields=fields, ts=t)
+        body["gpus"] = [[40.0, 300.0] if fields == first else [300.0, 40.0]]
+        if not keyframe:
+            del body["static"]
+        return msgspec.json.encode(body)
+
+    for node, fields in (("node-001", first), ("node-002", second)):
+        book.telemetry(sample(node, fields, NOW, True))
+    assert book._whole is wire.rows(tuple(first)), "the first joined, one other since"
+    for i in range(1, SWITCH_AFTER):  # fewer than SWITCH_AFTER of another in a row
+        for node, fields in (("node-001", first), ("node-001", first), ("node-002", second)):
+            got = book.telemetry(sample(node, fields, NOW + i, False)).facts[0]
+            assert (got["temp_c"], got["power_w"]) == (40.0, 300.0)
+    assert book._whole is wire.rows(tuple(first)), "two of three samples: node-001's order"
+    for i in range(SWITCH_AFTER):
+        got = book.telemetry(sample("node-002", second, NOW + 10 + i, False)).facts[0]
+        assert (got["temp_c"], got["power_w"]) == (40.0, 300.0)
+    assert book._whole is wire.rows(tuple(second)), f"{SWITCH_AFTER} in a row: node-002's"
+    doc = book.read(sample("node-001", first, NOW + 20, False))
+    assert isinstance(doc.gpus, msgspec.Raw), "another order: read the long way"
 
 
 def test_a_bad_static_field_is_named_by_its_gpu_and_field() -> None:
