@@ -167,8 +167,8 @@ def live_main(spec_json: str) -> None:
 
 async def _run_engine(spec: dict[str, Any]) -> None:
     from gpuops.bus.conn import connect
-    from gpuops.intake import consumer
     from gpuops.clock import ManualClock
+    from gpuops.intake import consumer
     from gpuops.inventory.hosts import load_inventory
     from gpuops.match.loader import load_rules
     from gpuops.spine.app import App
