@@ -18,6 +18,8 @@ keyframe every `wire.KEYFRAME_EVERY_S`) is
   lingers. Under callgrind the engine runs some SLOWDOWN times slower, so its intakes'
   slice (`consumer.SLICE_S`, after which telemetry gives the loop a turn) is made as
   much longer: a turn every few messages, as at full speed, not one after each.
+Its leases, on wall time, last 300 s (at 10 s one ran out during a full batch and the
+batch was read again): the bench fails when a partition was taken over twice.
 Each under callgrind, net of the same process on nothing: the replay on an empty file,
 the engine on an empty stream held for as long as the full run took to drain its
 stream (its timers, heartbeats and leases then cost both runs alike). The engine's
