@@ -78,3 +78,15 @@ def test_live_against_replay_prints_both_and_their_ratio() -> None:
     # never less, and not ten times more.
     assert 20_000 < r < v < 10 * r, done.stdout
     assert float(ratio.group(1)) == pytest.approx(v / r, abs=0.006)
+
+
+def test_live_refuses_what_it_would_ignore(tmp_path: Path) -> None:
+    done = subprocess.run(
+        gpuops_argv("bench", "instructions", "--live", "--base", str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    assert "no --samples, --base" in done.stderr

@@ -145,8 +145,13 @@ def test_a_prepared_key_macs_as_rfc_4231_and_checks_message_after_message() -> N
         assert verifier.publisher(headers, payload, "xid", "node-a") == "node:node-a"
         with pytest.raises(EventError, match="the MAC is not 'node:node-a'"):
             verifier.publisher(headers, payload + b"x", "xid", "node-a")
-    assert keys.keyed("node:node-a") is not None, "the checked publisher's key is kept"
-    assert keys.keyed("node:node-b") is None
+    checker = Verifier(KeyRing(b"k" * 64))  # its own ring: node-a's key not derived yet
+    assert checker.publisher(headers, payload, "xid", "node-a") == "node:node-a"
+    assert checker.keys.known("node:node-a") is not None, "the checked publisher's key is kept"
+    forged = {**headers, "Gpuops-Publisher": "node:node-b"}
+    with pytest.raises(EventError, match="the MAC is not 'node:node-b'"):
+        checker.publisher(forged, payload, "xid", "node-b")
+    assert checker.keys.known("node:node-b") is None, "no key kept for a MAC that failed"
 
 
 async def _embedded(tmp_path: Path) -> tuple[EmbeddedNats, dict, dict]:

@@ -121,6 +121,11 @@ def bench_instructions(
     if live:
         from gpuops.bench.live_instructions import bench_live_instructions
 
+        if first is not None or base is not None:
+            raise click.UsageError(
+                "--live measures this tree's whole recording: no --samples, --base"
+            )
+
         for line in bench_live_instructions(gpus, seconds, partitions, batch):
             click.echo(line)
         return

@@ -117,28 +117,19 @@ def _live(valgrind: str, work: Path, spec: dict[str, Any], v2: Path | None) -> t
 
 
 def _settings(spec: dict[str, Any]) -> Any:
-    """The engine's settings: the bench intake's, pulling `batch` at a time; staleness
-    off, as the replay has it (the recording's time is the engine's clock's)."""
-    from gpuops.settings import Settings
+    """The bench intake's engine settings, pulling `batch` at a time; staleness off, as
+    the replay has it (the recording's time is the engine's clock's)."""
+    from gpuops.bench.intake import _settings as intake_settings
 
-    work = Path(spec["work"])
-    return Settings.model_validate(
-        {
-            "state_dir": work / "state",
-            "rules_dir": shipped.shipped("rules"),
-            "playbooks_dir": shipped.shipped("playbooks"),
-            "inventory": spec["inventory"],
+    s = intake_settings(Path(spec["work"]), spec["url"], spec["partitions"])
+    return s.model_copy(
+        update={
+            "inventory": Path(spec["inventory"]),
+            "intake_batch": spec["batch"],
+            "safety": s.safety.model_copy(update={"stale_after_s": float("inf")}),
             # Leases run on wall time: at callgrind's pace a 10 s lease ran out while an
             # intake worked a full batch of 256, and the batch was read again.
-            "nats": {"url": spec["url"], "partitions": spec["partitions"], "lease_s": 300.0},
-            "role": "engine",
-            "intake_batch": spec["batch"],
-            "safety": {
-                "stale_after_s": float("inf"),
-                "breaker_absolute": 1_000_000,
-                "breaker_share": 1.0,
-                "domain_budgets": {},
-            },
+            "nats": s.nats.model_copy(update={"lease_s": 300.0}),
         }
     )
 

@@ -137,37 +137,29 @@ class KeyRing:
 
     def __init__(self, identity_key: bytes) -> None:
         self.root = identity_key
-        self._keys: dict[str, bytes] = {}
-        self._keyed: dict[str, hmac.HMAC] = {}  # each kept key's HMAC, prepared
+        self._signers: dict[str, Signer] = {}  # each derived key, its HMAC prepared
 
     def key(self, identity: str) -> bytes:
         """The identity's key."""
-        key = self._keys.get(identity)
-        if key is None:
-            key = derive(self.root, identity)
-            self.keep(identity, key)
-        return key
+        return self.signer(identity).key
 
-    def known(self, identity: str) -> bytes | None:
-        """The identity's key if it was derived before."""
-        return self._keys.get(identity)
+    def known(self, identity: str) -> Signer | None:
+        """The identity's signer if its key was derived and kept before."""
+        return self._signers.get(identity)
 
-    def keyed(self, identity: str) -> hmac.HMAC | None:
-        """The identity's prepared HMAC if its key was derived before."""
-        return self._keyed.get(identity)
-
-    def keep(self, identity: str, key: bytes, keyed: hmac.HMAC | None = None) -> None:
-        """Remember a derived key and its prepared HMAC (bounded: one per publisher of
-        the fleet, in practice)."""
-        if len(self._keys) > 1_000_000:
-            self._keys.clear()
-            self._keyed.clear()
-        self._keys[identity] = key
-        self._keyed[identity] = keyed or prepared(key)
+    def keep(self, signer: Signer) -> None:
+        """Remember a derived key (bounded: one per publisher of the fleet, in practice)."""
+        if len(self._signers) > 1_000_000:
+            self._signers.clear()
+        self._signers[signer.identity] = signer
 
     def signer(self, identity: str) -> Signer:
         """The identity's signer."""
-        return Signer(identity, self.key(identity))
+        signer = self._signers.get(identity)
+        if signer is None:
+            signer = Signer(identity, derive(self.root, identity))
+            self.keep(signer)
+        return signer
 
     def node(self, node: str) -> Signer:
         """A node's agent's signer."""
@@ -192,16 +184,15 @@ class Verifier:
             return "unsigned"
         if not name or not given or len(name) > _MAX_NAME:
             raise EventError("forged", "no publisher identity (Gpuops-Publisher, Gpuops-Mac)")
-        keyed = self.keys.keyed(name)
-        key = None
-        if keyed is None:
-            key = derive(self.keys.root, name)
-            keyed = prepared(key)
-        want = mac(keyed, payload)
+        signer = self.keys.known(name)
+        kept = signer is not None
+        if signer is None:
+            signer = Signer(name, derive(self.keys.root, name))
+        want = mac(signer.keyed, payload)
         if not hmac.compare_digest(want.encode(), given.encode("ascii", "replace")):
             raise EventError("forged", f"the MAC is not {name!r}'s")
-        if key is not None:  # only names whose key signed: no cache for made-up ones
-            self.keys.keep(name, key, keyed)
+        if not kept:  # only names whose key signed: no cache for made-up ones
+            self.keys.keep(signer)
         refused = may_speak(name, kind, node_token)
         if refused is not None:
             raise EventError("forged", refused)
