@@ -134,15 +134,19 @@ class FactsBook:
             raise EventError("json", f"telemetry v2: neither JSON nor MessagePack ({exc})") from exc
 
     def _order_of(self, doc: wire.Compact) -> wire.Rows | None:
-        """The order of the arrays of the node `doc` names: its keyframe's, or the facts
-        this book has under the id it gives (None: neither)."""
+        """The order `join` reads the arrays of `doc` in: the facts this book has under
+        the id it gives, else its keyframe's (None: neither). A keyframe of the facts
+        held is joined to those, so their order decides, not its static's (one that
+        does not hash to the id is refused in `join`)."""
+        known = self._nodes.get(doc.node)
+        if known is not None and known.id == doc.facts:
+            return known.rows
         if doc.static is not None:
             try:
                 return wire.rows(tuple(doc.static.fields))
             except ValueError:
                 return None  # refused in `join`, read the long way
-        known = self._nodes.get(doc.node)
-        return known.rows if known is not None and known.id == doc.facts else None
+        return None
 
     def telemetry(self, payload: bytes, publisher: str = "") -> Telemetry:
         """`read` then `join`, for a sample with no subject to check (replay, publish)."""
@@ -160,6 +164,11 @@ class FactsBook:
             return telemetry
         if known is None or known.id != doc.facts:
             raise FactsUnknown(doc.node, doc.facts, known.id if known else None, doc.ts)
+        if doc.static is not None:
+            # A keyframe of the facts held: its static must still be what the id hashes
+            # (the arrays are joined by the held order; a static naming another would
+            # have them read in one order and stored by the other).
+            _hashed(doc.facts, doc.static)
         self._touch(doc.node, known)
         telemetry = _joined(doc, json, known, publisher)
         self._joined_order(known.rows)
@@ -279,12 +288,17 @@ def _kept(node: str, value: bytes) -> NodeFacts | None:
         return None
 
 
+def _hashed(fid: str, static: wire.Static) -> None:
+    """EventError ("schema") unless `fid` is the hash of `static`."""
+    if wire.facts_id(static) != fid:
+        raise EventError("schema", f"telemetry v2: facts {fid} is not the hash of its static")
+
+
 def _node_facts(node: str, fid: str, static: wire.Static) -> NodeFacts:
     """Check a keyframe's facts and build the templates (every model field, then what
     the matcher adds: `node`, `gpu`, the medians, as v1's facts have them); EventError
     ("schema") when bad."""
-    if wire.facts_id(static) != fid:
-        raise EventError("schema", f"telemetry v2: facts {fid} is not the hash of its static")
+    _hashed(fid, static)
     fields = tuple(static.fields)
     try:
         rows = wire.rows(fields)

@@ -347,6 +347,48 @@ def test_a_fleet_of_two_array_orders_joins_both_and_reads_the_larger_in_one_pars
     assert isinstance(doc.gpus, msgspec.Raw), "another order: read the long way"
 
 
+# A keyframe naming the facts the book holds for its node, with a static that is not
+# what that id hashes: its arrays in another order (shorter, permuted, or a later
+# agent's column where a model field is held), each once the held order is read in one
+# parse and once the keyframe's is.
+_HELD = ["temp_c", "power_w", "util_gpu"]
+_FORGED = [
+    ("shorter", ["temp_c"], [[42.0]]),
+    ("permuted", ["util_gpu", "temp_c", "power_w"], [[99.0, 41.0, 300.0]]),
+    ("a later column", ["temp_c", "hbm_gen", "util_gpu"], [[41.0, 5, 99.0]]),
+]
+
+
+@pytest.mark.parametrize(("what", "fields", "rows"), _FORGED, ids=[f[0] for f in _FORGED])
+@pytest.mark.parametrize("whole", ["held", "forged"])
+def test_a_keyframe_of_the_held_facts_whose_static_is_another_is_refused(
+    what: str, fields: list[str], rows: list[list[Any]], whole: str
+) -> None:
+    """Review of issue 30: such a keyframe was joined without the hash check. Read in one
+    parse in its static's order and stored by the held order, it put readings in other
+    fields (permuted), or escaped the intake as IndexError or TypeError (not a dead
+    letter: the batch came back, again and again)."""
+    held = _keyframe(static_fields=_HELD, gpus=[[41.0, 300.0, 99.0]])
+    book = FactsBook()
+    if whole == "forged":  # another node taught the book the forged order first
+        book.telemetry(
+            msgspec.msgpack.encode(_keyframe(node="node-009", static_fields=fields, gpus=rows))
+        )
+    _facts(msgspec.msgpack.encode(held), book)
+    if whole == "held":
+        assert book._whole is wire.rows(tuple(_HELD))
+    forged = _keyframe(static_fields=fields, gpus=rows, facts=held["facts"], ts=NOW + 1)
+    for payload in (msgspec.msgpack.encode(forged), msgspec.json.encode(forged)):
+        with pytest.raises(EventError) as refused:
+            decode_intake(payload, SUBJECT, NOW, book=book)
+        assert refused.value.reason == "schema", refused.value.message
+        assert "is not the hash of its static" in refused.value.message
+    # The node's own samples are joined as before, to the facts it holds.
+    after = _keyframe(static_fields=_HELD, gpus=[[43.0, 310.0, 98.0]], ts=NOW + 2)
+    got = _facts(msgspec.msgpack.encode(after), book).facts[0]
+    assert (got["temp_c"], got["power_w"], got["util_gpu"]) == (43.0, 310.0, 98.0)
+
+
 def test_a_bad_static_field_is_named_by_its_gpu_and_field() -> None:
     """The GPUs' static fields are validated together; the refusal still says which."""
     good, bad = {"index": 0, "power_limit_w": 700.0}, {"index": 1, "power_limit_w": "x"}
