@@ -10,8 +10,10 @@ import time
 from typing import Any
 
 import pytest
+from gpuops.bus import wire
 from gpuops.bus.conn import EVENTS, TELEMETRY, Bus
 from gpuops.clock import SystemClock
+from gpuops.intake.compact import FactsBook
 from gpuops.intake.consumer import Intake, Priority
 from gpuops.intake.fetch import Puller, PullError
 from gpuops.match.facts import Telemetry
@@ -131,6 +133,57 @@ async def test_a_sample_whose_handling_failed_is_a_dead_letter_not_acked_away(bu
     assert sorted([*handled, "n3"]) == published, "published = handled + dead-lettered"
     assert intake.dead == {"undecided": 1}
     info = await bus.js.consumer_info(TELEMETRY, "t4")
+    assert info.num_ack_pending == 0 and info.num_pending == 0, "nothing comes back"
+
+
+class _FaultyBook(FactsBook):
+    """A book whose join fails as a decoder's bug would, on one node's samples: not an
+    EventError, which is how every refusal the decoder knows is raised."""
+
+    def join(self, doc: Any, json: bool, publisher: str = "") -> Telemetry:
+        if doc.node == "n3":
+            raise IndexError("tuple index out of range")
+        return super().join(doc, json, publisher)
+
+
+@pytest.mark.parametrize("ack_all", [True, False], ids=["telemetry, AckAll", "one by one"])
+async def test_a_message_the_decoder_fails_on_is_a_dead_letter_not_a_stuck_partition(
+    bus: Bus, ack_all: bool
+) -> None:
+    """Review of issue 30: a v2 keyframe made the decoder raise IndexError, which escaped
+    the intake; it restarted and the batch came back, again and again, holding up the
+    partition. Whatever the decoder raises on one message, that message goes to the
+    dead letters (`undecodable`, with the error) and the others are handled, once."""
+    handled: list[str] = []
+
+    async def handle(event: Event | Telemetry) -> None:
+        handled.append(event.node)
+
+    dead = await bus.nc.subscribe("gpuops.dlq.>")
+    intake = Intake(
+        bus.js, SystemClock(), stream=TELEMETRY, subject="gpuops.telemetry.>",
+        durable=f"t5{int(ack_all)}", handler=handle, ack_all=ack_all, facts=_FaultyBook(),
+    )  # fmt: skip
+    writer = wire.TelemetryWriter("agent")
+    published = [f"n{i}" for i in range(6)]
+    gpus = [{"index": i, "temp_c": 40.0 + i} for i in range(8)]
+    for node in published:
+        await bus.js.publish(f"gpuops.telemetry.{node}", writer.encode(node, time.time(), gpus))
+    stop = asyncio.Event()
+    task = asyncio.create_task(intake.run(stop))
+    try:
+        letter = await dead.next_msg(timeout=30)
+        await wait_for(lambda: len(handled) == 5, 30)
+        await asyncio.sleep(0.5)  # time for a redelivery, were there one
+    finally:
+        stop.set()
+        await task
+    record = json.loads(letter.data)
+    assert letter.subject == "gpuops.dlq.undecodable"
+    assert "IndexError: tuple index out of range" in record["error"], record["error"]
+    assert sorted([*handled, "n3"]) == published, "published = handled + dead-lettered, once"
+    assert intake.dead == {"undecodable": 1}
+    info = await bus.js.consumer_info(TELEMETRY, f"t5{int(ack_all)}")
     assert info.num_ack_pending == 0 and info.num_pending == 0, "nothing comes back"
 
 

@@ -233,9 +233,17 @@ class Intake:
         try:
             event = await self._read(msg)
         except EventError as exc:
-            await self._dead_letter(msg, exc)
-            if not self.ack_all:
-                await ack(self.nc, msg)
+            await self._refuse(msg, exc)
+            return
+        except (BusError, NatsError, OSError):
+            raise  # the bus, not the message: it comes again
+        except Exception as exc:
+            # A decoder's fault on this message (every refusal it knows is an EventError).
+            # Raised on, the intake would restart and the message come back for ever,
+            # holding up its partition: it goes to the dead letters with the error.
+            log.exception("decoding a message from %s failed", msg.subject)
+            why = f"decoding failed: {type(exc).__name__}: {exc}"
+            await self._refuse(msg, EventError("undecodable", why))
             return
         try:
             await self.handler(event)
@@ -255,6 +263,11 @@ class Intake:
             except (NatsError, OSError) as gone:  # the bus may be what failed: counted still
                 log.error("%s %s not dead-lettered either: %s", event.kind, event.id, gone)
             return
+        if not self.ack_all:
+            await ack(self.nc, msg)
+
+    async def _refuse(self, msg: Msg, exc: EventError) -> None:
+        await self._dead_letter(msg, exc)
         if not self.ack_all:
             await ack(self.nc, msg)
 
