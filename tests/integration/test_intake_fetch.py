@@ -13,6 +13,7 @@ import pytest
 from gpuops.bus import wire
 from gpuops.bus.conn import EVENTS, TELEMETRY, Bus
 from gpuops.clock import SystemClock
+from gpuops.errors import LeaseLost
 from gpuops.intake.compact import FactsBook
 from gpuops.intake.consumer import Intake, Priority
 from gpuops.intake.fetch import Puller, PullError
@@ -184,6 +185,53 @@ async def test_a_message_the_decoder_fails_on_is_a_dead_letter_not_a_stuck_parti
     assert sorted([*handled, "n3"]) == published, "published = handled + dead-lettered, once"
     assert intake.dead == {"undecodable": 1}
     info = await bus.js.consumer_info(TELEMETRY, f"t5{int(ack_all)}")
+    assert info.num_ack_pending == 0 and info.num_pending == 0, "nothing comes back"
+
+
+@pytest.mark.parametrize("ack_all", [True, False], ids=["telemetry, AckAll", "one by one"])
+async def test_a_batch_cut_short_by_an_error_is_handled_first_when_the_intake_restarts(
+    bus: Bus, ack_all: bool
+) -> None:
+    """Review of issue 30: an error out of a batch's handling (the fence's LeaseLost, a
+    dead letter whose publish failed) ends the intake, and its supervisor starts it again
+    on the same consumer, which does not deliver the rest of that batch again before
+    ack_wait. With AckAll the next batch's ack then covered them: lost, never handled.
+    Now the rest of the batch, the message that failed first, is handled before the
+    intake pulls again: published = handled, each once, and nothing is left pending."""
+    handled: list[str] = []
+    failed: list[str] = []
+
+    async def handle(event: Event | Telemetry) -> None:
+        if event.node == "n3" and not failed:
+            failed.append(event.node)
+            raise LeaseLost("the partition of n3 is not held here (for an instant)")
+        handled.append(event.node)
+
+    durable = f"t6{int(ack_all)}"
+    stream, prefix = (TELEMETRY, "gpuops.telemetry") if ack_all else (EVENTS, "gpuops.events")
+    intake = Intake(
+        bus.js, SystemClock(), stream=stream, subject=f"{prefix}.>", durable=durable,
+        handler=handle, ack_all=ack_all,
+    )  # fmt: skip
+    body, subject = (_telemetry, prefix) if ack_all else (_xid, f"{prefix}.xid")
+    first, then = [f"n{i}" for i in range(10)], [f"m{i}" for i in range(5)]
+    for node in first:
+        await bus.js.publish(f"{subject}.{node}", body(node))
+    stop = asyncio.Event()
+    with pytest.raises(LeaseLost):
+        await intake.run(stop)  # in one batch: n0-n2 handled, n3 raised
+    assert handled == ["n0", "n1", "n2"]
+    for node in then:
+        await bus.js.publish(f"{subject}.{node}", body(node))
+    task = asyncio.create_task(intake.run(stop))  # as the supervisor starts it again
+    try:
+        await wait_for(lambda: len(handled) == len(first) + len(then), 30)
+        await asyncio.sleep(0.5)  # time for a redelivery, were there one
+    finally:
+        stop.set()
+        await task
+    assert handled == first + then, "in order, each once"
+    info = await bus.js.consumer_info(stream, durable)
     assert info.num_ack_pending == 0 and info.num_pending == 0, "nothing comes back"
 
 

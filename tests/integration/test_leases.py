@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 from gpuops.bus.conn import Bus, connect
@@ -189,4 +190,49 @@ async def test_a_lease_loop_away_from_nats_for_less_than_a_lease_keeps_every_par
     finally:
         stop.set()
         await asyncio.wait_for(loop, 30)
+        await bus.close()
+
+
+class _LateAnswer:
+    """The leases bucket, whose answer to the next renewal of partition 0 comes only at
+    `until` (the loop's clock), its write done at once (a slow or electing server)."""
+
+    def __init__(self, kv: NatsKV) -> None:
+        self.kv, self.late = kv, 0
+        self.until: float | None = None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.kv, name)
+
+    async def cas(self, key: str, value: bytes, revision: int) -> int | None:
+        done = await self.kv.cas(key, value, revision)
+        if self.until is not None and key == "partition.0" and revision:
+            until, self.until, self.late = self.until, None, self.late + 1
+            await asyncio.sleep(until - time.monotonic())
+        return done
+
+
+async def test_a_renewal_answered_after_the_lease_ran_out_here_gives_the_lease_up(
+    nats_server: EmbeddedNats,
+) -> None:
+    """Review of issue 30: such a renewal extended the lease, whose consumers had stopped
+    when it ran out: the partition was held, renewed every round, and read by nobody
+    (nor could another replica take it). Now it is given up and taken over afresh."""
+    bus = await _bus(nats_server)
+    try:
+        kv = _LateAnswer(NatsKV(bus.kv["leases"]))
+        a = Replica(bus, "a")
+        a.ownership.kv = kv
+        await _rounds(a, times=1)
+        epoch = a.ownership.held[0].epoch
+        # The others' renewals in the next round outlast partition 0's lease by this much.
+        await asyncio.sleep(LEASE_S / 4)
+        kv.until = a.ownership.held[0].valid_until + 0.1  # answered after it ran out here
+        await a.ownership.round()
+        assert kv.late == 1
+        await wait_for(lambda: a.lost == [0], 5)  # given up, and only it
+        await a.ownership.round()
+        assert 0 in a.held and a.gained.count(0) == 2 and a.lost == [0], "taken over again"
+        assert a.ownership.held[0].epoch > epoch, "a new lease, so new consumers"
+    finally:
         await bus.close()

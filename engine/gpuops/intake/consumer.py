@@ -128,6 +128,11 @@ class Intake:
         # v2 samples are refused as `schema`).
         self.facts = facts
         self.dead: Counter[str] = Counter()
+        # What a batch left unhandled when its handling raised (the failing message
+        # first): the loop starts again on the same consumer, which does not deliver
+        # them again before ack_wait, and with AckAll the next batch's ack would cover
+        # them. So they are handled first when it does (their acks are still good).
+        self._held: list[Msg] = []
 
     def consumer_config(self) -> ConsumerConfig:
         """The durable consumer's settings (a takeover makes it with these)."""
@@ -174,15 +179,18 @@ class Intake:
                 if done is not None:
                     await ack(self.nc, done)
                     done = None
-                try:
-                    msgs = await puller.fetch(self.batch, EXPIRES_S)
-                except BusError as exc:
-                    log.warning("%s; creating the consumer again", exc)
-                    return
-                except NatsError as exc:  # a reconnect in progress: the consumer is durable
-                    log.warning("fetch from %s failed (%s); retrying", self.durable, exc)
-                    await asyncio.sleep(1.0)
-                    continue
+                if self._held:  # left by a batch whose handling raised: handled first
+                    msgs, self._held = self._held, []
+                else:
+                    try:
+                        msgs = await puller.fetch(self.batch, EXPIRES_S)
+                    except BusError as exc:
+                        log.warning("%s; creating the consumer again", exc)
+                        return
+                    except NatsError as exc:  # a reconnect in progress: the consumer is durable
+                        log.warning("fetch from %s failed (%s); retrying", self.durable, exc)
+                        await asyncio.sleep(1.0)
+                        continue
                 if msgs:
                     busy_s = await self.process(msgs)
                     done = msgs[-1] if self.ack_all else None
@@ -220,8 +228,12 @@ class Intake:
         began = time.perf_counter()
         yield_at, busy_s = began + SLICE_S, 0.0
         pause = None if self.urgent else self.priority
-        for msg in msgs:
-            await self._one(msg)
+        for i, msg in enumerate(msgs):
+            try:
+                await self._one(msg)
+            except BaseException:
+                self._held = msgs[i:]
+                raise
             if pause is not None and (now := time.perf_counter()) >= yield_at:
                 busy_s += now - began
                 await pause.turn()
@@ -312,9 +324,6 @@ class Intake:
         )
 
     async def _dead_letter(self, msg: Msg, exc: EventError) -> None:
-        self.dead[exc.reason] += 1
-        if self.on_dead is not None:
-            self.on_dead(exc.reason)
         log.warning("dead letter (%s) from %s: %s", exc.reason, msg.subject, exc.message)
         claimed = (msg.headers or {}).get(PUBLISHER, "")
         body = dead_letter(
@@ -324,3 +333,7 @@ class Intake:
         await self.js.publish(
             subjects.dlq(exc.reason), body, headers={"Nats-Msg-Id": f"dlq-{self.stream}-{seq}"}
         )
+        # Counted once stored: a publish that failed is tried again with the message.
+        self.dead[exc.reason] += 1
+        if self.on_dead is not None:
+            self.on_dead(exc.reason)

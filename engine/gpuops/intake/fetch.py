@@ -91,9 +91,11 @@ class Puller:
             async with asyncio.timeout(expires_s + EXPIRES_MARGIN_S):
                 await done
         self._want, self._done = 0, None
-        batch_out, self._batch = self._batch, []
         if self._failed is not None:
+            # What the request brought before the status stays for the next fetch: acked
+            # past with AckAll (a later message's ack), it would be lost unhandled.
             raise PullError(f"pull from {self.stream}/{self.durable}: {self._failed}")
+        batch_out, self._batch = self._batch, []
         return batch_out
 
     def _end(self) -> None:

@@ -192,6 +192,13 @@ class Ownership:
             log.warning("partition %d was taken over by another replica; stopping it", p)
             self._drop(p)
             return
+        if time.monotonic() >= held.valid_until:
+            # Renewed, but answered after the lease ran out here: its consumers stopped
+            # then (Replica._watch), and a lease kept now would be held with nobody
+            # reading its partition. Dropped, it is taken over afresh.
+            log.warning("partition %d: its renewal was answered after the lease ran out", p)
+            self._drop(p)
+            return
         held.revision, held.valid_until = revision, self._valid_until(sent)
 
     async def _landed(self, p: int, held: Held, record: LeaseRecord) -> int | None:
@@ -201,11 +208,7 @@ class Ownership:
         entry = await self.kv.get(_key(p))
         if entry is None or entry.value != _dump(record) or entry.revision < held.revision:
             return None
-        sent = time.monotonic()
-        revision = await self.kv.cas(_key(p), _dump(record), entry.revision)
-        if revision is not None:
-            held.valid_until = self._valid_until(sent)
-        return revision
+        return await self.kv.cas(_key(p), _dump(record), entry.revision)
 
     async def _register(self) -> None:
         record = ReplicaRecord(
