@@ -278,7 +278,7 @@ class Matcher:
                         out.append(_match(c.rule, key, fact, now, f"absent:{key_text(key)}:{last}"))
         return out
 
-    def warm(self, event: Event) -> None:
+    def warm(self, event: Event | Telemetry) -> None:
         """Feed an event another replica already decided: windows, runs and `fired`
         marks move as they did there, but nothing is matched again (a takeover)."""
         pending = list(self._cleared)

@@ -166,6 +166,7 @@ class Partitions:
             feed=self.matcher.warm,
             lease_epoch=lambda: self._lease_epoch(p),
             verifier=probe.identity,  # what the intake would have refused is not warmed
+            book=probe.facts,  # telemetry v2 joined to its node's static facts, as it was
         )
 
     def _log_takeover(self, p: int, telemetry: bool, done: Takeover) -> None:

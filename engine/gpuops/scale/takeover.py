@@ -25,22 +25,25 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
-from gpuops import subjects
 from gpuops.bus.identity import Verifier
 from gpuops.bus.partitions import durable, epoch_of
 from gpuops.bus.reader import one_read
-from gpuops.errors import EventError, LeaseLost
-from gpuops.intake.decode import decode
+from gpuops.errors import BusError, EventError, LeaseLost
+from gpuops.intake.compact import FactsBook, FactsUnknown
+from gpuops.intake.decode import decode_intake
+from gpuops.match.facts import Telemetry
 from gpuops.models import Event
 
 log = logging.getLogger(__name__)
 
-Feed = Callable[[Event], None]
+Feed = Callable[[Event | Telemetry], None]
 
 # Reads of a stream's consumers while takeovers delete some under it: each one that
 # finds a deleted consumer is followed by the takeover's own, already made.
@@ -70,6 +73,7 @@ async def take_over(
     feed: Feed,
     lease_epoch: Callable[[], Awaitable[int | None]],
     verifier: Verifier | None = None,
+    book: FactsBook | None = None,
 ) -> Takeover:
     """Warm the windows from what was decided, then make this epoch's durable from
     floor + 1 and delete the earlier owners'.
@@ -109,7 +113,7 @@ async def take_over(
     floor = min(floor, (await js.stream_info(stream)).state.last_seq or 0)
     warmed = 0
     if floor and span_s > 0:
-        warmed = await _warm(js, stream, subject, now - span_s, floor, feed, verifier)
+        warmed = await _warm(js, stream, subject, now - span_s, floor, feed, verifier, book)
     name = durable(telemetry, partition, epoch)
     fresh = ConsumerConfig.from_response(config.as_dict())
     fresh.durable_name = fresh.name = name
@@ -194,6 +198,23 @@ async def consumer_infos(js: JetStreamContext, stream: str, names: list[str]) ->
     return [info for info in await asyncio.gather(*(one(n) for n in names)) if info is not None]
 
 
+async def _read(msg: Msg, verifier: Verifier | None, book: FactsBook | None) -> Event | Telemetry:
+    """A stored message as the intake read it; EventError when it refused it, or when
+    the static facts a v2 sample names are neither learnt here nor in KV."""
+    args = (msg.data, msg.subject)
+    try:
+        return decode_intake(*args, headers=msg.headers, verifier=verifier, book=book)
+    except FactsUnknown as exc:
+        try:
+            found = book is not None and await book.load(exc.node, exc.facts, exc.at)
+        except (BusError, NatsError, OSError) as gone:
+            log.warning("static facts of %s not read from KV (%s)", exc.node, gone)
+            found = False
+        if not found:
+            raise
+        return decode_intake(*args, headers=msg.headers, verifier=verifier, book=book)
+
+
 def _floor(info: ConsumerInfo) -> int:
     return int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
 
@@ -206,9 +227,12 @@ async def _warm(
     floor: int,
     feed: Feed,
     verifier: Verifier | None = None,
+    book: FactsBook | None = None,
 ) -> int:
     """Feed the partition's messages stored after `since`, up to the floor: those the
-    intake took (a forged one was dead-lettered, and must not move a window now)."""
+    intake took (a forged one was dead-lettered, and must not move a window now), read
+    as the intake reads them: telemetry v2 joined to its node's static facts in `book`
+    (learnt from the keyframes read again, else from KV)."""
     config = ConsumerConfig(
         deliver_policy=DeliverPolicy.BY_START_TIME,
         opt_start_time=datetime.fromtimestamp(since, UTC),
@@ -228,10 +252,7 @@ async def _warm(
                 if meta.sequence.stream > floor:
                     return fed
                 with contextlib.suppress(EventError):  # dead-lettered when it came
-                    if verifier is not None:
-                        kind, node = subjects.parse_event(msg.subject)
-                        verifier.publisher(msg.headers, msg.data, kind, node)
-                    feed(decode(msg.data, msg.subject))
+                    feed(await _read(msg, verifier, book))
                     fed += 1
                 if not meta.num_pending:
                     return fed
