@@ -50,9 +50,14 @@ class NodeLocks:
         """The node's lock and its revision."""
         return await self.store.get(node)
 
-    async def held(self, now: float) -> set[str]:
-        """The nodes locked now (leases not run out)."""
-        return {key.removeprefix("node.") for key, r in await self.store.all() if r.until > now}
+    async def held(self, now: float, but: str = "") -> set[str]:
+        """The nodes locked now (leases not run out), but by the decision of event `but`
+        (made again, it sees the nodes as its first try saw them)."""
+        return {
+            key.removeprefix("node.")
+            for key, r in await self.store.all()
+            if r.until > now and (not but or r.event_id != but)
+        }
 
     async def release(self, node: str, event_id: str) -> bool:
         """Give the node's lock back if this event's decision holds it.

@@ -238,6 +238,8 @@ class FabricPeers(BaseStage):
     async def _pick(self, p: Proposal) -> list[str]:
         out = {r.node for r in await self.states.all() if r.state is not NodeState.HEALTHY}
         if self.locks is not None:
-            out |= await self.locks.held(p.now)
+            # Not the peers this event's decision locked on a try before (its intent
+            # stored with them): picked again, they would stay locked, unused, a lease long.
+            out |= await self.locks.held(p.now, but=p.match.event_id)
         hosts = sorted(self.inventory.hosts - self.inventory.group_hosts(FACILITY))
         return pick_peers(p.node, hosts, self.domains, out)

@@ -22,6 +22,7 @@ its check read; what the record stage writes after a decision goes with them.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -33,6 +34,8 @@ from gpuops.match.expr import render
 from gpuops.match.rules import Rule
 from gpuops.models import ActionSpec, Decision, Match, Reason
 from gpuops.record.unreadable import UnreadableState
+
+log = logging.getLogger(__name__)
 
 Write = Callable[[Decision], Awaitable[None]]
 
@@ -185,7 +188,15 @@ class Decider:
         `record` (what follows a decision: audit, node state, episode) runs alongside the
         commits, or after the aborts of a dropped proposal."""
         p = self.propose(match, rule, approved_by)
-        passed, drop = await self._check(p)
+        passed: list[int] = []
+        try:
+            drop = await self._check(p, passed)
+        except Exception:
+            # A check that failed (the bus) leaves nothing the passed stages took: the
+            # decision made again takes it anew, and one never made again (a telemetry
+            # sample dead-lettered) would hold a budget or a breaker slot for good.
+            await self._aborted(p, passed)
+            raise
         if drop is not None and not drop.keep:
             for i in reversed(passed):
                 if i in self._aborts:
@@ -204,10 +215,21 @@ class Decider:
         await together(*commits, *([record(d)] if record else []))
         return d
 
-    async def _check(self, p: Proposal) -> tuple[list[int], Drop | None]:
-        """The stages passed (their places, in order), and the drop that stopped the
-        proposal, if one did."""
-        passed: list[int] = []
+    async def _aborted(self, p: Proposal, passed: list[int]) -> None:
+        """Give back what the passed stages took, as far as the bus lets: what it does not
+        stays until its own lease or window ends, as after a crash."""
+        for i in reversed(passed):
+            if i in self._aborts:
+                try:
+                    await self.stages[i].abort(p)
+                except Exception as exc:
+                    log.warning(
+                        "%s: not given back after a failed check (%s)", self.stages[i].name, exc
+                    )
+
+    async def _check(self, p: Proposal, passed: list[int]) -> Drop | None:
+        """The drop that stopped the proposal, if one did; `passed` gets the places of
+        the stages passed, in order."""
         for i, stage in enumerate(self.stages):
             try:
                 if self._reads[i] and not p.reads.has(stage.reads(p)):
@@ -218,11 +240,11 @@ class Decider:
                 # may be the one that says no.
                 found = self.unreadable.note(exc)
                 detail = f"{stage.name}: {found.bucket}/{found.key} unreadable ({found.detail})"
-                return passed, Drop(Reason.STATE_UNREADABLE, detail)
+                return Drop(Reason.STATE_UNREADABLE, detail)
             if drop is not None:
-                return passed, drop
+                return drop
             passed.append(i)
-        return passed, None
+        return None
 
     async def _fetch(self, p: Proposal, i: int) -> None:
         """Stage `i` needs a record not read yet: read those of stages `i` on."""

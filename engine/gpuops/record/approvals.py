@@ -61,8 +61,9 @@ class ApprovalStore:
     def __init__(self, kv: KV) -> None:
         self.store: Store[ApprovalRecord] = Store(kv, ApprovalRecord, "approval")
 
-    async def open(self, d: Decision, now: float, timeout_s: float) -> ApprovalRecord:
-        """A pending approval for a held decision (the existing one when already open)."""
+    async def open(self, d: Decision, now: float, timeout_s: float) -> tuple[ApprovalRecord, bool]:
+        """A pending approval for a held decision (the existing one when already open),
+        and whether this call opened it (the decision made again finds it open)."""
         m = d.match
         plays = ", ".join(a.playbook for a in d.actions) or "nothing"
         record = ApprovalRecord(
@@ -78,7 +79,7 @@ class ApprovalStore:
             expires=now + timeout_s,
         )
         stored = await self.store.update(lambda old: record if old is None else None, record.id)
-        return stored or record
+        return stored or record, stored is record  # the one found is another object
 
     async def get(self, approval_id: str) -> ApprovalRecord | None:
         """One record."""

@@ -144,12 +144,13 @@ class Recorder:
             self.unreadable.note(exc)
 
     async def _hold(self, d: Decision) -> str:
-        record = await self.approvals.open(d, self.clock.now(), self.approval_timeout_s)
-        self.notifier.notify(
-            "approval needed",
-            f"{record.id}: {record.summary} ({d.detail}); "
-            f"answer `approve {record.id}` or `deny {record.id}`",
-        )
+        record, opened = await self.approvals.open(d, self.clock.now(), self.approval_timeout_s)
+        if opened:  # people are asked once, however often the decision is made again
+            self.notifier.notify(
+                "approval needed",
+                f"{record.id}: {record.summary} ({d.detail}); "
+                f"answer `approve {record.id}` or `deny {record.id}`",
+            )
         return record.id
 
     async def cleared(self, rule: str, node: str, gpu: int | None, at: float) -> None:
