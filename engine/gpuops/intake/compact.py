@@ -229,6 +229,12 @@ class FactsBook:
             self._unsaved.setdefault(node, held)  # unless newer facts came meanwhile
             raise
 
+    def forget_misses(self, nodes: frozenset[str] | set[str]) -> None:
+        """Ask KV again at these nodes' next samples: their partition moved (another
+        replica may have learnt and saved their facts meanwhile)."""
+        for node in nodes:
+            self._missed.pop(node, None)
+
     async def load(self, node: str, wanted: str, at: float) -> bool:
         """Read `node`'s facts from KV; False when they are not the `wanted` ones (none,
         others, or not decodable). A miss is remembered for MISS_TTL_S of the samples'

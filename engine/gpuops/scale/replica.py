@@ -34,6 +34,7 @@ from gpuops.bus.partitions import (
 from gpuops.bus.store import KV
 from gpuops.clock import Clock
 from gpuops.errors import ConfigError, ConsumerGone, LeaseLost
+from gpuops.intake.compact import FactsBook
 from gpuops.intake.consumer import Intake
 from gpuops.match.matcher import Matcher
 from gpuops.record.metrics import Metrics
@@ -76,6 +77,7 @@ class Partitions:
     hosts: frozenset[str]
     make_intake: MakeIntake
     metrics: Metrics
+    facts: FactsBook | None = None  # telemetry v2's static facts, which the intakes share
     ownership: Ownership = field(init=False)
     workers: dict[int, Worker] = field(init=False, default_factory=dict)
     ready: set[int] = field(init=False, default_factory=set)
@@ -255,7 +257,10 @@ class Partitions:
                     await worker.task
             except Exception:  # the loop logged it; the partition is gone anyway
                 pass
-        self.matcher.forget(self._nodes.get(p, frozenset()))
+        nodes = self._nodes.get(p, frozenset())
+        self.matcher.forget(nodes)
+        if self.facts is not None:  # what KV lacked may be there when the partition is back
+            self.facts.forget_misses(nodes)
         self.metrics.partitions_held.set(len(self.ready))
 
 

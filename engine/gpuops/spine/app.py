@@ -183,6 +183,7 @@ class App:
                 self.inventory.hosts,
                 self._intake,
                 self.engine.metrics,
+                self.facts,
             )
         if s.role in ("all", "executor"):
             self.executor = Executor(

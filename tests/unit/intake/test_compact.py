@@ -466,3 +466,23 @@ def test_a_v1_sample_written_again_as_v2_keeps_its_own_source_and_facts() -> Non
     line = wire.Expander(2).line(v1)
     assert line is not None and json.loads(line)["source"] == "prometheus"
     assert _facts(line, FactsBook()).facts == _facts(v1, FactsBook()).facts
+
+
+async def test_a_partition_that_moved_asks_kv_again_at_once() -> None:
+    """Review of issue 30: a replica that missed a node's facts in KV, lost the partition
+    and got it back (another replica had learnt and saved them meanwhile) refused the
+    node's samples without asking KV, for up to MISS_TTL_S after its miss. A partition
+    lost forgets its nodes' misses (`Partitions.lose`)."""
+    kv = MemoryKV("facts")
+    writer, here, there = wire.TelemetryWriter("agent"), FactsBook(kv), FactsBook(kv)
+    keyframe = writer.encode(NODE, NOW, _gpus())
+    sample = writer.encode(NODE, NOW + 1, _gpus())
+    with pytest.raises(FactsUnknown) as missing:
+        _facts(sample, here)
+    assert not await here.load(NODE, missing.value.facts, NOW + 1), "KV lacks them"
+    _facts(keyframe, there)  # the other replica, holding the partition now, learns them
+    await there.save(NODE)
+    assert not await here.load(NODE, missing.value.facts, NOW + 2), "the miss remembered"
+    here.forget_misses({NODE})  # the partition went away (and comes back)
+    assert await here.load(NODE, missing.value.facts, NOW + 3)
+    assert _facts(sample, here).facts[0]["power_limit_w"] == 700.0
