@@ -45,7 +45,11 @@ class NodeStateGate(BaseStage):
             return None
         found, _ = await p.reads.get(self.states.store, p.node)
         record = found or NodeRecord(node=p.node)
-        if record.state.value not in p.rule.states:
+        # A decision made again (its first try failed on the bus after its intent was
+        # stored, or the event came back after a crash) finds the node as its own first
+        # try left it (a run of its intent may have begun): it is this decision still.
+        again = record.cause == decision_cause(p.match)
+        if record.state.value not in p.rule.states and not again:
             return Drop(Reason.NOT_APPLICABLE, f"{p.node} is {record.state.value}")
         answers = p.match.facts.get("nonce") == validation_nonce(record)
         if record.state is NodeState.VALIDATING and p.match.kind == "probe" and not answers:

@@ -4,11 +4,14 @@ fault's ladder takes its next rung though the fault's cooldown still runs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from gpuops import subjects
 from gpuops.act.completion import Completion
+from gpuops.bus.buckets import Buckets
 from gpuops.bus.publish import MemoryPublisher
+from gpuops.bus.store import MemoryKV
 from gpuops.clock import ManualClock
 from gpuops.diagnose.results import Check, GradeResult
 from gpuops.match.loader import load_rules
@@ -22,6 +25,7 @@ from gpuops.models import (
     RunStatus,
 )
 from gpuops.record.nodestate import NodeState, fault_key, validation_nonce
+from gpuops.spine import pipeline
 from gpuops.spine.build import Engine
 
 from tests.support import decide
@@ -48,10 +52,10 @@ PASSED = GradeResult(grade=2, checks=(Check(name="dcgm:Memory bandwidth", ok=Tru
 class Fleet:
     """The engine, and the executor's side of each run: it ends as the test says."""
 
-    def __init__(self, rules: RuleSet = RULES) -> None:
+    def __init__(self, rules: RuleSet = RULES, buckets: Buckets | None = None) -> None:
         self.clock = ManualClock(T0)
         self.publisher = MemoryPublisher()
-        self.engine: Engine = engine_on(self.clock, rules=rules, publisher=self.publisher)
+        self.engine: Engine = engine_on(self.clock, buckets, rules=rules, publisher=self.publisher)
         self.told: list[dict[str, Any]] = []
         self.asked: list[str] = []
         self.completion = Completion(
@@ -148,6 +152,56 @@ async def test_a_gate_failing_after_the_last_rung_hands_the_node_to_a_person() -
         await fleet.probe_passes()
         await fleet.run(RunStatus.FAILED, SLOW)
         [d] = await fleet.engine.pipeline.handle(EVENT_ADAPTER.validate_python(fleet.told[-1]))
+    assert d.reason is Reason.NEEDS_HUMAN and "ladder gpu-lost" in d.detail, d
+    assert await fleet.state() is NodeState.NEEDS_HUMAN
+
+
+class _HistoryTimingOut(MemoryKV):
+    """The history bucket (ladders, attempts), whose next write times out after `meanwhile`
+    ran (the executor starting the intent the decision has stored)."""
+
+    meanwhile: Any = None
+
+    async def cas(self, key: str, value: bytes, revision: int) -> int | None:
+        if self.meanwhile is not None:
+            meanwhile, self.meanwhile = self.meanwhile, None
+            await meanwhile()
+            raise TimeoutError("nats: timeout")
+        return await super().cas(key, value, revision)
+
+
+async def test_a_climb_decided_again_after_its_run_began_keeps_its_rung(
+    monkeypatch: Any,
+) -> None:
+    """Review of issue 30: a failed gate's climb stored the next rung's intent, then the
+    ladder's write timed out; the executor began the run meanwhile (the node remediating),
+    and decided again the climb was dropped as not for a remediating node: the rung was
+    never counted, the lock kept its pending minute, and the next failed gate ran the same
+    rung again rather than handing the node to a person. The node's record names the
+    decision that moved it: decided again, it goes through as it first did."""
+    monkeypatch.setattr(pipeline, "DECIDE_PAUSE_S", 0.0)
+    history = _HistoryTimingOut("history")
+    fleet = Fleet(buckets=replace(Buckets.memory(), history=history))
+    await decide(fleet.engine.pipeline, match("xid-79-gpu-lost", gpu=None, xid=79))
+    await fleet.run(RunStatus.SUCCESSFUL)  # reboot
+    await fleet.probe_passes()
+    await fleet.run(RunStatus.FAILED, SLOW)  # its gate fails
+
+    async def run_begins() -> None:
+        [payload] = [p for s, p in fleet.publisher.messages[fleet._ran :] if subjects.is_action(s)]
+        await fleet.completion.started(Intent.model_validate_json(payload))
+
+    history.meanwhile = run_begins
+    [climbed] = await fleet.engine.pipeline.handle(EVENT_ADAPTER.validate_python(fleet.told[-1]))
+    assert climbed.accepted and climbed.rung == 1, climbed
+    assert await fleet.state() is NodeState.REMEDIATING, "as its run left it"
+    lock, _ = await fleet.engine.locks.holder("node-001")
+    assert lock is not None and lock.until - fleet.clock.now() == 1800, "the full lease"
+    ran = await fleet.run(RunStatus.SUCCESSFUL)
+    assert ran.action.playbook == "reprovision.yml"
+    await fleet.probe_passes()
+    await fleet.run(RunStatus.FAILED, SLOW)  # the last rung's gate fails too
+    [d] = await fleet.engine.pipeline.handle(EVENT_ADAPTER.validate_python(fleet.told[-1]))
     assert d.reason is Reason.NEEDS_HUMAN and "ladder gpu-lost" in d.detail, d
     assert await fleet.state() is NodeState.NEEDS_HUMAN
 
