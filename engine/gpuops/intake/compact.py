@@ -228,6 +228,7 @@ class FactsBook:
         except BaseException:
             self._unsaved.setdefault(node, held)  # unless newer facts came meanwhile
             raise
+        self._unsaved.setdefault(node, held)  # lost every try: the node's next sample again
 
     def forget_misses(self, nodes: frozenset[str] | set[str]) -> None:
         """Ask KV again at these nodes' next samples: their partition moved (another

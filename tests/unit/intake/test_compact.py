@@ -486,3 +486,25 @@ async def test_a_partition_that_moved_asks_kv_again_at_once() -> None:
     here.forget_misses({NODE})  # the partition went away (and comes back)
     assert await here.load(NODE, missing.value.facts, NOW + 3)
     assert _facts(sample, here).facts[0]["power_limit_w"] == 700.0
+
+
+async def test_facts_whose_save_lost_every_try_are_saved_at_the_next_sample() -> None:
+    """Review of issue 30: a save that lost its three compare-and-sets to other writers
+    dropped the facts silently; a takeover then found KV without them."""
+
+    class Losing(MemoryKV):
+        losses = 3
+
+        async def cas(self, key: str, value: bytes, revision: int) -> int | None:
+            if self.losses:
+                self.losses -= 1
+                return None
+            return await super().cas(key, value, revision)
+
+    kv = Losing("facts")
+    book = FactsBook(kv)
+    _facts(wire.TelemetryWriter("agent").encode(NODE, NOW, _gpus()), book)
+    await book.save(NODE)
+    assert book.unsaved(NODE) and kv.data == {}, "kept for the next sample"
+    await book.save(NODE)
+    assert not book.unsaved(NODE) and list(kv.data) == [NODE]
