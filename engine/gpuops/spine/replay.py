@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpuops.bus import wire
 from gpuops.errors import EventError
 from gpuops.intake.compact import FactsBook
-from gpuops.intake.decode import check_future, decode_line
+from gpuops.intake.decode import check_future, decode
 from gpuops.inventory.hosts import load_inventory
 from gpuops.match.facts import Telemetry
 from gpuops.match.rules import RuleSet
@@ -36,6 +36,26 @@ from gpuops.spine.shadow import Shadow, WouldRun
 # Events read ahead of the one judged: the earliest of them bounds the live clock when
 # it came (an agent's clock a year ahead among a fleet's honest samples is outvoted).
 LOOKAHEAD = 8
+
+
+class _Unjoined(msgspec.Struct, frozen=True):
+    """A telemetry v2 sample read to its envelope: joined to its node's static facts once
+    its time is judged, as the intake joins it (a keyframe refused as `future` teaches
+    the book nothing live, so not here either)."""
+
+    doc: wire.Compact
+    json: bool
+
+    @property
+    def epoch(self) -> float:
+        return self.doc.epoch
+
+    @property
+    def node(self) -> str:
+        return self.doc.node
+
+
+Read = Event | Telemetry | _Unjoined
 
 
 async def replay_file(
@@ -52,32 +72,41 @@ async def replay(
     """The shadow engine after the recording, and the report of what it did."""
     settings = settings or Settings()
     shadow = _shadow(path, rules, inventory, settings)
+    # As the engine's: the facts of a node the inventory lacks are joined, not kept.
+    book = FactsBook(known=shadow.hosts.__contains__ if inventory is not None else None)
     report = Report()
-    ahead: deque[tuple[int, Event | Telemetry]] = deque()
-    for number, read in _lines(path):
+    ahead: deque[tuple[int, Read]] = deque()
+    for number, read in _lines(path, book):
         if isinstance(read, EventError):
             report.refuse(number, read.reason, read.message)
             continue
         ahead.append((number, read))
         if len(ahead) > LOOKAHEAD:
-            await _judge(shadow, report, ahead, settings.max_future_skew_s)
+            await _judge(shadow, report, ahead, settings.max_future_skew_s, book)
     while ahead:
-        await _judge(shadow, report, ahead, settings.max_future_skew_s)
+        await _judge(shadow, report, ahead, settings.max_future_skew_s, book)
     return shadow, report
 
 
 async def _judge(
-    shadow: Shadow, report: Report, ahead: deque[tuple[int, Event | Telemetry]], max_future_s: float
+    shadow: Shadow,
+    report: Report,
+    ahead: deque[tuple[int, Read]],
+    max_future_s: float,
+    book: FactsBook,
 ) -> None:
     """The first event read ahead: refused as the intake would, or fed to the engine."""
-    number, event = ahead.popleft()
+    number, read = ahead.popleft()
     later = min((e.epoch for _, e in ahead), default=None)
     known = [t for t in (shadow.now, later) if t is not None]
     try:
         if known:
-            check_future(event, max(known), max_future_s)
+            check_future(
+                read.doc if isinstance(read, _Unjoined) else read, max(known), max_future_s
+            )
+        event = book.join(read.doc, read.json) if isinstance(read, _Unjoined) else read
     except EventError as exc:
-        report.refuse(number, exc.reason, exc.message, event.node)
+        report.refuse(number, exc.reason, exc.message, read.node)
         return
     report.events += 1
     if event.node not in shadow.hosts:
@@ -98,16 +127,19 @@ def _shadow(path: Path, rules: RuleSet, inventory: Path | None, settings: Settin
     return Shadow(rules, inv.hosts, settings, hostvars=inv.hostvars, groups=inv.groups)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, Event | Telemetry | EventError]]:
+def _lines(path: Path, book: FactsBook) -> Iterator[tuple[int, Read | EventError]]:
     """Each non-blank line's number and its event, or why the intake refuses it: a v2
-    sample joined to its node's static facts as the recording carried them last."""
-    book = FactsBook()
+    sample read to its envelope in `book` (joined to its node's static facts once its
+    time is judged)."""
     with path.open("rb") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                yield number, decode_line(line, book)
+                if wire.is_v2(line):
+                    yield number, _Unjoined(book.read(line), not wire.is_msgpack(line))
+                else:
+                    yield number, decode(line)
             except EventError as exc:
                 yield number, exc
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gpuops.bus import wire
 from gpuops.match.loader import load_rules
+from gpuops.settings import Settings
 from gpuops.sim.fleet import envelope
 from gpuops.spine.replay import _nodes_in, replay
 
@@ -73,3 +74,28 @@ def test_a_v2_sample_names_its_node_and_one_nested_too_deep_is_refused(tmp_path:
     shadow, report = asyncio.run(replay(path, rules, None))
     assert shadow.hosts == {"node-001"}
     assert report.events == 1 and report.refusals("json") == report.refusals() == 2
+
+
+def test_a_v2_keyframe_refused_as_future_teaches_replay_nothing(tmp_path: Path) -> None:
+    """Review of issue 30: replay joined (and learnt) a v2 sample's static facts as it read
+    the line, and judged its time after; the intake judges the time first, so a keyframe
+    it refuses as `future` teaches it nothing and the samples after it that name its
+    facts are `facts_unknown` until the next keyframe. Replay now does the same."""
+    writer = wire.TelemetryWriter("agent", json=True)
+    gpus = [{"index": 0, "uuid": "GPU-1", "power_limit_w": 700.0, "temp_c": 40.0}]
+    lines = []
+    for i in range(0, 60, 5):
+        lines.append(json.dumps(envelope("heartbeat", "node-002", T0 + i, {"seq": i})).encode())
+        # The agent's clock 100 s ahead at boot, then set right (NTP) before its next
+        # keyframe: the samples after the first name the first one's facts.
+        lines.append(writer.encode("node-001", T0 + i + (100 if i == 0 else 0), gpus))
+    assert writer.keyframes == 1
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    rules = load_rules([ROOT / "rules"], ROOT / "playbooks")
+    settings = Settings(max_future_skew_s=60)
+    _, report = asyncio.run(replay(path, rules, None, settings))
+    refused = {
+        reason: r.count for (reason, node), r in report.refused.items() if node == "node-001"
+    }
+    assert refused == {"future": 1, "facts_unknown": 11}, refused
