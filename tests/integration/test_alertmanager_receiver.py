@@ -219,6 +219,24 @@ async def test_an_alert_without_a_node_is_a_dead_letter_and_the_batch_goes_on(
     assert by_label(receiver.metrics.dead_letters) == {"no_node": 1.0, "schema": 2.0}
 
 
+async def test_a_time_outside_utc_s_years_is_a_dead_letter_not_a_500(receiver: Receiver) -> None:
+    """Review of issue 30: a valid RFC 3339 time whose UTC year is 0 (or 10000) raised
+    ValueError past the alert's own checks: a 500, the alerts after it lost, and the same
+    post failing on every retry of Alertmanager's. It is now the alert's `schema`."""
+    early = {**alert("node-001", "f2"), "startsAt": "0001-01-01T00:00:00+01:00"}
+    late = {**alert("node-001", "f3"), "endsAt": "9999-12-31T23:59:59-01:00", "status": "resolved"}
+    batch = notification(alert("node-001", "f1"), early, late, alert("node-002", "f4"))
+    for _ in range(2):  # and again, as Alertmanager retries: the same answer
+        status, reply = await post(receiver, batch)
+        assert status == 200 and reply["dead_letter"] == 2, reply
+    assert await stored(receiver.bus) == {
+        "gpuops.events.alert.node-001": 1,
+        "gpuops.events.alert.node-002": 1,
+    }
+    letter = json.loads((await receiver.bus.js.get_last_msg(DLQ, "gpuops.dlq.schema")).data)
+    assert "years 1 to 9999 in UTC" in letter["error"], letter["error"]
+
+
 async def test_a_repeat_after_the_duplicate_window_is_acknowledged_and_not_published(
     receiver: Receiver,
 ) -> None:

@@ -28,14 +28,14 @@ import json
 import logging
 from collections import Counter as Tally
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
 from nats.errors import Error as NatsError
 from prometheus_client import CollectorRegistry, Counter
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from gpuops import subjects
 from gpuops.bus.publish import Publisher
@@ -95,6 +95,19 @@ class _Payload(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
 
 
+def _in_utc(value: datetime) -> datetime:
+    """A time that is one in UTC: 0001-01-01T00:00:00+01:00 is a valid RFC 3339 text
+    whose UTC year is 0, on which every later use of it (its id, its epoch) raises."""
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("is outside the years 1 to 9999 in UTC") from None
+    return value
+
+
+AlertTime = Annotated[AwareDatetime, AfterValidator(_in_utc)]
+
+
 class WebhookAlert(_Payload):
     """One alert as Alertmanager sends it."""
 
@@ -103,8 +116,8 @@ class WebhookAlert(_Payload):
     annotations: dict[AlertKey, AlertText] = Field(
         default_factory=dict, max_length=MAX_ALERT_LABELS
     )
-    starts_at: AwareDatetime = Field(alias="startsAt")
-    ends_at: AwareDatetime | None = Field(default=None, alias="endsAt")
+    starts_at: AlertTime = Field(alias="startsAt")
+    ends_at: AlertTime | None = Field(default=None, alias="endsAt")
     # Alertmanager's are 16 hex digits; one KV key each, so nothing a key cannot hold.
     fingerprint: str = Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")
 
