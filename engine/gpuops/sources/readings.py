@@ -96,9 +96,16 @@ def group(
     return nodes
 
 
+# A sample's own time is the event's: one no RFC 3339 text can hold (NaN, a year past
+# 9999, before 1970) made the node's event raise and the whole scrape fail, every node's.
+LAST_TIME = 253_402_300_799.0  # 9999-12-31T23:59:59Z
+
+
 def _unusable(s: Series, gpu_label: str) -> str | None:
     if not math.isfinite(s.value):
         return "not_finite"
+    if s.ts is not None and not 0.0 <= s.ts <= LAST_TIME:  # NaN fails both
+        return "bad_timestamp"
     if s.labels.get(dcgm.MIG_LABEL):
         return "mig_instance"
     gpu = s.labels.get(gpu_label, "")

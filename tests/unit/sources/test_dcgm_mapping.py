@@ -159,6 +159,22 @@ def test_instance_loses_its_port_and_series_of_no_usable_gpu_are_counted() -> No
     assert dropped == Counter({"bad_gpu": 1, "mig_instance": 1})
 
 
+def test_a_sample_time_no_event_can_carry_is_dropped_not_the_scrape() -> None:
+    """Review of issue 30: one exporter line ending in a timestamp past the year 9999 (or
+    NaN) made its node's event raise, and the scrape failed for every node. Such a series
+    is dropped and counted; the node's other series, and the other nodes, go on."""
+    dropped: Counter[str] = Counter()
+    temp, power = "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE"
+    labels = {"gpu": "0", "Hostname": NODE}
+    series = [Series(temp, labels, 40, ts) for ts in (1e17, float("nan"), -1.0)]
+    series += [Series(power, labels, 300, T)]
+    nodes = group(_on(series), "gpu", dropped)
+    assert dropped == Counter({"bad_timestamp": 3})
+    event = telemetry_event(NODE, nodes[NODE], T + 5, dropped)
+    assert event is not None and event["data"]["gpus"][0]["power_w"] == 300
+    assert "temp_c" not in event["data"]["gpus"][0]
+
+
 def test_a_change_of_the_last_xid_is_an_event_but_not_on_the_first_scrape() -> None:
     watch, seen = XidWatch(), []
     for value in (31, 31, 79, 79, 0, 48):
