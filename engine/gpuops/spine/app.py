@@ -77,7 +77,6 @@ RECENT_FAILURE_S = 15.0
 # backing off for seconds after the reconnect would leave the engine idle (and degraded).
 AWAY_PAUSE_S = 0.5
 OBSERVE_EVERY_S = 5.0
-SWEEP_EVERY_S = 10.0
 
 
 def signing_key_path(settings: Settings) -> Path:
@@ -565,18 +564,14 @@ class App:
                 await asyncio.wait_for(self.stop.wait(), self.settings.tick_s)
 
     async def _tick(self) -> None:
-        last_observe = last_sweep = float("-inf")
+        last_observe = float("-inf")
         while not self.stop.is_set():
             await self.engine.tick()
             now = self.clock.now()
             if now - last_observe >= OBSERVE_EVERY_S:
                 last_observe = now
                 await self._observe()
-            if now - last_sweep >= SWEEP_EVERY_S:
-                last_sweep = now
-                await self.engine.recorder.sweep()
-                self.engine.matcher.sweep(now)
-                self.engine.pipeline.density.sweep(now)
+            await self.engine.sweep(now)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), self.settings.tick_s)
 

@@ -8,7 +8,7 @@ runs, in the same order, through the same entry.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuops.bus.buckets import Buckets
 from gpuops.bus.publish import Publisher
@@ -70,6 +70,9 @@ from gpuops.spine.pipeline import Pipeline, Whole
 
 __all__ = ["Buckets", "Engine", "build_engine"]
 
+# How often, on the engine's clock, what time alone ends is swept (`Engine.sweep`).
+SWEEP_EVERY_S = 10.0
+
 
 @dataclass
 class Engine:
@@ -82,6 +85,7 @@ class Engine:
     notifier: Notifier
     power: PowerEngine
     answers: Answers
+    _swept: float = field(default=float("-inf"), init=False, repr=False)
 
     async def tick(self) -> list[Decision]:
         """What the engine decides from time rather than from an event, every tick: silence
@@ -91,6 +95,18 @@ class Engine:
         decisions += await self.answers.settle()
         await self.stores.dry_run.read()
         return decisions
+
+    async def sweep(self, now: float) -> None:
+        """Every SWEEP_EVERY_S of the clock, what time alone ends: a validation whose probe
+        never came (the node to a person), quiet episodes, windows of keys gone quiet, a
+        GPU's day of density. Live (`App`, after each tick) and shadow mode (as its clock
+        moves) both call this, so a replay ends them when the engine would have."""
+        if now - self._swept < SWEEP_EVERY_S:
+            return
+        self._swept = now
+        await self.recorder.sweep()
+        self.matcher.sweep(now)
+        self.pipeline.density.sweep(now)
 
     @property
     def matcher(self) -> Matcher:

@@ -156,6 +156,7 @@ class Shadow:
             return []  # the loops ran at this time already (a fleet's samples share a second)
         self.clock.set(t)
         out = self._seen(await self.engine.tick())
+        await self.engine.sweep(t)
         out += self._seen(await self.engine.power.poll())
         await self._run_intents()
         return out

@@ -127,8 +127,8 @@ class Live:
         self.asked[node] = nonce
 
     async def at(self, t: float) -> None:
-        """The engine's loops at `t`, once a moment (App runs them once a tick): its tick,
-        the power controller's poll, the runs."""
+        """The engine's loops at `t`, once a moment (App runs them once a tick): its tick
+        and sweep, the power controller's poll, the runs."""
         if not self.seeded:  # a partition's takeover seeds its nodes' windows
             self.seeded = True
             self.engine.matcher.seed(self.inventory.hosts, t)
@@ -136,6 +136,7 @@ class Live:
             return
         self.clock.set(t)
         self._decided(await self.engine.tick())
+        await self.engine.sweep(t)
         self._decided(await self.engine.power.poll())
         await self.runs()
 
@@ -229,6 +230,36 @@ async def test_shadow_decides_and_moves_every_node_as_the_live_engine(tmp_path: 
     )
     assert any(rule == "validation-passed" for _, _, rule, *_ in mine), "validation"
     assert any(rule == "agent-silent" for _, _, rule, *_ in mine), "a match from silence"
+
+
+async def test_a_validation_that_timed_out_live_times_out_in_a_replay(tmp_path: Path) -> None:
+    """Review of issue 30: the shadow never ran what App's tick sweeps every 10 s (a node
+    validating past `validation_timeout_s` goes to a person; windows of quiet keys end),
+    so a probe that came 20 minutes late returned a node to service in a replay that the
+    live engine had handed to a person long before."""
+    settings = _settings()
+    live = Live(settings)
+    shadow = Shadow(
+        load_rules([settings.rules_dir], settings.playbooks_dir), NODES, settings, groups=RACK
+    )
+    lines = []
+    for step in range(0, 1300, 10):
+        t = T0 + step
+        lines += [envelope("heartbeat", node, t, {"seq": step}) for node in NODES]
+        if step == 30:
+            lines.append(envelope("xid", "node-002", t, {"gpu": 1, "xid": 79, "message": "lost"}))
+    events = [EVENT_ADAPTER.validate_python(line) for line in lines]
+    for event in events:
+        await live.handle(event)
+        await shadow.feed(event)
+    late = envelope("probe", "node-002", T0 + 1300, {"gpu": None, "ok": True, "outcome": "pass"})
+    probe = _answering(EVENT_ADAPTER.validate_python(late), live.asked)
+    await live.handle(probe)
+    await shadow.feed(probe)
+    assert _decisions(shadow.publisher) == _decisions(live.publisher)
+    assert await _states(shadow.engine) == await _states(live.engine)
+    record = await shadow.engine.states.get("node-002")
+    assert record.state.value == "needs_human" and "no validation probe answer" in record.why
 
 
 # One of four nodes may lose capacity (the defaults: two, by the breaker and the rack).
