@@ -2,8 +2,9 @@
 
 Whoever can publish on `gpuops.actions.>` tries what worked before: an unsigned intent,
 one signed with another key, and signed ones (as if the key leaked) naming a playbook
-outside `playbooks/` or the pattern `all` for a node. The executor refuses each, counts
-it, records why, and no tool is called on any node.
+outside `playbooks/` or the pattern `all` for a node, and a signed one decided a month
+ago (sent again once its claim aged out). The executor refuses each, counts it, records
+why, and no tool is called on any node.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from gpuops.spine.app import signing_key_path
 from tests.conftest import calls, counted, engine_settings, running_engine, wait_for
 
 
-def _intent(node: str, playbook: str, key: str) -> Intent:
-    now = time.time()
+def _intent(node: str, playbook: str, key: str, age_s: float = 0.0) -> Intent:
+    now = time.time() - age_s
     return Intent(
         key=key,
         rule="forged",
@@ -54,6 +55,9 @@ async def test_unsigned_foreign_and_out_of_catalogue_intents_run_nothing(
         sign(_intent("node-001", f"../../../..{evil}", "traversal"), key),
         sign(_intent("node-001", str(evil), "absolute"), key),
         sign(_intent("all", "drain.yml", "pattern"), key),
+        # Signed, but decided long ago: captured off the queue and sent again once its
+        # claim aged out, or left queued while the executors were down past the lock.
+        sign(_intent("node-001", "drain.yml", "stale", age_s=31 * 86400), key),
     ]
     async with running_engine(settings, bus) as app:
         for intent in forged:
@@ -70,6 +74,7 @@ async def test_unsigned_foreign_and_out_of_catalogue_intents_run_nothing(
     assert sum("signature does not verify" in n for n in notes) == 2
     assert sum("not in the catalogue" in n for n in notes) == 2
     assert sum("not one host of the inventory" in n for n in notes) == 1
+    assert sum("longer than a node lock's lease" in n for n in notes) == 1
     assert not _exists(pwned), "the playbook outside playbooks/ never ran"
 
 

@@ -114,6 +114,7 @@ class Executor:
         parallel: int = 4,
         max_timeout_s: float = 900.0,
         claim_stale_s: float = 90.0,
+        max_age_s: float = 1800.0,
         runs: ExecutorSettings | None = None,
         evidence: Evidence | None = None,
         run_env: RunEnv | None = None,
@@ -135,6 +136,10 @@ class Executor:
         self.cache_dir = cache_dir
         self.max_timeout_s = max_timeout_s
         self.claim_stale_s = claim_stale_s
+        # An intent decided longer ago than its node lock's lease (`lock_lease_s`) runs no
+        # more: the lock may be another decision's by now, and a signed intent captured
+        # off the queue and sent again once its claim aged out must not run twice.
+        self.max_age_s = max_age_s
         self.slots = asyncio.Semaphore(parallel)
         self.parallel = parallel
         self.runs = runs or ExecutorSettings()
@@ -274,6 +279,12 @@ class Executor:
             return intent, f"{intent.node!r} is not one host of the inventory"
         if clash := RESERVED & set(intent.action.vars):
             return intent, f"action vars may not redefine {sorted(clash)}"
+        age = self.clock.now() - intent.decided_at
+        if age > self.max_age_s:
+            return intent, (
+                f"decided {age:.0f} s ago, longer than a node lock's lease "
+                f"({self.max_age_s:.0f} s): the engine decides again if the fault is still there"
+            )
         return intent, ""
 
     async def _refuse(self, intent: Intent | None, why: str, raw: bytes) -> None:

@@ -200,6 +200,7 @@ class App:
                 parallel=s.max_parallel_runs,
                 max_timeout_s=s.run_timeout_s,
                 claim_stale_s=s.run_claim_stale_s,
+                max_age_s=s.safety.lock_lease_s,
                 runs=s.executor,
                 evidence=Evidence(
                     s.state_dir / "runs",
