@@ -252,6 +252,34 @@ async def test_an_operator_cannot_publish_events_or_audit_nor_touch_the_engines_
             await engine.close()
 
 
+async def test_an_executor_cannot_write_what_steers_the_engine(tmp_path: Path) -> None:
+    """Review of issue 30: the executor's user could write the whole control bucket, and
+    an approval it put there was decided again as a person's (a drain and a GPU reset on
+    an event that never happened). It writes its heartbeat there and nothing else."""
+    server, creds, _nodes = await _embedded(tmp_path)
+    async with server:
+        engine = await connect(server.url, NatsSettings(), credentials=creds["engine"])
+        await engine.close()  # the buckets, as an engine makes them
+        executor = creds["executor"]
+        control = "$KV.gpuops_control"
+        for key in (
+            "approval.f0f0f0f0",
+            "silence.node-a",
+            "breaker.fleet",
+            "switch.dry_run",
+            "domain.rack.a",
+            "correlate.rack.a",
+            "power.override.rack-a",
+            "drift.slot.x",
+        ):
+            errors = await _refused(
+                server.url, executor.user, executor.password, f"{control}.{key}"
+            )
+            assert any("permissions violation" in e.lower() for e in errors), (key, errors)
+        beat = f"{control}.heartbeat.executor-host-1"
+        assert await _refused(server.url, executor.user, executor.password, beat) == []
+
+
 def test_an_issued_key_speaks_for_its_node_only(tmp_path: Path) -> None:
     """`gpuops identity issue NODE` gives the key the engine checks that node by."""
     done = run_gpuops("identity", "issue", "node-7", state_dir=tmp_path)

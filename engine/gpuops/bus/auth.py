@@ -44,6 +44,24 @@ REPLAY = BUCKETS[REPLAY_KEY].bucket
 FACTS = BUCKETS[FACTS_KEY].bucket
 ENGINE_ONLY = (LEASES, REPLAY, FACTS)
 KV_BUCKETS = tuple(c.bucket for c in BUCKETS.values() if c.bucket not in ENGINE_ONLY)
+# What in the control bucket only the engine writes, for people (through its commands)
+# or its own stages: an executor that could write an approval would have the engine
+# decide it again as a person's (a drain for an event that never happened), and a
+# dry-run switch, silence, breaker, budget or override would steer what the engine does.
+# The executor writes its heartbeat there, and nothing else.
+ENGINE_CONTROL = tuple(
+    f"$KV.{BUCKETS['control'].bucket}.{prefix}.>"
+    for prefix in (
+        "approval",
+        "silence",
+        "breaker",
+        "switch",
+        "domain",
+        "correlate",
+        "power",
+        "drift",
+    )
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +155,7 @@ PERMISSIONS: dict[Role, Permissions] = {
             *_FLOW,
         ),
         subscribe=(*_CLIENT,),
+        deny_publish=ENGINE_CONTROL,
     ),
     # A source (the Prometheus source) reports about many nodes: it may publish any
     # node's telemetry and health events, and the engine checks each message's publisher
