@@ -22,6 +22,7 @@ from gpuops.cli.terminal import cells, out, run_async, settings_from
 from gpuops.errors import EngineError, RuleError
 
 if TYPE_CHECKING:
+    from gpuops.inventory.hosts import Inventory
     from gpuops.match.rules import RuleSet
     from gpuops.settings import Settings
     from gpuops.spine.report import Report
@@ -60,6 +61,19 @@ def _rules(settings: Settings, rules_dir: Path | None = None) -> RuleSet:
         sys.exit(2)
 
 
+def _fleet(settings: Settings) -> Inventory | None:
+    """The inventory the live engine would decide over (`--inventory` or the settings'),
+    for test-rules' cases to be decided over too; None when neither names one."""
+    from gpuops.inventory.hosts import load_inventory
+
+    where = _inventory(settings)
+    try:
+        return load_inventory(where) if where is not None else None
+    except EngineError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+
+
 @click.command("test-rules")
 @click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
 @_rules_option
@@ -79,6 +93,7 @@ def test_rules(
 
     settings = settings_from(ctx, rules_dir=rules_dir, inventory=inventory)
     rules = _rules(settings)
+    fleet = _fleet(settings)
     if not paths:
         click.echo(f"running {locate('tests/rules').describe()}")
     paths = paths or (locate("tests/rules").path,)
@@ -86,7 +101,7 @@ def test_rules(
     failed = total = 0
     for file in files:
         try:
-            results = asyncio.run(run_cases(str(file), load_cases(file), rules, settings))
+            results = asyncio.run(run_cases(str(file), load_cases(file), rules, settings, fleet))
         except RuleError as exc:
             click.echo(f"FAIL {exc}")
             failed += 1

@@ -35,6 +35,7 @@ import yaml
 
 from gpuops.clock import rfc3339
 from gpuops.errors import RuleError
+from gpuops.inventory.hosts import Inventory
 from gpuops.match.durations import parse_duration
 from gpuops.match.rules import RuleSet
 from gpuops.models import EVENT_ADAPTER
@@ -146,15 +147,30 @@ def _matches(action: WouldRun, want: dict[str, Any]) -> bool:
 
 
 async def run_case(
-    file: str, case: dict[str, Any], rules: RuleSet, settings: Settings | None = None
+    file: str,
+    case: dict[str, Any],
+    rules: RuleSet,
+    settings: Settings | None = None,
+    inventory: Inventory | None = None,
 ) -> CaseResult:
     """Feed a case's events through the shadow pipeline, under the site's settings (its
-    breaker, cooldowns' stores, attempt cap, stale cutoff), and check its expectations."""
+    breaker, cooldowns' stores, attempt cap, stale cutoff) and over its `inventory` (the
+    fleet the breaker counts, its racks and power groups, with the case's `hosts:`
+    variables laid on), and check its expectations. A case's `nodes:` is a made-up fleet
+    of its own, the inventory left out."""
     result = CaseResult(file=file, name=str(case.get("name", "unnamed")))
     steps = sorted((p for s in case.get("events", []) for p in _expand(s)), key=lambda p: p[0])
     hosts = case.get("hosts") or {}
-    nodes = case.get("nodes") or sorted({e["node"] for _, e in steps if e is not None} | set(hosts))
-    shadow = Shadow(rules, nodes, settings, hostvars=hosts)
+    named = {e["node"] for _, e in steps if e is not None} | set(hosts)
+    if case.get("nodes") or inventory is None:
+        shadow = Shadow(rules, case.get("nodes") or sorted(named), settings, hostvars=hosts)
+    else:
+        hostvars = {**inventory.hostvars}
+        for host, more in hosts.items():
+            hostvars[host] = {**hostvars.get(host, {}), **more}
+        shadow = Shadow(
+            rules, inventory.hosts | named, settings, hostvars=hostvars, groups=inventory.groups
+        )
     for offset, raw in steps:
         if raw is None:
             decisions = await shadow.advance(T0 + offset)
@@ -191,13 +207,17 @@ def load_cases(path: Path) -> list[dict[str, Any]]:
 
 
 async def run_cases(
-    file: str, cases: list[dict[str, Any]], rules: RuleSet, settings: Settings | None = None
+    file: str,
+    cases: list[dict[str, Any]],
+    rules: RuleSet,
+    settings: Settings | None = None,
+    inventory: Inventory | None = None,
 ) -> list[CaseResult]:
     """Every case of one test file; a malformed case fails with what is wrong."""
     results = []
     for case in cases:
         try:
-            results.append(await run_case(file, case, rules, settings))
+            results.append(await run_case(file, case, rules, settings, inventory))
         except (KeyError, ValueError, TypeError) as exc:
             results.append(CaseResult(file, str(case.get("name", "?")), [f"bad case: {exc}"]))
     return results

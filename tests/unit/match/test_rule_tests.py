@@ -9,6 +9,7 @@ import pytest
 import yaml
 from gpuops.match.loader import load_rules
 from gpuops.match.rules import RuleSet
+from gpuops.sim.fleet import SimFleet
 from gpuops.spine.ruletest import load_cases, run_cases
 
 from tests.support import gpuops_argv
@@ -62,3 +63,32 @@ def test_cli_exits_nonzero_on_a_failing_case(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "FAIL" in done.stdout and "xid-79-gpu-lost:reboot.yml" in done.stdout
+
+
+def test_test_rules_decides_over_the_sites_inventory(tmp_path: Path) -> None:
+    """Review of issue 30: test-rules built its fleet from the case's nodes alone, though
+    the site names an inventory the live engine decides over: three lost GPUs in a
+    fleet of three tripped a breaker that a fleet of 40 keeps closed for two. Over the
+    inventory (`--inventory`), two are rebooted and the third is held, as live; a case's
+    own `nodes:` keeps the made-up fleet it names."""
+    fleet = SimFleet.create(tmp_path / "sim", nodes=40, gpus=2)
+    lost = [
+        {"at": f"{10 * i}s", "kind": "xid", "node": node, "data": {"gpu": 0, "xid": 79}}
+        for i, node in enumerate(("node-001", "node-011", "node-021"))
+    ]
+    reboots = {"rule": "xid-79-gpu-lost", "action": "reboot.yml"}
+    cases = [
+        {"name": "over the inventory", "events": lost, "expect": [{**reboots, "count": 2}]},
+        {
+            "name": "a made-up fleet of three",
+            "nodes": ["node-001", "node-011", "node-021"],
+            "events": lost,
+            "expect": [{**reboots, "count": 1}],
+        },
+    ]
+    (tmp_path / "t.yml").write_text(yaml.safe_dump({"cases": cases}))
+    argv = gpuops_argv(
+        "test-rules", str(tmp_path / "t.yml"), "--inventory", str(fleet.root / "inventory")
+    )
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
