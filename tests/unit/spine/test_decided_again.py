@@ -29,6 +29,7 @@ from gpuops.spine.pipeline import DECIDE_TRIES
 
 from tests.support import decide
 from tests.unit.decide.helpers import ROOT, T0, engine_on, match
+from tests.unit.decide.test_diagnose_rules import RULES as FABRIC  # ib-slow: a fabric check
 
 RULES = load_rules([ROOT / "rules"], ROOT / "playbooks")
 
@@ -140,16 +141,6 @@ async def test_a_fault_of_the_engine_s_own_is_not_decided_again() -> None:
     with pytest.raises(RuntimeError, match="a bug"):
         await decide(engine.pipeline, match("gpu-overheat", kind="telemetry", event_id="E"))
     assert publisher.calls == 1, "a bug is not the bus: trying again would hide it"
-
-
-FABRIC = """
-rules:
-  - name: ib-slow
-    on: ib
-    when: ports_down > 0
-    actions:
-      - diagnose: 4
-"""
 
 
 async def test_a_fabric_check_decided_again_keeps_its_peers_and_locks_no_others(
