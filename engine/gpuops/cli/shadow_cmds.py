@@ -44,15 +44,16 @@ def _inventory(settings: Settings) -> Path | None:
     return settings.inventory if "inventory" in settings.model_fields_set else None
 
 
-def _rules(settings: Settings, rules_dir: Path | None = None) -> RuleSet:
-    """The rules (the settings' unless `rules_dir`), checked as `run` checks them."""
-    from gpuops.inventory.hosts import load_inventory
+def _rules(
+    settings: Settings, rules_dir: Path | None = None, inventory: Inventory | None = None
+) -> RuleSet:
+    """The rules (the settings' unless `rules_dir`), checked as `run` checks them, against
+    `inventory` (else the one the settings name, read here)."""
     from gpuops.match.loader import load_rules
 
     books = settings.playbooks_dir
+    inventory = inventory or _fleet(settings)
     try:
-        where = _inventory(settings)
-        inventory = load_inventory(where) if where is not None else None
         return load_rules(
             [rules_dir or settings.rules_dir], books if books.is_dir() else None, inventory
         )
@@ -63,7 +64,8 @@ def _rules(settings: Settings, rules_dir: Path | None = None) -> RuleSet:
 
 def _fleet(settings: Settings) -> Inventory | None:
     """The inventory the live engine would decide over (`--inventory` or the settings'),
-    for test-rules' cases to be decided over too; None when neither names one."""
+    read once: the rules are checked against it, and test-rules' cases decided over it;
+    None when neither names one."""
     from gpuops.inventory.hosts import load_inventory
 
     where = _inventory(settings)
@@ -92,8 +94,8 @@ def test_rules(
     from gpuops.spine.ruletest import load_cases, run_cases
 
     settings = settings_from(ctx, rules_dir=rules_dir, inventory=inventory)
-    rules = _rules(settings)
     fleet = _fleet(settings)
+    rules = _rules(settings, inventory=fleet)
     if not paths:
         click.echo(f"running {locate('tests/rules').describe()}")
     paths = paths or (locate("tests/rules").path,)

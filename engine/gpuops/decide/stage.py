@@ -195,12 +195,10 @@ class Decider:
             # A check that failed (the bus) leaves nothing the passed stages took: the
             # decision made again takes it anew, and one never made again (a telemetry
             # sample dead-lettered) would hold a budget or a breaker slot for good.
-            await self._aborted(p, passed)
+            await self._give_back(p, passed, failed=True)
             raise
         if drop is not None and not drop.keep:
-            for i in reversed(passed):
-                if i in self._aborts:
-                    await self.stages[i].abort(p)
+            await self._give_back(p, passed)
             d = decision(p, False, drop.reason, drop.detail)
             if record is not None:
                 await record(d)
@@ -215,17 +213,21 @@ class Decider:
         await together(*commits, *([record(d)] if record else []))
         return d
 
-    async def _aborted(self, p: Proposal, passed: list[int]) -> None:
-        """Give back what the passed stages took, as far as the bus lets: what it does not
-        stays until its own lease or window ends, as after a crash."""
+    async def _give_back(self, p: Proposal, passed: list[int], failed: bool = False) -> None:
+        """What the passed stages took, given back in reverse (a dropped proposal). After
+        a `failed` check, as far as the bus lets: the check's error is the one raised, and
+        what is not given back stays until its own lease or window ends, as after a crash."""
         for i in reversed(passed):
-            if i in self._aborts:
-                try:
-                    await self.stages[i].abort(p)
-                except Exception as exc:
-                    log.warning(
-                        "%s: not given back after a failed check (%s)", self.stages[i].name, exc
-                    )
+            if i not in self._aborts:
+                continue
+            try:
+                await self.stages[i].abort(p)
+            except Exception as exc:
+                if not failed:
+                    raise
+                log.warning(
+                    "%s: not given back after a failed check (%s)", self.stages[i].name, exc
+                )
 
     async def _check(self, p: Proposal, passed: list[int]) -> Drop | None:
         """The drop that stopped the proposal, if one did; `passed` gets the places of

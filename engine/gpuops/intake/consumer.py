@@ -21,7 +21,7 @@ from gpuops.bus.identity import PUBLISHER, Verifier
 from gpuops.clock import Clock
 from gpuops.errors import BusError, ConsumerGone, EventError, LeaseLost
 from gpuops.intake.compact import FactsBook, FactsUnknown
-from gpuops.intake.decode import dead_letter, decode_intake
+from gpuops.intake.decode import MAX_FUTURE_S, dead_letter, decode_intake
 from gpuops.intake.fetch import Puller, ack, nak
 from gpuops.match.facts import Telemetry
 from gpuops.models import Event
@@ -287,12 +287,13 @@ class Intake:
         """The message decoded; a v2 sample whose node's static facts another replica
         learnt is decoded again once they are read from KV, and facts learnt here are
         in KV before the sample is handled (a takeover then finds them)."""
-        try:
-            event = self._decode(msg)
-        except FactsUnknown as exc:
-            if self.facts is None or not await self._load(exc.node, exc.facts, exc.at):
-                raise
-            event = self._decode(msg)
+        event = await read_stored(
+            msg,
+            self.identity,
+            self.facts,
+            now=self.clock.now(),
+            max_future_s=self.max_future_s,
+        )
         if self.facts is not None and self.facts.unsaved(event.node):
             try:
                 await self.facts.save(event.node)
@@ -303,25 +304,6 @@ class Intake:
                     exc,
                 )
         return event
-
-    async def _load(self, node: str, wanted: str, at: float) -> bool:
-        assert self.facts is not None
-        try:
-            return await self.facts.load(node, wanted, at)
-        except (BusError, NatsError, OSError) as exc:
-            log.warning("static facts of %s not read from KV (%s)", node, exc)
-            return False
-
-    def _decode(self, msg: Msg) -> Event | Telemetry:
-        return decode_intake(
-            msg.data,
-            msg.subject,
-            now=self.clock.now(),
-            max_future_s=self.max_future_s,
-            headers=msg.headers,
-            verifier=self.identity,
-            book=self.facts,
-        )
 
     async def _dead_letter(self, msg: Msg, exc: EventError) -> None:
         log.warning("dead letter (%s) from %s: %s", exc.reason, msg.subject, exc.message)
@@ -337,3 +319,42 @@ class Intake:
         self.dead[exc.reason] += 1
         if self.on_dead is not None:
             self.on_dead(exc.reason)
+
+
+async def read_stored(
+    msg: Msg,
+    verifier: Verifier | None,
+    book: FactsBook | None,
+    now: float | None = None,
+    max_future_s: float = MAX_FUTURE_S,
+) -> Event | Telemetry:
+    """A stream's message decoded as the intake reads it (a takeover's warm-up reads the
+    decided ones so too): a v2 sample whose node's static facts another replica learnt
+    is decoded again once they are read from KV; EventError when it is refused, or when
+    KV lacks the facts too."""
+
+    def decoded() -> Event | Telemetry:
+        return decode_intake(
+            msg.data,
+            msg.subject,
+            now=now,
+            max_future_s=max_future_s,
+            headers=msg.headers,
+            verifier=verifier,
+            book=book,
+        )
+
+    try:
+        return decoded()
+    except FactsUnknown as exc:
+        if book is None or not await _loaded(book, exc):
+            raise
+        return decoded()
+
+
+async def _loaded(book: FactsBook, missing: FactsUnknown) -> bool:
+    try:
+        return await book.load(missing.node, missing.facts, missing.at)
+    except (BusError, NatsError, OSError) as exc:
+        log.warning("static facts of %s not read from KV (%s)", missing.node, exc)
+        return False

@@ -25,8 +25,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from nats.aio.msg import Msg
-from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
@@ -35,9 +33,9 @@ from nats.js.errors import NotFoundError
 from gpuops.bus.identity import Verifier
 from gpuops.bus.partitions import durable, epoch_of
 from gpuops.bus.reader import one_read
-from gpuops.errors import BusError, EventError, LeaseLost
-from gpuops.intake.compact import FactsBook, FactsUnknown
-from gpuops.intake.decode import decode_intake
+from gpuops.errors import EventError, LeaseLost
+from gpuops.intake.compact import FactsBook
+from gpuops.intake.consumer import read_stored
 from gpuops.match.facts import Telemetry
 from gpuops.models import Event
 
@@ -198,23 +196,6 @@ async def consumer_infos(js: JetStreamContext, stream: str, names: list[str]) ->
     return [info for info in await asyncio.gather(*(one(n) for n in names)) if info is not None]
 
 
-async def _read(msg: Msg, verifier: Verifier | None, book: FactsBook | None) -> Event | Telemetry:
-    """A stored message as the intake read it; EventError when it refused it, or when
-    the static facts a v2 sample names are neither learnt here nor in KV."""
-    args = (msg.data, msg.subject)
-    try:
-        return decode_intake(*args, headers=msg.headers, verifier=verifier, book=book)
-    except FactsUnknown as exc:
-        try:
-            found = book is not None and await book.load(exc.node, exc.facts, exc.at)
-        except (BusError, NatsError, OSError) as gone:
-            log.warning("static facts of %s not read from KV (%s)", exc.node, gone)
-            found = False
-        if not found:
-            raise
-        return decode_intake(*args, headers=msg.headers, verifier=verifier, book=book)
-
-
 def _floor(info: ConsumerInfo) -> int:
     return int(info.ack_floor.stream_seq or 0) if info.ack_floor else 0
 
@@ -252,7 +233,7 @@ async def _warm(
                 if meta.sequence.stream > floor:
                     return fed
                 with contextlib.suppress(EventError):  # dead-lettered when it came
-                    feed(await _read(msg, verifier, book))
+                    feed(await read_stored(msg, verifier, book))
                     fed += 1
                 if not meta.num_pending:
                     return fed

@@ -47,12 +47,8 @@ class _Unjoined(msgspec.Struct, frozen=True):
     json: bool
 
     @property
-    def epoch(self) -> float:
+    def epoch(self) -> float:  # what the lookahead reads of the events after one
         return self.doc.epoch
-
-    @property
-    def node(self) -> str:
-        return self.doc.node
 
 
 Read = Event | Telemetry | _Unjoined
@@ -97,16 +93,15 @@ async def _judge(
 ) -> None:
     """The first event read ahead: refused as the intake would, or fed to the engine."""
     number, read = ahead.popleft()
+    dated = read.doc if isinstance(read, _Unjoined) else read
     later = min((e.epoch for _, e in ahead), default=None)
     known = [t for t in (shadow.now, later) if t is not None]
     try:
         if known:
-            check_future(
-                read.doc if isinstance(read, _Unjoined) else read, max(known), max_future_s
-            )
+            check_future(dated, max(known), max_future_s)
         event = book.join(read.doc, read.json) if isinstance(read, _Unjoined) else read
     except EventError as exc:
-        report.refuse(number, exc.reason, exc.message, read.node)
+        report.refuse(number, exc.reason, exc.message, dated.node)
         return
     report.events += 1
     if event.node not in shadow.hosts:
