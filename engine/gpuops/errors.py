@@ -6,6 +6,7 @@
      |    +-- RuleSetError    several RuleErrors found in one load
      +-- EventError           an event could not be decoded or validated (reason)
      +-- BusError             NATS could not be reached, started or configured
+     |    +-- Contended       a record's compare-and-set lost every try
      +-- StateUnreadable      a stored record does not decode (bucket, key): fail closed
      +-- ActionError          a playbook could not be prepared or run (playbook, node)
      +-- SourceError          a telemetry source answered nothing usable (target, reason)
@@ -64,6 +65,17 @@ class EventError(EngineError):
 
 class BusError(EngineError):
     """NATS could not be reached, started or configured."""
+
+
+class Contended(BusError):
+    """Other writers won every compare-and-set on one record. Never read as "nothing to
+    change": the write did not happen, so the caller's work is given back (the event is
+    not acked, the run's outcome not recorded) and done again."""
+
+    def __init__(self, key: str, tries: int) -> None:
+        super().__init__(f"{key}: another writer won all {tries} compare-and-sets")
+        self.key = key
+        self.tries = tries
 
 
 class LeaseLost(BusError):

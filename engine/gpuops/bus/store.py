@@ -30,7 +30,7 @@ from nats.js.kv import KeyValue
 from pydantic import BaseModel, ValidationError
 
 from gpuops.bus.reader import one_read
-from gpuops.errors import BusError, StateUnreadable
+from gpuops.errors import BusError, Contended, StateUnreadable
 
 # JetStream's codes for "the key is past the revision you named" (stream and KV forms).
 WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
@@ -258,6 +258,7 @@ class Store(Generic[T]):
         `change` returning None leaves the record as it is. `known` (a record and revision
         read a moment ago) saves the first read: only a write is trusted to it, since the
         compare-and-set proves it current; "nothing to change" is checked on a fresh read.
+        Contended when every try lost: None would read as "nothing to change".
         """
         for attempt in range(tries):
             current, revision = known or await self.get(*parts)
@@ -271,7 +272,7 @@ class Store(Generic[T]):
             if await self.cas(new, revision, *parts):
                 return new
             await contended(attempt)  # another writer won
-        return None
+        raise Contended(self.key(*parts), tries)
 
     async def all(self) -> list[tuple[str, T]]:
         """Every record with its key; StateUnreadable if one does not decode (a stage
