@@ -17,9 +17,9 @@ from gpuops.act.executor import DURABLE, Claim
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.bus.store import NatsKV, Store
-from gpuops.models import ActionSpec, Intent, RunStatus, action_subject
+from gpuops.models import ActionSpec, Intent, RunOutcome, RunStatus, action_subject
 from gpuops.record.audit import read_audit
-from gpuops.record.nodestate import NodeState, NodeStates
+from gpuops.record.nodestate import NodeState, NodeStates, after_run_started
 from gpuops.signing import load_key, sign
 from gpuops.sim.fleet import SimFleet
 from gpuops.spine.app import signing_key_path
@@ -110,3 +110,47 @@ async def test_a_retry_safe_run_interrupted_on_each_try_says_so_not_that_it_is_u
 
 async def _outcomes(bus: Bus) -> bool:
     return bool(await run_outcomes(bus, NODE))
+
+
+async def test_a_run_whose_executor_died_while_recording_it_is_recorded_not_run_again(
+    tmp_path: Path, bus: Bus, nats_server: EmbeddedNats, fleet: SimFleet
+) -> None:
+    """The reboot ran and succeeded; its executor wrote the end to the claim and died
+    before the outcome reached the record. The next executor records that outcome: the
+    node does not reboot twice, nor go to a person as interrupted."""
+    settings = engine_settings(
+        tmp_path, fleet, nats_server.url, role="executor", run_claim_stale_s=STALE_S
+    )
+    then = time.time() - 10 * STALE_S
+    intent = sign(_reboot(then), load_key(signing_key_path(settings)))
+    states = NodeStates(NatsKV(bus.kv["nodes"]))
+    await states.apply(NODE, lambda r: after_run_started(r, "reboot.yml", then))
+    ran = RunOutcome.of(intent, RunStatus.SUCCESSFUL, then, then + 5)
+    claims: Store[Claim] = Store(NatsKV(bus.kv["claims"]), Claim, "intent")
+    ended = Claim(
+        state="ended",
+        at=then + 5,
+        rule=intent.rule,
+        status="successful",
+        renewed=then + 5,
+        outcome=ran,
+    )
+    await claims.put(ended, intent.key)
+    await bus.js.publish(action_subject(NODE), intent.model_dump_json().encode())
+    async with running_engine(settings, bus):
+        await wait_for(lambda: _outcomes(bus), 30)
+    (outcome,) = await run_outcomes(bus, NODE)
+    assert outcome.status is RunStatus.SUCCESSFUL and (outcome.started, outcome.ended) == (
+        then,
+        then + 5,
+    ), "the run's own outcome, not one made up now"
+    record = await states.get(NODE)
+    assert record.state is NodeState.HEALTHY and "reboot.yml succeeded" in record.why
+    assert calls(fleet, NODE, "reboot") == [], "the reboot ran once, before the crash"
+    held, _ = await claims.get(intent.key)
+    assert held is not None and (held.state, held.status, held.outcome) == (
+        "done",
+        "successful",
+        None,
+    )
+    assert (await bus.js.stream_info(ACTIONS)).state.messages == 0, "acked once recorded"

@@ -12,7 +12,10 @@ Before running, each intent's key is claimed in KV with a create (which fails if
 key exists), so an intent redelivered after a crash, or published twice, never runs
 twice. A claim found `running` means an earlier executor died mid-run: the run is
 retried once where the catalogue says that is safe, otherwise the node goes to a
-person. The intent is acked only after its outcome is recorded.
+person. A run's end is written to its claim (`ended`, with the outcome) before the
+outcome is recorded, and the claim is `done` after: a claim found `ended` has its
+outcome recorded again, never its playbook run again. The intent is acked only after
+its outcome is recorded.
 """
 
 from __future__ import annotations
@@ -76,12 +79,20 @@ class Claim(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    state: str  # running | done
+    state: str  # running | ended | done
     at: float
     rule: str = ""
     status: str | None = None
     tries: int = 1
     renewed: float = 0.0
+    # Kept while `ended`: the run is over and its outcome is being recorded. An executor
+    # that died in between left this, and the next one records it again (recording is
+    # idempotent) instead of running the playbook again or calling it interrupted.
+    outcome: RunOutcome | None = None
+
+    def done(self) -> Claim:
+        """The claim once the outcome is recorded."""
+        return self.model_copy(update={"state": "done", "outcome": None})
 
 
 def interrupted_why(playbook: str, retry_safe: bool, tries: int) -> str:
@@ -305,7 +316,7 @@ class Executor:
         if await self.claims.cas(fresh, 0, intent.key):
             return 1
         held, revision = await self.claims.get(intent.key)
-        if held is not None and held.state == "running":
+        if held is not None and held.state in ("running", "ended"):
             age = now - held.renewed
             if age < self.claim_stale_s:
                 # Alive, or died before its first renewal (the claim is written after the
@@ -314,6 +325,12 @@ class Executor:
                 # stale: a copy of a live run's intent is acked soon after that run ends.
                 wait = min(self.claim_stale_s - age, self.claim_stale_s / 4)
                 return Busy(wait + RECHECK_MARGIN_S)
+        if held is not None and held.state == "ended" and held.outcome is not None:
+            # The run ended and its executor died while recording it: record it again.
+            taken = held.model_copy(update={"renewed": now})
+            if await self.claims.cas(taken, revision, intent.key):
+                await self._conclude_claim(intent, taken)
+            return None
         if held is None or held.state != "running":
             done = held.status if held else "claimed"
             await self.recorder.auditor.note(
@@ -339,20 +356,32 @@ class Executor:
         now = self.clock.now()
         why = interrupted_why(intent.action.playbook, retry_safe, held.tries)
         outcome = RunOutcome.of(intent, RunStatus.INTERRUPTED, held.at, now, why)
-        done = Claim(state="done", at=now, rule=intent.rule, status=outcome.status.value)
-        if await self.claims.cas(done, revision, intent.key):
-            await self._record(intent, outcome)
+        ended = self._ended(intent, outcome, held.tries)
+        if await self.claims.cas(ended, revision, intent.key):
+            await self._conclude_claim(intent, ended)
 
     async def _finish(self, intent: Intent, outcome: RunOutcome, tries: int) -> None:
-        done = Claim(
-            state="done",
+        ended = self._ended(intent, outcome, tries)
+        await self.claims.put(ended, intent.key)
+        await self._conclude_claim(intent, ended)
+
+    def _ended(self, intent: Intent, outcome: RunOutcome, tries: int) -> Claim:
+        return Claim(
+            state="ended",
             at=outcome.ended,
             rule=intent.rule,
             status=outcome.status.value,
             tries=tries,
+            renewed=self.clock.now(),
+            outcome=outcome,
         )
-        await self._record(intent, outcome)
-        await self.claims.put(done, intent.key)
+
+    async def _conclude_claim(self, intent: Intent, ended: Claim) -> None:
+        """Record an ended claim's outcome, then mark the claim done: a crash in between
+        leaves it `ended`, and the intent's next delivery records it again."""
+        assert ended.outcome is not None
+        await self._record(intent, ended.outcome)
+        await self.claims.put(ended.done(), intent.key)
 
     async def _record(self, intent: Intent, outcome: RunOutcome) -> None:
         self.metrics.runs.labels(outcome.status.value).inc()
@@ -466,7 +495,7 @@ async def _check_consumer(sub: JetStreamContext.PullSubscription, want: Consumer
 
 
 def _renewed(claim: Claim | None, now: float) -> Claim | None:
-    """A running claim renewed at `now` (others are left alone)."""
-    if claim is None or claim.state != "running":
+    """A running or ended claim renewed at `now` (a done one is left alone)."""
+    if claim is None or claim.state not in ("running", "ended"):
         return None
     return claim.model_copy(update={"renewed": now})
