@@ -319,6 +319,14 @@ def build_rule(
         for v in _strings(a.get("vars", {}))
         for n in template_names(v)
     }
+    if sum(1 for a in actions if a.playbook) > 1:
+        # Each playbook would be its own intent: run at once, in no order, under one node
+        # lock that the first to end gives back while the others still run.
+        raise fail(
+            "one playbook per rule: several would run at once, in no order; put the "
+            "steps in one playbook, or in a ladder's rungs to try them one after another",
+            "actions",
+        )
     if "ladder" in raw and any(a.playbook for a in actions):
         raise fail("a rule with a ladder takes its playbooks from the ladder's rungs", "ladder")
     return Rule(

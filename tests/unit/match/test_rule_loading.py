@@ -54,6 +54,7 @@ CASES = {
     "two_forms.yml": "6: rule hot: use one temporal form, not for and absent",
     "deep_condition.yml": "5: rule deep: when: condition too deep (252 levels, limit 32)",
     "deep_vars.yml": "4: rule nested: vars nested too deeply (limit 8 levels)",
+    "two_playbooks.yml": "4: rule drain-then-reboot: one playbook per rule: several would run",
     "nan_duration.yml": "5: rule never: for: bad duration nan: must be a finite number",
     "uncatalogued_playbook.yml": "5: rule hot: unknown playbook 'tasks/drain.yml' (not in",
     "unknown_variable.yml": (
