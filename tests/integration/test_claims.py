@@ -9,6 +9,7 @@ claim is stale the run is recorded as interrupted and the node handed to a perso
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -77,12 +78,12 @@ async def test_a_fresh_claim_of_a_dead_executor_is_waited_out_then_recorded_inte
     assert (await bus.js.stream_info(ACTIONS)).state.messages == 0, "acked once recorded"
 
 
-async def _delivered(bus: Bus) -> bool:
+async def _delivered(bus: Bus, times: int = 1) -> bool:
     try:
         info = await bus.js.consumer_info(ACTIONS, DURABLE)
     except NotFoundError:  # the executor has not made its consumer yet
         return False
-    return int(info.delivered.stream_seq or 0) >= 1
+    return int(info.delivered.consumer_seq or 0) >= times
 
 
 async def test_a_retry_safe_run_interrupted_on_each_try_says_so_not_that_it_is_unsafe(
@@ -154,3 +155,31 @@ async def test_a_run_whose_executor_died_while_recording_it_is_recorded_not_run_
         None,
     )
     assert (await bus.js.stream_info(ACTIONS)).state.messages == 0, "acked once recorded"
+
+
+async def test_an_intent_whose_start_could_not_be_recorded_is_not_held_as_running(
+    tmp_path: Path, bus: Bus, nats_server: EmbeddedNats, fleet: SimFleet
+) -> None:
+    """The node's record is unreadable, so the run's start cannot be recorded and nothing
+    runs. The claim goes back: once the record is repaired, the intent runs, rather than
+    being called interrupted when a claim of a run that never began goes stale."""
+    settings = engine_settings(
+        tmp_path, fleet, nats_server.url, role="executor", run_claim_stale_s=STALE_S
+    )
+    intent = sign(_reboot(time.time()), load_key(signing_key_path(settings)))
+    nodes = NatsKV(bus.kv["nodes"])
+    states = NodeStates(nodes)
+    await nodes.put(states.store.key(NODE), b"garbage")
+    claims: Store[Claim] = Store(NatsKV(bus.kv["claims"]), Claim, "intent")
+    await bus.js.publish(action_subject(NODE), intent.model_dump_json().encode())
+    async with running_engine(settings, bus):
+        await wait_for(lambda: _delivered(bus, times=2), 30)  # tried, given back, tried again
+        await asyncio.sleep(2 * STALE_S)  # a claim left running would be stale by now
+        assert calls(fleet, NODE, "reboot") == [] and await run_outcomes(bus, NODE) == []
+        held, _ = await claims.get(intent.key)
+        assert held is None or held.state != "done", "not concluded without a run"
+        await nodes.put(states.store.key(NODE), b'{"node": "node-001"}')  # repaired
+        await wait_for(lambda: _outcomes(bus), 60)
+    (outcome,) = await run_outcomes(bus, NODE)
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    assert len(calls(fleet, NODE, "reboot")) == 1

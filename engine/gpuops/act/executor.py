@@ -262,9 +262,23 @@ class Executor:
             await p.msg.ack()
             p.done = True
             return None
-        await self.completion.started(intent)
+        try:
+            await self.completion.started(intent)
+        except Exception:
+            await self._unclaim(intent, tries)
+            raise
         p.tries = tries
         return p
+
+    async def _unclaim(self, intent: Intent, tries: int) -> None:
+        """Nothing ran: the claim goes back to what it was, so the intent's next delivery
+        claims it afresh rather than judging this try interrupted once it is stale."""
+        if tries == 1:
+            await self.claims.delete(intent.key)
+            return
+        # A retry's claim goes back to the stale one it took over: its tries stay counted.
+        before = Claim(state="running", at=self.clock.now(), rule=intent.rule, tries=tries - 1)
+        await self.claims.put(before, intent.key)
 
     async def _conclude(self, p: Pending, outcome: RunOutcome) -> None:
         """Record the outcome, then ack; a failure gives back this intent alone."""
