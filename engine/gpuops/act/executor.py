@@ -27,7 +27,7 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -79,7 +79,7 @@ class Claim(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    state: str  # running | ended | done
+    state: Literal["running", "ended", "done"]
     at: float
     rule: str = ""
     status: str | None = None
