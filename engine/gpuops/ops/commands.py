@@ -45,7 +45,7 @@ from gpuops.ops.heartbeat import EngineState, Heartbeats, engine_state
 from gpuops.ops.power import USAGE as POWER_USAGE
 from gpuops.ops.power import do_power
 from gpuops.ops.staterepair import USAGE as STATE_USAGE
-from gpuops.ops.staterepair import do_state
+from gpuops.ops.staterepair import do_state, owner
 from gpuops.power.config import PowerSettings
 from gpuops.record.approvals import ApprovalStatus
 from gpuops.record.audit import read_audit
@@ -531,6 +531,11 @@ class Commands:
         )
 
     async def do_state(self, args: list[str], caller: Caller) -> str:
+        if args[:1] == ["repair"] and len(args) > 3:  # a rewrite: the record's own grant too
+            needs = owner(args[1], args[2])
+            refused = allowed(COMMANDS[needs], caller, self.settings) if needs else None
+            if refused is not None:
+                raise CommandError(f"repairing {args[1]}/{args[2]} needs '{needs}': {refused}")
         return await do_state(args, self.stores.buckets, self.stores.unreadable, self.model_of)
 
     async def do_density(self, args: list[str], caller: Caller) -> str:

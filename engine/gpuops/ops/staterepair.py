@@ -5,8 +5,11 @@
     state repair BUCKET KEY --set JSON      a new value, validated as the key's record
     state repair BUCKET KEY --delete        the record removed (read as never written)
 
-A rewrite is a compare-and-set on the revision just read: a value someone wrote
-meanwhile is not overwritten. The command table audits every repair with its caller.
+It mends only what does not decode: a record that reads is changed by the command that
+owns it (`approve`, `breaker`, `undrain`...), under that command's grant, so `state`
+grants nobody another command's power. A rewrite is a compare-and-set on the revision
+just read: a value someone wrote meanwhile is not overwritten. The command table audits
+every repair with its caller.
 """
 
 from __future__ import annotations
@@ -46,6 +49,11 @@ async def do_state(
         return _shown(bucket, key, entry, model)
     if entry is None:
         raise CommandError(f"{bucket}/{key} is not there (nothing to repair)")
+    if _decodes(entry, model):
+        raise CommandError(
+            f"{bucket}/{key} decodes as {model.__name__}: state repair mends only unreadable "
+            "records; change a readable one with the command that owns it"
+        )
     if rest == ["--delete"]:
         if not await kv.delete(key, entry.revision):
             raise CommandError(f"{bucket}/{key} was written meanwhile: look again")
@@ -73,6 +81,34 @@ async def _set(
         raise CommandError(f"{bucket}/{key} was written meanwhile: look again")
     unreadable.cleared(bucket, key)
     return f"{bucket}/{key} set to {value.model_dump_json()}"
+
+
+def _decodes(entry: Entry, model: type[BaseModel]) -> bool:
+    try:
+        model.model_validate_json(entry.value)
+    except ValidationError:
+        return False
+    return True
+
+
+def owner(bucket: str, key: str) -> str:
+    """The command whose grant a repair of this record also needs ('' for none): a
+    repair that makes an unreadable approval read approved is an approval."""
+    return next(
+        (c for (b, prefix), c in OWNERS.items() if b == bucket and key.startswith(prefix)), ""
+    )
+
+
+# Records that hold a person's authority, and the command that changes each.
+OWNERS = {
+    ("control", "approval."): "approve",
+    ("control", "breaker."): "breaker",
+    ("control", "silence."): "silence",
+    ("control", "switch."): "dry-run",
+    ("control", "power."): "power",
+    ("control", "drift."): "drift-check",
+    ("nodes", "state."): "undrain",
+}
 
 
 def _shown(bucket: str, key: str, entry: Entry | None, model: type[BaseModel]) -> str:
