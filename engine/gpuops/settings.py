@@ -286,6 +286,9 @@ class ChatopsSettings(BaseModel):
     )
     # Refused requests are counted in /metrics; the audit gets one summary per interval.
     rejection_note_interval_s: float = Field(default=60.0, gt=0)
+    # The longest silence a person may set: one mistyped `9999d` would otherwise stop
+    # automation on its target for good, with nothing in view to say so.
+    max_silence_s: float = Field(default=30 * 86400.0, gt=0)
 
 
 class DriftSchedule(BaseModel):

@@ -36,7 +36,7 @@ from gpuops.errors import EngineError
 from gpuops.inventory.domains import KINDS, Domains
 from gpuops.match.rules import RuleSet
 from gpuops.ops.cmdwire import CommandError
-from gpuops.ops.commands import Caller, Commands
+from gpuops.ops.commands import MAX_REASON, Caller, Commands
 from gpuops.record.episodes import node_reason, read_open
 from gpuops.record.nodestate import NodeState
 from gpuops.settings import ConsoleSettings
@@ -61,7 +61,7 @@ HEADERS = {
 }
 APPROVAL_ID = re.compile(r"^[0-9a-f]{1,64}$")
 SILENCE_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-MAX_REASON, MAX_TARGET, MAX_DURATION = 500, 300, 16
+MAX_TARGET, MAX_DURATION = 300, 16
 TIMELINE_DAYS = 7
 TELEMETRY_WINDOW_S = 600.0
 

@@ -49,7 +49,9 @@ class Silence(BaseModel):
         if kind == "group":
             return node in inventory.group_hosts(value)
         key, _, want = value.partition("=")
-        return str(inventory.hostvars.get(node, {}).get(key)) == want
+        hostvars = inventory.hostvars.get(node, {})
+        # A host without the variable is not covered (str(None) would match "None").
+        return key in hostvars and str(hostvars[key]) == want
 
 
 def silence_span(args: list[str], now: float) -> tuple[str, float, float, str]:

@@ -21,7 +21,10 @@ def parse_duration(value: str | int | float) -> float:
     text = value.strip()
     if not re.match(PATTERN, text):
         raise ValueError(f"bad duration {value!r}: use e.g. 500ms, 90s, 10m, 1h30m, 7d")
-    return sum(float(n) * _UNIT[u] for n, u in _PART.findall(text))
+    total = sum(float(n) * _UNIT[u] for n, u in _PART.findall(text))
+    if not math.isfinite(total):  # digits enough to overflow a float: `9...9d`
+        raise ValueError(f"bad duration {value!r}: too long")
+    return total
 
 
 def format_duration(seconds: float) -> str:

@@ -56,6 +56,7 @@ from gpuops.scale.lag import render_replicas, replica_view
 from gpuops.settings import ChatopsSettings, Platform
 
 FORCE = "--force"
+MAX_REASON = 500  # characters of a person's reason (the console's form says the same)
 T = TypeVar("T", bound=BaseModel)
 
 
@@ -452,6 +453,11 @@ class Commands:
             parse_target(target)
         except (ValueError, ConfigError) as exc:
             raise CommandUsageError(str(exc)) from exc
+        if ends - starts > self.settings.max_silence_s:
+            longest = format_duration(self.settings.max_silence_s)
+            raise CommandUsageError(f"a silence lasts at most {longest} (chatops.max_silence_s)")
+        if len(reason) > MAX_REASON:
+            raise CommandUsageError(f"a reason is at most {MAX_REASON} characters")
         if not force:
             self._check_target(target)
         s = await self.silences.add(target, starts, ends, reason, caller.principal)
@@ -467,9 +473,16 @@ class Commands:
             missing = f"node {name!r} is not in the inventory"
         elif kind == "group" and (inventory is None or not inventory.group_hosts(name)):
             missing = f"group {name!r} is not in the inventory"
+        elif kind == "label" and not self._labelled(name):
+            missing = f"no host of the inventory has {name}"
         else:
             return
         raise CommandError(f"{missing}: check the name, or add {FORCE} to silence it anyway")
+
+    def _labelled(self, label: str) -> bool:
+        key, _, want = label.partition("=")
+        hostvars = self.inventory.hostvars.values() if self.inventory is not None else ()
+        return any(key in hv and str(hv[key]) == want for hv in hostvars)
 
     async def do_unsilence(self, args: list[str], caller: Caller) -> str:
         if not args:
