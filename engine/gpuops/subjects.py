@@ -8,6 +8,8 @@
     gpuops.agent.<node>.probe         a request to a node's agent to run its probe
     gpuops.cmd.<user>.<command>       an operator's command to the engine (request/reply;
                                       only <user> may publish there)
+    _INBOX.<role>.>                   a role's replies and deliveries (its own inbox)
+    _INBOX.node.<node>.>              a node's agent's replies (its own inbox)
 
 A node name becomes one subject token: anything but letters, digits, `_` and `-` turns
 into `_`. Two names that differ only there (`gpu.a1` and `gpu_a1`) share a token, so an
@@ -110,6 +112,32 @@ def events_from(node: str) -> str:
 def agent_requests_to(node: str) -> str:
     """Every request to one node's agent (`node` may be USER_NAME)."""
     return f"{PREFIX}.agent.{_node(node)}.>"
+
+
+# Replies (JetStream acks and API answers, KV reads, probe answers) and pull deliveries
+# come to the asker's inbox. Each user subscribes only under its own prefix: one that
+# could subscribe `_INBOX.>` would read another's intents and, as the receiver of a
+# delivery may answer it, ack or terminate them.
+INBOX = "_INBOX"
+
+
+def inbox_of(role: str) -> str:
+    """The inbox prefix of a role's connections (`nats.connect(inbox_prefix=...)`)."""
+    return f"{INBOX}.{token(role)}"
+
+
+def node_inbox(node: str) -> str:
+    """The inbox prefix of one node's agent (`node` may be USER_NAME)."""
+    return f"{INBOX}.node.{_node(node)}"
+
+
+# Every node's agent's inbox (the source user that agents share until each has its own).
+NODE_INBOXES = f"{INBOX}.node.*"
+
+
+def inbox_within(prefix: str) -> str:
+    """Every inbox under a prefix: what its user may subscribe."""
+    return f"{prefix}.>"
 
 
 def commands_of(user: str) -> str:

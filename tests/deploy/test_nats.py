@@ -63,7 +63,7 @@ def as_role(role: str, password: str | None = None) -> NatsSettings:
 async def test_engine_sets_up_jetstream_and_executor_opens_it(site_nats: EmbeddedNats) -> None:
     engine = await connect(site_nats.url, as_role("engine"))
     await engine.close()
-    executor = await connect(site_nats.url, as_role("executor"), setup="open")
+    executor = await connect(site_nats.url, as_role("executor"), setup="open", role="executor")
     await executor.close()
 
 

@@ -91,6 +91,7 @@ async def as_user(server: EmbeddedNats, site: Path) -> AsyncIterator[OpenAs]:
             user_credentials=str(site / creds),
             error_cb=on_error,
             allow_reconnect=False,
+            inbox_prefix=_inbox(creds),
         )
         opened.append(nc)
         return Conn(nc, errors)
@@ -146,6 +147,14 @@ def test_a_missing_inventory_is_one_line_and_status_1(
 
 async def drain(sub: Subscription, count: int) -> list[str]:
     return [(await sub.next_msg(timeout=WAIT_S)).subject for _ in range(count)]
+
+
+def _inbox(creds: str) -> str:
+    """The inbox prefix a creds file's user may subscribe: its node's, or its role's."""
+    path = Path(creds)
+    if path.parent.name == "nodes":
+        return subjects.node_inbox(path.stem)
+    return subjects.inbox_of("cli" if path.parent.name == "operators" else path.stem)
 
 
 # nats-py's flush() writes its PING ahead of commands still in its buffer (2.16), so a
@@ -216,6 +225,6 @@ async def test_the_engine_sets_up_jetstream_in_the_account(
     engine = await connect(server.url, NatsSettings(creds=site / "creds/engine.creds"))
     await engine.close()
     executor = await connect(
-        server.url, NatsSettings(creds=site / "creds/executor.creds"), setup="open"
+        server.url, NatsSettings(creds=site / "creds/executor.creds"), setup="open", role="executor"
     )
     await executor.close()

@@ -229,14 +229,23 @@ def test_replicas_starting_together_on_one_state_dir_all_start_and_agree(
         assert not list(state.rglob(".*.json.*")), "no temporary file left behind"
 
 
-async def _client(state: Path, role: Role | Credentials, url: str, errors: list[str]) -> Client:
+async def _client(
+    state: Path, role: Role | Credentials, url: str, errors: list[str], inbox: str = ""
+) -> Client:
+    """A plain client as `role` (or a node's credentials), with the role's own inbox prefix
+    (a node's: `inbox`), each server error collected in `errors`."""
     cred = role if isinstance(role, Credentials) else read_credentials(state, role)
 
     async def collect(exc: Exception) -> None:
         errors.append(str(exc))
 
     return await nats.connect(
-        url, user=cred.user, password=cred.password, error_cb=collect, allow_reconnect=False
+        url,
+        user=cred.user,
+        password=cred.password,
+        error_cb=collect,
+        allow_reconnect=False,
+        inbox_prefix=inbox or subjects.inbox_of(str(role)),
     )
 
 
@@ -259,7 +268,7 @@ async def test_a_node_may_publish_its_own_events_but_not_another_nodes_intents_k
         errors: list[str] = []
         cred = node_credentials(state, "node-001")
         assert cred.user == "node:node-001"
-        agent = await _client(state, cred, engine.url, errors)
+        agent = await _client(state, cred, engine.url, errors, subjects.node_inbox("node-001"))
         try:
             js = agent.jetstream(timeout=2)
             for subject, stream in (
@@ -493,7 +502,8 @@ async def test_an_agent_without_a_url_finds_the_embedded_server_with_its_own_use
         with pytest.raises(BusError, match="node 'node-009' has no NATS user"):
             agent_endpoint(NatsSettings(), state, "node-009")
         nc = Client()
-        await connect_forever(nc, url, NatsSettings(), credentials, "gpuops-agent-test")
+        inbox = subjects.node_inbox("node-001")
+        await connect_forever(nc, url, NatsSettings(), credentials, "gpuops-agent-test", inbox)
         try:
             subject = "gpuops.events.heartbeat.node-001"
             headers = as_node(node_keys(state), subject, b"{}")
@@ -512,7 +522,8 @@ async def test_a_restarted_engine_keeps_its_url_and_connected_clients_come_back(
         # An agent, and a publisher that joined the engine's server (`simulate --run`).
         endpoint, credentials = agent_endpoint(NatsSettings(), state)
         agent = Client()
-        await connect_forever(agent, endpoint, NatsSettings(), credentials, "agent-test")
+        inbox = subjects.inbox_of("source")
+        await connect_forever(agent, endpoint, NatsSettings(), credentials, "agent-test", inbox)
         async with open_bus(NatsSettings(), state, name="simulate-test") as simulate:
             assert simulate.server is None and simulate.url == url, "joined, not started"
             await wait_for(lambda: agent.is_connected, 10)

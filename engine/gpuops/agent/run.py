@@ -13,6 +13,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
+from gpuops import subjects
 from gpuops.agent.agent import Agent, AgentSettings, default_node, event
 from gpuops.agent.backend import GpuBackend
 from gpuops.agent.infiniband import DEFAULT_ROOT as IB_ROOT
@@ -100,7 +101,14 @@ async def run_agent(settings: Settings, opts: dict[str, Any], backend: GpuBacken
     # Connecting runs beside the agent, not before it: with NATS down at boot the agent
     # still samples, spools health events and answers SIGTERM.
     connecting = asyncio.create_task(
-        connect_forever(nc, url, settings.nats, credentials, name=f"gpuops-agent-{node}")
+        connect_forever(
+            nc,
+            url,
+            settings.nats,
+            credentials,
+            name=f"gpuops-agent-{node}",
+            inbox=subjects.node_inbox(node),
+        )
     )
     try:
         await Agent(agent_settings, backend, nc, SystemClock(), signer).run(stop)

@@ -71,7 +71,8 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     deny_publish: tuple[str, ...] = ()
-    # Lets a role answer requests sent to it (the probe reply) without `_INBOX.>` publish.
+    # Lets a role answer requests sent to it (the probe reply) without `_INBOX.>` publish:
+    # only a message it received, so only under its own subscriptions (its own inbox).
     allow_responses: bool = field(default=True)
 
 
@@ -134,14 +135,19 @@ def _kv(buckets: Iterable[str], writable: Iterable[str]) -> list[str]:
     return out + [f"$KV.{bucket}.>" for bucket in writable]
 
 
-# Replies of JetStream (publish acks, API answers) and ordered-consumer flow control.
-_CLIENT = ["_INBOX.>"]
+def _own_inbox(role: Role) -> tuple[str, ...]:
+    """Replies to a role's requests and its pull deliveries: under its own prefix only
+    (gpuops.subjects.inbox_of), never another user's."""
+    return (subjects.inbox_within(subjects.inbox_of(role)),)
+
+
+# Ordered-consumer flow control.
 _FLOW = ["$JS.FC.>"]
 
 PERMISSIONS: dict[Role, Permissions] = {
     "engine": Permissions(
         publish=(subjects.EVERYTHING, "$JS.API.>", "$JS.ACK.>", "$JS.FC.>", "$KV.>", "_INBOX.>"),
-        subscribe=(subjects.EVERYTHING, "_INBOX.>"),
+        subscribe=(subjects.EVERYTHING, *_own_inbox("engine")),
     ),
     "executor": Permissions(
         publish=(
@@ -154,7 +160,7 @@ PERMISSIONS: dict[Role, Permissions] = {
             *_kv((*KV_BUCKETS, *ENGINE_ONLY), KV_BUCKETS),
             *_FLOW,
         ),
-        subscribe=(*_CLIENT,),
+        subscribe=_own_inbox("executor"),
         deny_publish=ENGINE_CONTROL,
     ),
     # A source (the Prometheus source) reports about many nodes: it may publish any
@@ -171,8 +177,13 @@ PERMISSIONS: dict[Role, Permissions] = {
         ),
         # Agents on Kubernetes share this user until a site gives each node its own
         # (JWT): they hear probe requests here. A request holds no secret, and the
-        # probe's answer is an event only the node's own key can sign.
-        subscribe=(subjects.AGENT_REQUESTS, *_CLIENT),
+        # probe's answer is an event only the node's own key can sign. Those agents ask
+        # under their node's inbox prefix (they cannot tell the shared user from their own).
+        subscribe=(
+            subjects.AGENT_REQUESTS,
+            *_own_inbox("source"),
+            subjects.inbox_within(subjects.NODE_INBOXES),
+        ),
         deny_publish=tuple(subjects.events_of(kind) for kind in sorted(ENGINE_ONLY_KINDS)),
     ),
     # An operator (the CLI) reads everything it shows; everything it changes (silences,
@@ -191,7 +202,7 @@ PERMISSIONS: dict[Role, Permissions] = {
             *_kv((*KV_BUCKETS, *ENGINE_ONLY), ()),
             *_FLOW,
         ),
-        subscribe=(subjects.AGENT_REQUESTS, *_CLIENT),
+        subscribe=(subjects.AGENT_REQUESTS, *_own_inbox("cli")),
         deny_publish=(subjects.ACTIONS, subjects.events_of("chatops"), subjects.ALL_COMMANDS),
     ),
 }
@@ -240,7 +251,10 @@ def node_permissions(node: str) -> Permissions:
     """
     return Permissions(
         publish=(subjects.telemetry(node), subjects.events_from(node)),
-        subscribe=(subjects.agent_requests_to(node), *_CLIENT),
+        subscribe=(
+            subjects.agent_requests_to(node),
+            subjects.inbox_within(subjects.node_inbox(node)),
+        ),
         deny_publish=tuple(subjects.events_of(kind) for kind in sorted(ENGINE_ONLY_KINDS)),
     )
 

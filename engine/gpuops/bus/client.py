@@ -15,6 +15,7 @@ from nats.aio.client import Client
 from nats.errors import AuthorizationError, NoServersError, OutboundBufferLimitError
 from nats.errors import Error as NatsError
 
+from gpuops import subjects
 from gpuops.bus.auth import Credentials
 from gpuops.errors import BusError, LeaseLost
 from gpuops.settings import NatsSettings
@@ -37,12 +38,20 @@ def servers(url: str) -> list[str]:
     return [part.strip() for part in url.split(",") if part.strip()]
 
 
-def connect_options(cfg: NatsSettings, credentials: Credentials | None = None) -> dict[str, Any]:
+def connect_options(
+    cfg: NatsSettings, credentials: Credentials | None = None, inbox: str = subjects.INBOX
+) -> dict[str, Any]:
     """Keyword arguments for nats.connect (secrets unwrapped only here).
 
     `credentials` (the embedded server's generated user) replace the configured ones.
+    `inbox` is the user's own inbox prefix: its replies and deliveries come there, and
+    the server lets it subscribe there only (gpuops.subjects.inbox_of).
     """
-    opts: dict[str, Any] = {"max_reconnect_attempts": -1, "reconnect_time_wait": 1}
+    opts: dict[str, Any] = {
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 1,
+        "inbox_prefix": inbox,
+    }
     if credentials is not None:
         return {**opts, "user": credentials.user, "password": credentials.password}
     if cfg.user:
@@ -122,6 +131,7 @@ async def first_connect(
     credentials: Credentials | None = None,
     *,
     buffer: bool = True,
+    inbox: str = subjects.INBOX,
 ) -> Client:
     """A connected client, or a BusError saying why not, within `cfg.connect_timeout_s`.
 
@@ -133,7 +143,7 @@ async def first_connect(
     """
     errors = _ConnectErrors(url)
     began = time.monotonic()
-    opts = connect_options(cfg, credentials)
+    opts = connect_options(cfg, credentials, inbox)
     opts.update(allow_reconnect=False, max_reconnect_attempts=1, reconnect_time_wait=0.2)
     if not buffer:
         # A deciding engine publishes now or not at all: a publish kept while NATS is away
@@ -210,10 +220,11 @@ def _first_errors(url: str, every_s: float = 60.0) -> Callable[[Exception], Awai
 
 
 async def connect_forever(
-    nc: Client, url: str, cfg: NatsSettings, credentials: Credentials | None, name: str
+    nc: Client, url: str, cfg: NatsSettings, credentials: Credentials | None, name: str, inbox: str
 ) -> None:
-    """Connect `nc`, retrying until it works or the task is cancelled; reconnects after."""
-    opts = connect_options(cfg, credentials)
+    """Connect `nc`, retrying until it works or the task is cancelled; reconnects after.
+    `inbox`: the user's own inbox prefix (a node's agent's, or the source's)."""
+    opts = connect_options(cfg, credentials, inbox)
     await nc.connect(
         servers(url),
         name=name,

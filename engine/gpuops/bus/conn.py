@@ -173,6 +173,7 @@ async def connect(
     buffer: bool = True,
     patience_s: float | None = None,
     waiting: Waiting | None = None,
+    role: Role = "engine",
 ) -> Bus:
     """Connect, then set up JetStream as `setup` says (create streams and buckets by default).
 
@@ -180,9 +181,11 @@ async def connect(
     connected, the client reconnects forever on its own. The set-up is tried again while
     JetStream does not answer, for `patience_s` (default: `cfg.connect_timeout_s`);
     `waiting` is told each time why it waits (a starting `run`'s /healthz says it).
+    `role` names the inbox prefix, the only one its user may subscribe.
     """
     cfg = cfg or NatsSettings()
-    nc = await first_connect(url, cfg, name, credentials, buffer=buffer)
+    inbox = subjects.inbox_of(role)
+    nc = await first_connect(url, cfg, name, credentials, buffer=buffer, inbox=inbox)
     js = nc.jetstream(timeout=10)
     try:
         patience = patience_s or cfg.connect_timeout_s
@@ -407,6 +410,7 @@ async def open_bus(
             buffer=role != "engine",
             patience_s=cfg.setup_timeout_s,
             waiting=waiting,
+            role=role,
         )
     else:
         bus = await _join_embedded(cfg, state_dir, name, role, waiting)
@@ -460,7 +464,7 @@ async def join_bus(cfg: NatsSettings, state_dir: Path, name: str = "gpuops-cli")
     # A configured NATS may be new: its streams and buckets are made as the engine would.
     setup: Setup = "open" if origin is not None else "join"
     try:
-        return await connect(url, cfg, name, setup=setup, credentials=credentials)
+        return await connect(url, cfg, name, setup=setup, credentials=credentials, role="cli")
     except BusError as exc:
         if origin is None:
             raise
@@ -515,7 +519,9 @@ async def _read_store(cfg: NatsSettings, state_dir: Path, name: str) -> AsyncIte
     )
     async with server:
         credentials = read_credentials(state_dir, "cli")
-        bus = await connect(server.url, cfg, name, setup="open", credentials=credentials)
+        bus = await connect(
+            server.url, cfg, name, setup="open", credentials=credentials, role="cli"
+        )
         try:
             yield bus
         finally:
@@ -541,6 +547,7 @@ async def _join_embedded(
             credentials=credentials,
             buffer=role != "engine",
             waiting=waiting,
+            role=role,
         )
     except BusError as exc:
         log.info("no running embedded nats-server at %s (%s); starting one", url, exc)
@@ -568,6 +575,7 @@ async def _own_embedded(
                     name,
                     setup=_EMBEDDED_SETUP[role],
                     credentials=read_credentials(state_dir, role),
+                    role=role,
                 )
             bus.server = server
             try:

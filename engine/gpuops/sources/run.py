@@ -14,6 +14,7 @@ from typing import Any
 
 from nats.aio.client import Client
 
+from gpuops import subjects
 from gpuops.agent.run import cancel_connecting, close_client, stop_on_signals
 from gpuops.agent.spool import Spool
 from gpuops.bus.conn import agent_endpoint, connect_forever
@@ -113,7 +114,14 @@ async def source_bus(settings: Settings, name: str) -> AsyncIterator[tuple[Clien
     signer = publisher_signer(settings.state_dir, identity, settings.identity.publisher_key)
     nc = Client()
     connecting = asyncio.create_task(
-        connect_forever(nc, url, settings.nats, credentials, name=f"gpuops-ingest-{name}")
+        connect_forever(
+            nc,
+            url,
+            settings.nats,
+            credentials,
+            name=f"gpuops-ingest-{name}",
+            inbox=subjects.inbox_of("source"),
+        )
     )
     try:
         yield nc, JetStreamPublisher(nc.jetstream(timeout=5), signer)

@@ -9,7 +9,7 @@ from gpuops.bus.auth import PERMISSIONS, node_permissions
 def test_a_node_may_publish_and_read_only_its_own_subjects() -> None:
     perms = node_permissions("gpu.a1")
     assert perms.publish == (subjects.telemetry("gpu.a1"), "gpuops.events.*.gpu_a1")
-    assert perms.subscribe == ("gpuops.agent.gpu_a1.>", "_INBOX.>")
+    assert perms.subscribe == ("gpuops.agent.gpu_a1.>", "_INBOX.node.gpu_a1.>")
     assert perms.allow_responses
 
 

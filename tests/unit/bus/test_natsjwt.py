@@ -89,7 +89,9 @@ def test_a_scoped_user_has_only_a_name_and_the_scope_the_templates() -> None:
         "gpuops.telemetry.{{name()}}",
         "gpuops.events.*.{{name()}}",
     ]
-    assert signing_key["template"]["sub"] == {"allow": ["gpuops.agent.{{name()}}.>", "_INBOX.>"]}
+    assert signing_key["template"]["sub"] == {
+        "allow": ["gpuops.agent.{{name()}}.>", "_INBOX.node.{{name()}}.>"]
+    }
 
 
 def test_creds_hold_the_jwt_and_give_back_the_seed() -> None:
