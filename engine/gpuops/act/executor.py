@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -42,6 +41,7 @@ from gpuops.act.hostdata import RESERVED
 from gpuops.act.playbooks import resolve
 from gpuops.act.runenv import RunEnv
 from gpuops.act.runner import RunRequest, RunResult, run_hosts_async
+from gpuops.bus import durable
 from gpuops.bus.auth import EXECUTOR_DURABLE
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.identity import Signer
@@ -170,7 +170,11 @@ class Executor:
         sub = await self.bus.js.pull_subscribe(
             subjects.ACTIONS, durable=DURABLE, stream=ACTIONS, config=config
         )
-        await _check_consumer(sub, config)
+        # An existing durable is bound as found: put back what was changed in it (its
+        # filter, ack wait, redeliveries, a cap on unacked intents) before running on it.
+        want = ConsumerConfig.from_response(config.as_dict())
+        want.durable_name, want.filter_subject = DURABLE, subjects.ACTIONS
+        await durable.keep(self.bus.js, ACTIONS, await sub.consumer_info(), want)
         tasks: set[asyncio.Task[None]] = set()
         try:
             while not stop.is_set():
@@ -490,22 +494,6 @@ class Executor:
         await p.msg.in_progress()
         if p.tries:
             await self.claims.update(partial(_renewed, now=now), p.intent.key)
-
-
-async def _check_consumer(sub: JetStreamContext.PullSubscription, want: ConsumerConfig) -> None:
-    """An existing durable consumer keeps its config: say so when it caps the batches."""
-    with contextlib.suppress(Exception):
-        have = (await sub.consumer_info()).config.max_ack_pending or 0
-        if 0 < have < (want.max_ack_pending or 0):
-            log.warning(
-                "consumer %s allows %d unacked intents (batches need %d): delete it "
-                "(nats consumer rm %s %s) while no executor runs, to recreate it",
-                DURABLE,
-                have,
-                want.max_ack_pending,
-                ACTIONS,
-                DURABLE,
-            )
 
 
 def _renewed(claim: Claim | None, now: float) -> Claim | None:

@@ -24,6 +24,7 @@ from typing import Literal
 from gpuops import subjects
 from gpuops.bus.buckets import BUCKETS, FACTS_KEY, LEASES_KEY, REPLAY_KEY
 from gpuops.bus.identity import ENGINE_ONLY_KINDS
+from gpuops.bus.reader import READER_SLOTS
 from gpuops.errors import BusError
 from gpuops.signing import create_private
 
@@ -88,9 +89,13 @@ def _look(stream: str) -> list[str]:
 
 def _read_stream(stream: str) -> list[str]:
     """Read a stream through unnamed ephemeral consumers of the reader's own (the server
-    names them: gpuops.bus.reader), pulled and acked. Only for streams the engine's
-    partitions do not consume: on those a reader could pull or ack the engine's own
-    consumer. No role but the engine may make a durable, delete, pause or move one."""
+    names them: gpuops.bus.reader), pulled and acked. Only for streams where no role
+    keeps a durable consumer (the audit trail, dead letters, KV buckets): on the others a
+    create naming that durable in its body would change it (`_watch_stream`). This bare
+    subject is kept for them on purpose: the server refuses a durable on it, where the
+    named form (`CREATE.<stream>.*`, no prefix can be granted) would let a reader leave
+    durables that fill the stream's consumer limit for good. No role but the engine may
+    make a durable, delete, pause or move one."""
     return [
         *_look(stream),
         f"$JS.API.CONSUMER.CREATE.{stream}",
@@ -101,17 +106,25 @@ def _read_stream(stream: str) -> list[str]:
 
 
 def _watch_stream(stream: str) -> list[str]:
-    """Read a stream the engine's partitions consume (events, telemetry): ephemeral push
-    consumers only (an ordered read: `gpuops export`), never a durable one, nor pull
-    from or ack on the engine's. The server refuses a durable name on this subject but
-    takes a name in the request's body: a takeover believes durables only
-    (gpuops.scale.takeover)."""
-    return [
+    """Read a stream the engine's partitions consume (events, telemetry): through
+    consumers of the readers' own fixed names only (gpuops.bus.reader.READER_SLOTS),
+    made, pulled and deleted by name. The engine's are named by partition and epoch, and
+    a create request that names one (on the bare `CREATE.<stream>`, in its body, or on
+    `CREATE.<stream>.<name>`) changes that consumer in place: its filter, its
+    redeliveries. Permissions match whole tokens, so a name prefix cannot be granted:
+    the names are spelt out. Never a durable's pull or ack."""
+    out = [
         *_look(stream),
-        f"$JS.API.CONSUMER.CREATE.{stream}",
         f"$JS.API.CONSUMER.INFO.{stream}.*",  # read-only: how far a read has come
         f"$JS.API.CONSUMER.NAMES.{stream}",  # read-only: `gpuops status`'s partition lag
     ]
+    for name in READER_SLOTS:
+        out += [
+            f"$JS.API.CONSUMER.CREATE.{stream}.{name}",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}",
+            f"$JS.API.CONSUMER.DELETE.{stream}.{name}",
+        ]
+    return out
 
 
 def _own_durable(stream: str, name: str) -> list[str]:

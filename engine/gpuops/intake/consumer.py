@@ -17,6 +17,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from gpuops import subjects
+from gpuops.bus import durable
 from gpuops.bus.identity import PUBLISHER, Verifier
 from gpuops.clock import Clock
 from gpuops.errors import BusError, ConsumerGone, EventError, LeaseLost
@@ -157,15 +158,20 @@ class Intake:
             await puller.stop()
 
     async def _ensure_consumer(self) -> None:
-        """Create the durable consumer when it is missing (as `pull_subscribe` did)."""
+        """Create the durable consumer when it is missing (as `pull_subscribe` did), and
+        put it back as made when it was changed (gpuops.bus.durable)."""
+        want = self.consumer_config()
+        want.durable_name = self.durable
         try:
-            await self.js.consumer_info(self.stream, self.durable)
+            info = await self.js.consumer_info(self.stream, self.durable)
         except NotFoundError:
             if not self.create:
                 raise ConsumerGone(f"consumer {self.durable} is gone: taken over") from None
-            config = self.consumer_config()
-            config.durable_name = self.durable
-            await self.js.add_consumer(self.stream, config)
+            await self.js.add_consumer(self.stream, want)
+            return
+        # Where it starts is the takeover's (from the last owner's floor), not compared.
+        want.deliver_policy = None
+        await durable.keep(self.js, self.stream, info, want)
 
     async def _pull(self, puller: Puller, stop: asyncio.Event) -> None:
         # With AckAll, a batch's ack goes out with the next pull request, in the same

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from typing import IO
 
 import msgspec
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
@@ -28,6 +29,7 @@ from nats.js.kv import KeyValue
 
 from gpuops.bus.buckets import BUCKETS, FACTS_KEY
 from gpuops.bus.conn import EVENTS, TELEMETRY
+from gpuops.bus.reader import slot_read
 from gpuops.bus.store import kv_key
 from gpuops.bus.wire import V2, Expander, Kept, is_v2, read, read_kept
 from gpuops.clock import Clock
@@ -37,6 +39,7 @@ from gpuops.subjects import stored_event_at, stored_telemetry_at, token
 
 # A bounded read never waits this long for the next message; longer means a stalled server.
 _STALL_S = 30.0
+_BATCH = 512
 
 
 def parse_time(text: str, clock: Clock) -> datetime:
@@ -174,27 +177,28 @@ async def _read(
     last = await _last_seq(js, stream)
     if last == 0:
         return
-    sub = await js.subscribe(
-        subjects[0], stream=stream, ordered_consumer=True, config=_config(subjects, selection)
-    )
-    try:
+    # A consumer of one of the readers' own names: the export's user may make no other
+    # on the streams the engine consumes (gpuops.bus.reader).
+    async with slot_read(js, subjects[0], stream, _config(subjects, selection)) as sub:
         info = await sub.consumer_info()
-        if info.num_pending == 0 and not (info.delivered and info.delivered.consumer_seq):
+        if not info.num_pending:
             return
         while True:
-            try:
-                msg = await sub.next_msg(timeout=_STALL_S)
-            except (TimeoutError, NatsTimeout) as exc:
-                raise BusError(f"export from {stream} stalled: no message in {_STALL_S}s") from exc
-            meta = msg.metadata
-            stored = meta.timestamp.timestamp() if meta.timestamp else 0.0
-            if meta.sequence.stream > last or _after(stored, selection.until):
-                return
-            yield stored, stream, msg.data, msg.subject
-            if meta.sequence.stream == last or not meta.num_pending:
-                return
-    finally:
-        await sub.unsubscribe()
+            for msg in await _next_batch(sub, stream):
+                meta = msg.metadata
+                stored = meta.timestamp.timestamp() if meta.timestamp else 0.0
+                if meta.sequence.stream > last or _after(stored, selection.until):
+                    return
+                yield stored, stream, msg.data, msg.subject
+                if meta.sequence.stream == last or not meta.num_pending:
+                    return
+
+
+async def _next_batch(sub: JetStreamContext.PullSubscription, stream: str) -> list[Msg]:
+    try:
+        return await sub.fetch(_BATCH, timeout=_STALL_S)
+    except (TimeoutError, NatsTimeout) as exc:
+        raise BusError(f"export from {stream} stalled: no message in {_STALL_S}s") from exc
 
 
 async def _last_seq(js: JetStreamContext, stream: str) -> int:
