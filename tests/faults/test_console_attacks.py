@@ -6,7 +6,9 @@ token guessing at full speed."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,6 +22,7 @@ from gpuops.bus.conn import Bus, connect
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import ManualClock
 from gpuops.console import Console, Latest
+from gpuops.console.auth import COOKIE
 from gpuops.errors import ConfigError
 from gpuops.http import HttpServer
 from gpuops.inventory.hosts import load_inventory
@@ -84,6 +87,19 @@ class Site:
             http.get(self.url + path, headers=headers, allow_redirects=False) as r,
         ):
             return r.status, await r.text(), r.headers
+
+    async def post(self, path: str, form: dict[str, str], **headers: str) -> int:
+        """The status of a form POSTed from the console's own page (redirects not followed)."""
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                self.url + path,
+                data=form,
+                headers={"Origin": self.url, **headers},
+                allow_redirects=False,
+            ) as r,
+        ):
+            return r.status
 
     async def login(self, token: str, **headers: str) -> aiohttp.ClientResponse:
         """POST the login form from the console's own page; the response, body read."""
@@ -347,3 +363,81 @@ async def test_failed_logins_are_throttled_per_client_logged_and_counted(
     ]
     assert len(failed) == 5, caplog.text
     assert ALICE not in caplog.text
+
+
+async def test_guesses_sent_together_are_throttled_as_if_sent_one_by_one(
+    bus: Bus, fleet: SimFleet, tmp_path: Path
+) -> None:
+    """Forty connections send their headers, then their bodies at once: the check before
+    the form was read let every one be judged (40 guesses against a limit of 5)."""
+    async with Site(bus, fleet, tmp_path) as site:
+        host = site.url.removeprefix("http://")
+        body = b"token=guess-0123456789abcdef0123456789"
+        head = (
+            f"POST /console/login HTTP/1.1\r\nHost: {host}\r\nOrigin: {site.url}\r\n"
+            "Content-Type: application/x-www-form-urlencoded\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        ).encode()
+        address, port = host.split(":")
+        conns = [await asyncio.open_connection(address, int(port)) for _ in range(40)]
+        for _, writer in conns:
+            writer.write(head)
+            await writer.drain()
+        await asyncio.sleep(0.5)  # each handler now waits for its body
+        for _, writer in conns:
+            writer.write(body)
+            await writer.drain()
+        codes = []
+        for reader, writer in conns:
+            codes.append(int((await reader.readline()).split()[1]))
+            writer.close()
+        assert sorted(set(codes)) == [401, 429] and codes.count(401) == 5, codes
+        assert site.counted("gpuops_console_login_failures_total", via="form") == 5
+
+
+async def test_a_cookie_kept_from_before_logout_acts_no_more(
+    bus: Bus, fleet: SimFleet, tmp_path: Path
+) -> None:
+    async with Site(bus, fleet, tmp_path) as site:
+        cookie = (await site.login(ALICE)).cookies[COOKIE].value
+        jar = {"Cookie": f"{COOKIE}={cookie}"}
+        token = re.search(
+            r'name="form_token" value="([0-9a-f]+)"', (await site.get("/console/now", **jar))[1]
+        )
+        assert token is not None, "logged in: the page carries its form token"
+        assert (await site.post("/console/logout", {}, **jar)) == 303
+        # The copy of the cookie, and the form token of its session, act no more.
+        assert await site.post("/console/breaker", _reset(token.group(1)), **jar) == 401
+        assert site.console.auth.viewer(_with_cookie(cookie)).known is False
+        fresh = (await site.login(ALICE)).cookies[COOKIE].value
+        assert site.console.auth.viewer(_with_cookie(fresh)).user == "alice", "a new session"
+        renewed = {"Cookie": f"{COOKIE}={fresh}"}
+        stale = await site.post("/console/breaker", _reset(token.group(1)), **renewed)
+        assert stale == 403, "a form token of the ended session is no good in the next"
+
+
+def _reset(token: str) -> dict[str, str]:
+    return {"to": "reset", "form_token": token}
+
+
+def _with_cookie(cookie: str) -> Any:
+    """A request as `Auth.viewer` reads it: headers and cookies."""
+    from aiohttp.test_utils import make_mocked_request
+
+    return make_mocked_request("GET", "/console/now", headers={"Cookie": f"{COOKIE}={cookie}"})
+
+
+async def test_a_loopback_console_reads_for_nobody_under_another_host_name(
+    bus: Bus, fleet: SimFleet, tmp_path: Path
+) -> None:
+    """A page elsewhere whose name was made to resolve to 127.0.0.1 (DNS rebinding) asks
+    with its own name as Host: open reads are for this host's names only."""
+    async with Site(bus, fleet, tmp_path) as site:
+        port = site.url.rsplit(":", 1)[1]
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            assert (await site.get("/console/api/fleet", Host=host))[0] == 200
+        assert (await site.get("/console/api/fleet", Host=f"rebind.example:{port}"))[0] == 401
+        status, _, headers = await site.get("/console/now", Host=f"rebind.example:{port}")
+        assert status == 302 and headers["Location"].startswith("/console/login")
+        signed_in = await site.get("/console/api/fleet", Host=f"rebind.example:{port}", **bearer())
+        assert signed_in[0] == 200, "a login still reads, under any name"

@@ -3,8 +3,9 @@
 Three ways in, in this order: a reverse proxy's user header (believed only when the
 request also carries the proxy's shared secret: an address proves nothing, any local
 process has 127.0.0.1), `Authorization: Bearer TOKEN`, and the session cookie that
-logging in with a token sets. The cookie is `user|expiry|HMAC` under a key made at
-start: a restart logs everyone out, and no secret is written anywhere. A wrong token or
+logging in with a token sets. The cookie is `user|expiry|session|HMAC` under a key made
+at start: a restart logs everyone out, and no secret is written anywhere. Logging out
+ends the session here, not only in the browser: a copy of the cookie acts no more. A wrong token or
 proxy secret is a failed login: counted per client, and past the limit refused (429).
 
 Actions are POSTs. A cookie or a proxy header rides along with any request the browser
@@ -53,6 +54,7 @@ class Viewer:
 
     user: str = ""
     via: Via = Via.NONE
+    session: str = ""  # the session cookie's id (Via.SESSION): its forms' token is its own
 
     @property
     def known(self) -> bool:
@@ -75,6 +77,15 @@ def is_loopback(bind: str) -> bool:
         return False  # a host name may resolve to any address: not loopback
 
 
+def is_loopback_host(host: str) -> bool:
+    """Whether a request's Host (`name[:port]`) names this machine's loopback."""
+    try:
+        name = urlsplit(f"//{host}").hostname or ""
+    except ValueError:
+        return False
+    return name == "localhost" or is_loopback(f"[{name}]:0")
+
+
 def anonymous_read(settings: ConsoleSettings, bind: str) -> bool:
     """Whether pages may be read without a login, on a server bound to `bind`."""
     if settings.login_required or settings.anonymous_read == "never":
@@ -90,6 +101,7 @@ class Auth:
     ) -> None:
         self.settings, self.clock = settings, clock
         self._key = secrets.token_bytes(32)
+        self._ended: dict[str, float] = {}  # sessions logged out, until their cookie expires
         self.throttle = LoginThrottle(
             clock, registry, settings.login_failures, settings.login_window_s
         )
@@ -112,8 +124,8 @@ class Auth:
         bearer = request.headers.get("Authorization", "")
         if bearer.startswith("Bearer "):
             return self._bearer(request, bearer[len("Bearer ") :].strip())
-        user = self._cookie_user(request.cookies.get(COOKIE, ""))
-        return Viewer(user, Via.SESSION) if user else Viewer()
+        found = self._session(request.cookies.get(COOKIE, ""))
+        return Viewer(found[0], Via.SESSION, found[1]) if found else Viewer()
 
     def _proxied(self, request: web.Request, named: str) -> Viewer:
         # A user header without the secret is someone claiming to be the proxy: nobody,
@@ -179,21 +191,36 @@ class Auth:
     def session_cookie(self, user: str, now: float | None = None) -> str:
         """The cookie value that logs `user` in until the session ends."""
         expires = int((self.clock.now() if now is None else now) + self.settings.session_s)
-        body = f"{user}|{expires}"
+        body = f"{user}|{expires}|{secrets.token_hex(16)}"
         return f"{body}|{self._sign('session', body)}"
 
-    def _cookie_user(self, value: str) -> str | None:
-        user, _, rest = value.partition("|")
-        expires, _, mac = rest.partition("|")
-        if not (user and expires.isdigit() and mac):
+    def _session(self, value: str) -> tuple[str, str] | None:
+        """(user, session id) of a cookie this process signed, unexpired and not ended."""
+        parts = value.rsplit("|", 3)
+        if len(parts) != 4:
             return None
-        if not _same(mac, self._sign("session", f"{user}|{expires}")):
+        user, expires, session, mac = parts
+        if not (user and expires.isdigit() and session and mac):
             return None
-        return user if int(expires) > self.clock.now() else None
+        if not _same(mac, self._sign("session", f"{user}|{expires}|{session}")):
+            return None
+        if int(expires) <= self.clock.now() or session in self._ended:
+            return None
+        return user, session
+
+    def end_session(self, request: web.Request) -> None:
+        """Log the request's session out: its cookie, or any copy of it, names nobody."""
+        found = self._session(request.cookies.get(COOKIE, ""))
+        now = self.clock.now()
+        # Only a live session is remembered, until its cookie would have expired anyway.
+        self._ended = {s: until for s, until in self._ended.items() if until > now}
+        if found is not None:
+            self._ended[found[1]] = now + self.settings.session_s
 
     def form_token(self, viewer: Viewer) -> str:
-        """The hidden field every form of this viewer carries."""
-        return self._sign("form", viewer.user)[:32]
+        """The hidden field every form of this viewer carries (one session's own, for a
+        session: a token seen in one session is no good in the next)."""
+        return self._sign("form", f"{viewer.user}|{viewer.session}")[:32]
 
     def form_refused(self, request: web.Request, viewer: Viewer, token: str) -> str | None:
         """Why a POST is not the console's own form (None: it is)."""

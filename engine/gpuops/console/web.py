@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from gpuops.act.evidence import RUN_ID, Evidence
 from gpuops.clock import Clock
-from gpuops.console.auth import COOKIE, Auth, Viewer, anonymous_read
+from gpuops.console.auth import COOKIE, Auth, Viewer, anonymous_read, is_loopback_host
 from gpuops.console.latest import SIGNALS, Latest
 from gpuops.console.thresholds import TempThreshold, temp_threshold, with_threshold
 from gpuops.console.throttle import Failure
@@ -110,6 +110,9 @@ class Console:
         self.evidence, self.budgets = evidence, budgets
         self.auth = Auth(settings, clock, registry)
         self.anonymous_read = anonymous_read(settings, bind)
+        # Open to read because only this host can reach it: a request that names another
+        # host (a page elsewhere whose name was made to resolve to 127.0.0.1) is not.
+        self._loopback_read = self.anonymous_read and settings.anonymous_read != "always"
         if not self.anonymous_read and not (settings.tokens or settings.user_header):
             log.warning(
                 "console on %s needs a login to read, and none is configured "
@@ -158,9 +161,13 @@ class Console:
 
     # --- helpers ----------------------------------------------------------------------
 
+    def _open_to(self, request: web.Request) -> bool:
+        """Whether anyone may read what this request asks for without logging in."""
+        return self.anonymous_read and (not self._loopback_read or is_loopback_host(request.host))
+
     def _viewer(self, request: web.Request) -> Viewer:
         viewer = self.auth.viewer(request)
-        if not (viewer.known or self.anonymous_read):
+        if not (viewer.known or self._open_to(request)):
             if request.path.startswith(("/console/api/", "/console/events")):
                 raise web.HTTPUnauthorized(text="log in to read (/console/login)")
             raise web.HTTPFound("/console/login?next=" + quote(request.path_qs, safe=""))
@@ -170,7 +177,7 @@ class Console:
         self, name: str, request: web.Request, viewer: Viewer, status: int = 200, **data: Any
     ) -> web.Response:
         # The header says what every page is under: the engine, and whether it only records.
-        readable = viewer.known or self.anonymous_read
+        readable = viewer.known or self._open_to(request)
         header = _summary(await self.status.get()) if readable else None
         html = self.env.get_template(name).render(
             viewer=viewer,
@@ -432,8 +439,10 @@ class Console:
 
     async def login(self, request: web.Request) -> web.Response:
         """Exchange a token for a session cookie (HttpOnly, SameSite=Strict, Secure over TLS)."""
-        self.auth.refuse_if_throttled(request)
         form = await request.post()
+        # Judged after the form is read, with no wait between the check and the count: a
+        # check before the read let every connection that sent its body at once through.
+        self.auth.refuse_if_throttled(request)
         target = _next(str(form.get("next", "")))
         user = self.auth.user_for_token(_field(form, "token", 512))
         if user is None or not self.auth.same_origin(request):
@@ -452,7 +461,8 @@ class Console:
         raise response
 
     async def logout(self, request: web.Request) -> web.Response:
-        """Forget the session cookie."""
+        """End the session: here, and the cookie in the browser."""
+        self.auth.end_session(request)
         response = web.HTTPSeeOther("/console/fleet")
         response.del_cookie(COOKIE, path="/console")
         raise response
