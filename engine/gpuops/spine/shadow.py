@@ -36,6 +36,7 @@ from gpuops.models import (
     RunOutcome,
     RunStatus,
 )
+from gpuops.ops.power import do_power
 from gpuops.record.nodestate import after_gate_failed
 from gpuops.settings import Settings
 from gpuops.spine.build import build_engine
@@ -111,6 +112,7 @@ class Shadow:
         inventory = Inventory(
             Path("<shadow>"), self.hosts, dict(groups or {}), dict(hostvars or {})
         )
+        self.inventory = inventory
         self.engine = build_engine(
             self.settings,
             rules=rules,
@@ -162,12 +164,17 @@ class Shadow:
         return out
 
     async def _command(self, event: ChatopsEvent) -> None:
-        """A person's silence, as recorded, is in force in the replay as it was live."""
-        if event.data.command != "silence":
-            return
+        """A person's silence or power budget, as recorded, is in force in the replay as
+        it was live (the live command wrote it to KV; the event is all the recording has)."""
+        d = event.data
         try:
-            target, starts, ends, reason = silence_span(event.data.args, event.epoch)
-            await self.engine.silences.add(target, starts, ends, reason, event.data.user)
+            if d.command == "silence":
+                target, starts, ends, reason = silence_span(d.args, event.epoch)
+                await self.engine.silences.add(target, starts, ends, reason, d.user)
+            elif d.command == "power" and d.args[:1] == ["budget"]:
+                control = self.engine.stores.buckets.control
+                power = self.settings.power
+                await do_power(d.args, d.user, control, power, self.inventory, event.epoch)
         except (ValueError, EngineError):
             return  # the live command refused it too
 

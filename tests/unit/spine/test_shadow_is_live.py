@@ -39,6 +39,8 @@ from gpuops.models import (
     RunOutcome,
     RunStatus,
 )
+from gpuops.ops.power import do_power
+from gpuops.power.config import PowerSettings
 from gpuops.settings import Settings
 from gpuops.sim.fleet import SimFleet, envelope
 from gpuops.spine.build import Engine, build_engine
@@ -260,6 +262,43 @@ async def test_a_validation_that_timed_out_live_times_out_in_a_replay(tmp_path: 
     assert await _states(shadow.engine) == await _states(live.engine)
     record = await shadow.engine.states.get("node-002")
     assert record.state.value == "needs_human" and "no validation probe answer" in record.why
+
+
+async def test_a_persons_power_budget_is_in_force_in_a_replay_as_it_was_live(
+    tmp_path: Path,
+) -> None:
+    """Review of issue 30: live, `power budget GROUP WATTS DURATION` writes its override to
+    KV and is recorded as a chatops event; the shadow applied only silences from such
+    events, so a replay never capped what the live engine capped."""
+    settings = _settings().model_copy(update={"power": PowerSettings(interval_s=30)})
+    live = Live(settings)
+    shadow = Shadow(
+        load_rules([settings.rules_dir], settings.playbooks_dir), NODES, settings, groups=RACK
+    )
+    fleet = SimFleet.create(tmp_path / "sim", nodes=2, gpus=4)
+    for node in NODES:
+        fleet.inject(node, "load", 0, workload="training")
+    args = ["budget", "rack-a1", "2000W", "2h", "demand", "response"]
+    for step in range(30):
+        t = T0 + step * STEP_S
+        if step == 4:  # the live command writes the override, and its event is recorded
+            await live.at(t)  # the loops of this moment ran before the command came
+            control = live.engine.stores.buckets.control
+            await do_power(args, "cli:alice", control, settings.power, live.inventory, t)
+            data = {"command": "power", "args": args, "user": "cli:alice", "platform": "cli"}
+            asked = EVENT_ADAPTER.validate_python(envelope("chatops", "fleet", t, data))
+            await live.handle(asked)
+            await shadow.feed(asked)
+        for node in NODES:
+            sample = fleet.telemetry(node, t)
+            if sample is not None:
+                event = EVENT_ADAPTER.validate_python(sample)
+                await live.handle(event)
+                await shadow.feed(event)
+    mine = _decisions(live.publisher)
+    assert _decisions(shadow.publisher) == mine
+    capped = {node for _, node, rule, reason, *_ in mine if rule == "power-budget"}
+    assert capped == set(NODES), "the override capped both nodes, live and in the replay"
 
 
 # One of four nodes may lose capacity (the defaults: two, by the breaker and the rack).
