@@ -73,7 +73,7 @@ async def test_a_readable_approval_or_breaker_is_not_rewritten_through_state_rep
 async def test_an_unreadable_record_of_a_persons_authority_needs_that_persons_grant(
     bus: Bus,
 ) -> None:
-    commands, stores = _commands(bus)
+    commands, _ = _commands(bus)
     control = NatsKV(bus.kv["control"])
     await control.put("breaker.fleet", GARBAGE)
     await NatsKV(bus.kv["cooldowns"]).put("cooldown.0badc0de", GARBAGE)
