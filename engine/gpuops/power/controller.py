@@ -7,7 +7,10 @@ budgeted group's limits, takes the lowest where a GPU is in several groups, then
 - a raise is at most `step_w`, not within `dwell_s` of the GPU's last change, and not at
   all for less than `hysteresis_w`; a cut that small, or within the dwell, is skipped
   while the group has the slack for it. So limits settle instead of oscillating;
-- a GPU whose node is under no budget any more goes back to its policy value at once.
+- a GPU whose node is under no budget any more goes back to its policy value at once;
+- no GPU of a group is raised while a node of the group has sent no reading since the
+  controller started (an engine restart, an agent down): its draw is unknown, and
+  counting it as 0 W gave its share to the others, over the budget. Cuts still go out.
 
 The same class runs in the engine (gpuops/power/engine.py) and in `gpuops bench power`.
 """
@@ -68,6 +71,7 @@ class GroupPlan:
     uses: dict[Key, Use]
     draw_w: float
     limits_w: float
+    unseen: tuple[str, ...] = ()  # nodes of the group with no reading yet: no raise
 
     @property
     def feasible(self) -> bool:
@@ -214,6 +218,7 @@ class PowerController:
                 {d.key: d.use for d in demands},
                 sum(d.draw_w for d in demands),
                 sum(d.limit_w for d in demands),
+                tuple(sorted(n for n in budget.nodes if n not in by_node)),
             )
             groups.append(plan)
             for key, watts in allocation.limits.items():
@@ -236,6 +241,8 @@ class PowerController:
             settled = now - self.gpus[key].changed_at < s.dwell_s
             if want > cur and cur < d.lo:
                 new[key] = max(d.lo, min(want, cur + s.step_w))  # a floor is restored at once
+            elif want > cur and any(g.unseen for g in member[key]):
+                new[key] = cur  # a node's draw is unknown: so is its group's slack
             elif want > cur:
                 small = want - cur < s.hysteresis_w
                 new[key] = cur if small or settled else min(want, cur + s.step_w)

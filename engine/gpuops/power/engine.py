@@ -389,4 +389,5 @@ def _group_facts(g: GroupPlan) -> dict[str, Any]:
         "floors_w": a.floors_w,
         "feasible": a.feasible,
         "gpus": len(a.limits),
+        "unseen": list(g.unseen),
     }
