@@ -39,6 +39,9 @@ class DomainFaults(BaseModel):
     until: float = 0.0  # node remediations held until then
     nodes: tuple[str, ...] = ()  # the nodes that opened it
     applied: bool = False  # the domain's response was made
+    # The last episode's end: a fault first seen before it is its node's own, and only
+    # faults first seen after it gather towards the next episode.
+    since: float = 0.0
 
 
 class DomainEpisode(BaseModel):
@@ -111,8 +114,10 @@ class DomainCorrelation(BaseStage):
         """The record with this node's fault in it, and the proposal's fate."""
         now, node, within = p.now, p.node, spec.within_s
         seen = {n: fl for n, fl in record.seen.items() if now - fl[1] <= within}
-        if record.opened is not None and now >= record.until and not seen:
-            record = DomainFaults()  # the episode ended and its faults cleared: start over
+        if record.opened is not None and now >= record.until:
+            # The episode ended. A node that kept faulting through it (its drain refused,
+            # waiting for a person) must not keep the domain from ever opening another.
+            record = DomainFaults(since=record.until)
         first, last = seen.get(node, (now, float("-inf")))
         # Writes only as often as they matter: a node seen again within a quarter window.
         if now - last >= within / 4:
@@ -121,18 +126,19 @@ class DomainCorrelation(BaseStage):
         if record.opened is not None and now < record.until:
             new = record.model_copy(update={"seen": seen})
             return new, Drop(Reason.DOMAIN_HELD, self._held(record, where))
-        if record.opened is not None:  # the domain recovered; this node's fault outlived it
+        if first < record.since:  # the domain recovered; this node's fault outlived it
             p.notes.append(f"{where}'s episode ended: the fault outlived it, the node's own")
             return record.model_copy(update={"seen": seen}), None
-        if len(seen) >= spec.nodes:
+        gathering = sorted(n for n, (f, _) in seen.items() if f >= record.since)
+        if len(gathering) >= spec.nodes:
             opened = DomainFaults(
-                seen=seen, opened=now, until=now + spec.hold_s, nodes=tuple(sorted(seen))
+                seen=seen, opened=now, until=now + spec.hold_s, nodes=tuple(gathering)
             )
             return opened, Drop(Reason.DOMAIN_HELD, "opened: " + self._held(opened, where))
         if now - first < within:
             wait = (
                 f"waiting up to {format_duration(within)} for {where}'s other nodes: "
-                f"{len(seen)} of {spec.nodes} faulting"
+                f"{len(gathering)} of {spec.nodes} faulting"
             )
             return record.model_copy(update={"seen": seen}), Drop(Reason.DOMAIN_WAIT, wait)
         p.notes.append(f"no other node of {where} joined within {format_duration(within)}")

@@ -36,7 +36,10 @@ class Domains:
 
     by_node: Mapping[str, Mapping[str, str]]
     members: Mapping[tuple[str, str], frozenset[str]] = field(default_factory=dict)
-    groups: frozenset[str] = frozenset()  # the inventory's group names
+    # Inventory groups that hold exactly the hosts of the domain of their name: the
+    # domain goes by the group's name (`cooling_loop_a`). One that holds other hosts (a
+    # CDU's own controller in group `cdu-2`) must not take the domain's power budget.
+    groups: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, inventory: Inventory) -> Domains:
@@ -62,7 +65,11 @@ class Domains:
         return cls(
             by_node={h: dict(sorted(d.items())) for h, d in found.items()},
             members={k: frozenset(v) for k, v in members.items()},
-            groups=frozenset(inventory.groups),
+            groups=frozenset(
+                name
+                for (_, name), hosts in members.items()
+                if inventory.groups.get(name, frozenset()) - facility == hosts
+            ),
         )
 
     def of_node(self, node: str) -> Mapping[str, str]:
@@ -75,7 +82,7 @@ class Domains:
 
     def group(self, kind: str, name: str) -> str:
         """The group people and the power controller name the domain by: its inventory
-        group where it is one, else `kind:name` (`cooling_loop:cdu-2`)."""
+        group where that group is the domain, else `kind:name` (`cooling_loop:cdu-2`)."""
         return name if name in self.groups else f"{kind}:{name}"
 
     def as_groups(self) -> dict[str, frozenset[str]]:

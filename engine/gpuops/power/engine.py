@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from gpuops.bus.store import KV, Store
 from gpuops.catalog import Catalog, Role
 from gpuops.clock import Clock
-from gpuops.inventory.domains import Domains
+from gpuops.inventory.domains import FACILITY, Domains
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.builtin import BUILTIN_FILE
 from gpuops.match.facts import Telemetry
@@ -179,7 +179,11 @@ class PowerEngine:
         # Failure domains are groups too (`cooling_loop:cdu-2`): a domain's episode
         # budgets its nodes' power (gpuops.decide.correlate).
         domains = Domains.of(inventory).as_groups()
-        self.hosts_of = {**domains, **inventory.groups, FLEET: inventory.hosts}
+        every = {**domains, **inventory.groups, FLEET: inventory.hosts}
+        # Facility equipment (a CDU's controller) has no GPU to cap nor power to report:
+        # in a group's budget it would be a node whose draw is never known.
+        facility = inventory.groups.get(FACILITY, frozenset())
+        self.hosts_of = {group: hosts - facility for group, hosts in every.items()}
         self.told: dict[str, float] = {}  # group -> the budget a person was told of
         self.split: set[str] = set()  # groups told to be split between replicas
         self.last: Plan | None = None

@@ -9,16 +9,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gpuops.decide.correlate import correlation_store
+from gpuops.bus.store import MemoryKV
+from gpuops.decide.correlate import DomainCorrelation, DomainEpisode, correlation_store
+from gpuops.decide.stage import Drop, Proposal
 from gpuops.errors import RuleError
+from gpuops.inventory.domains import Domains
+from gpuops.inventory.hosts import Inventory
 from gpuops.match.loader import load_rules
-from gpuops.models import EVENT_ADAPTER, Decision, Reason
+from gpuops.models import EVENT_ADAPTER, ActionSpec, Decision, Reason
 from gpuops.power.budgets import Overrides
 from gpuops.settings import Settings
 from gpuops.sim.fleet import SimFleet
 from gpuops.spine.shadow import Shadow
 
-from tests.unit.decide.helpers import ROOT
+from tests.unit.decide.helpers import ROOT, match
 
 T0 = 1_900_000_000.0
 STEP_S = 5.0
@@ -130,3 +134,46 @@ def test_domain_on_a_one_off_event_is_refused_with_file_line_and_rule(tmp_path: 
         load_rules([tmp_path], ROOT / "playbooks")
     text = str(found.value)
     assert "bad.yml:5" in text and "xid-by-loop" in text and "telemetry" in text
+
+
+def test_a_node_faulting_through_an_episode_does_not_keep_the_next_from_opening() -> None:
+    """Review of issue 30: after a loop's episode ended, one node that went on faulting
+    (its drain refused by a later stage, waiting for a person) kept the record's faults
+    from ever clearing; a second loss of flow two hours later was then each node's own:
+    three drains where one episode should hold them."""
+    nodes = [f"n{i}" for i in range(1, 8)]
+    inventory = Inventory(
+        Path("inv"), frozenset(nodes), {}, {n: {"cooling_loop": "a"} for n in nodes}
+    )
+    opened: list[DomainEpisode] = []
+
+    async def on_open(episode: DomainEpisode) -> None:
+        opened.append(episode)
+
+    stage = DomainCorrelation(MemoryKV("control"), Domains.of(inventory), on_open)
+    rule = next(r for r in load_rules([ROOT / "rules"], ROOT / "playbooks").rules if r.domain)
+    assert rule.domain is not None
+    hold, within = rule.domain.hold_s, rule.domain.within_s
+
+    async def fault(node: str, t: float) -> Drop | None:
+        p = Proposal(
+            match(rule.name, node, t, gpu=None), rule, t, [ActionSpec(playbook="drain.yml")], False
+        )
+        return await stage.check(p)
+
+    async def scenario() -> list[Drop | None]:
+        for node in nodes[:3]:  # the first loss of flow
+            await fault(node, T0)
+        t = T0
+        while t < T0 + 8 * hold:  # n4 faults on through the episode and long after
+            t += within / 4
+            await fault("n4", t)
+        return [await fault(node, t) for node in nodes[4:]]  # the second loss of flow
+
+    second = asyncio.run(scenario())
+    assert [d.reason if d else None for d in second] == [
+        Reason.DOMAIN_WAIT,
+        Reason.DOMAIN_WAIT,
+        Reason.DOMAIN_HELD,
+    ], "the loop's second episode opens, as its first did"
+    assert [e.faulting for e in opened] == [("n1", "n2", "n3"), ("n5", "n6", "n7")]

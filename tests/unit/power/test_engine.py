@@ -180,3 +180,36 @@ async def test_a_budget_split_between_replicas_is_not_kept_and_people_are_told(
         if s.startswith("gpuops.audit.") and "not kept" in json.loads(p)["summary"]
     ]
     assert len(notes) == 1 and "split between engine replicas" in notes[0]
+
+
+async def test_a_facility_host_of_a_budgeted_group_is_not_a_node_it_waits_for(
+    tmp_path: Path,
+) -> None:
+    """A CDU's controller in the rack's group (and the fleet) sends no GPU telemetry: a
+    budget neither caps it nor waits for its draw before raising the rack's GPUs."""
+    fleet = SimFleet.create(tmp_path / "sim", nodes=2, gpus=4)
+    for node in NODES:
+        fleet.inject(node, "load", 0, workload="training")
+    settings = Settings.model_validate({"power": {"interval_s": 10}})
+    inventory = Inventory(
+        tmp_path,
+        frozenset({*NODES, "cdu-a"}),
+        {"rack-a1": frozenset({*NODES, "cdu-a"}), "facility": frozenset({"cdu-a"})},
+        {},
+    )
+    engine = build_engine(
+        settings,
+        rules=load_rules([ROOT / "rules"], ROOT / "playbooks"),
+        inventory=inventory,
+        catalog=load_catalog(ROOT / "playbooks"),
+        buckets=Buckets.memory(),
+        publisher=MemoryPublisher(),
+        clock=ManualClock(T0),
+        signing_key=secrets.token_bytes(32),
+    )
+    await _feed(engine, fleet, T0)
+    await _budget(engine, 4000.0)
+    plan = await engine.power.step()
+    (group,) = plan.groups
+    assert group.budget.nodes == frozenset(NODES) and group.unseen == ()
+    assert sorted(i.node for i in _intents(engine)) == NODES
