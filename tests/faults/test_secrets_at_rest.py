@@ -137,3 +137,37 @@ def test_the_playbook_process_gets_only_the_allowed_environment(
     assert not {n for n in names if n.startswith("GPUOPS_")}
     assert {"PATH", "HOME", "LC_TIME"} <= names
     assert _grep(tmp_path / "runs", set(ENVIRONMENT.values())) == []
+
+
+@pytest.mark.parametrize("password", ["calvin", 'Grüß-"bmc"-2026'])
+def test_a_bmc_password_is_masked_in_a_run_nobody_sealed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, password: str
+) -> None:
+    """Review of issue 30: ansible-runner writes the child's environment to `command` as
+    the run starts; a factory password shorter than any value the scrub searches for
+    (iDRAC's `calvin`), or one JSON writes unescaped, stayed there in clear, and so did
+    every password of a run whose executor died before sealing it."""
+    monkeypatch.setenv("GPUOPS_BMC_PASSWORD", password)
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=1)
+    now = time.time()
+    intent = Intent(
+        key="unsealed-drain",
+        rule="overheat",
+        node="node-001",
+        action=ActionSpec(playbook="drain.yml", vars={"reason": "GPU 0 at 91 C"}),
+        event_id="e-unsealed",
+        event_ts=now,
+        decided_at=now,
+    )
+    evidence = Evidence(tmp_path / "runs")
+    run_id = new_run_id(now)
+    book = resolve(Path(__file__).resolve().parents[2] / "playbooks", "drain.yml", None, tmp_path)
+    request = RunRequest.for_intents(
+        [intent], book, fleet.root / "inventory", 120, run_id=run_id, evidence=evidence
+    )
+    outcome = run_playbook(request, SystemClock())  # never sealed: as if the executor died
+    assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
+    env = json.loads((tmp_path / "runs" / run_id / "command").read_text())["env"]
+    assert env["GPUOPS_BMC_PASSWORD"] == "********", "the playbook got it; the file keeps none"
+    assert evidence.scrub_unsealed() == [run_id], "the next executor scrubs what was left"
+    assert _grep(tmp_path / "runs", {password}) == []

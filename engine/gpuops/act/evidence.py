@@ -7,7 +7,11 @@ A run still going has no `run.json` yet and is never removed.
 
 Sealing scrubs the run's files first (`scrub`): the values of the settings' secrets and
 of secret-looking variables of the executor's environment become `********`, wherever a
-playbook, a verbose ssh or ansible-runner put them.
+playbook, a verbose ssh or ansible-runner put them. ansible-runner writes the child's
+whole environment to `command` before the playbook starts: secret-named variables are
+masked there by name as soon as the run is running (`mask_command`), whatever their
+length, and a run an executor never sealed (it died mid-run) is scrubbed when the next
+executor starts (`scrub_unsealed`).
 """
 
 from __future__ import annotations
@@ -85,8 +89,35 @@ def secret_looking(environ: Mapping[str, str]) -> frozenset[str]:
 
 
 def _forms(secret: str) -> set[bytes]:
-    """The secret as written raw, and as it reads inside a JSON string (job events)."""
-    return {secret.encode(), json.dumps(secret)[1:-1].encode()}
+    """The secret as written raw, and as it reads inside a JSON string, ASCII-escaped (job
+    events) or not (ansible-runner's `command`)."""
+    return {
+        secret.encode(),
+        json.dumps(secret)[1:-1].encode(),
+        json.dumps(secret, ensure_ascii=False)[1:-1].encode(),
+    }
+
+
+COMMAND = "command"
+
+
+def mask_command(artifact_dir: Path) -> bool:
+    """Mask, by name, the secret-named variables of the environment ansible-runner wrote to
+    the run's `command`: a BMC's factory password is shorter than any value `scrub` may
+    search for. Whether the file changed."""
+    path = artifact_dir / COMMAND
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    env = data.get("env") if isinstance(data, dict) else None
+    if not isinstance(env, dict):
+        return False
+    masked = {k: MASK.decode() if SECRET_NAME.search(k) else v for k, v in env.items()}
+    if masked == env:
+        return False
+    path.write_text(json.dumps({**data, "env": masked}, ensure_ascii=False), encoding="utf-8")
+    return True
 
 
 def _files(directory: Path) -> list[Path]:
@@ -138,10 +169,25 @@ class Evidence:
         """Scrub the run's files, write its `run.json` with its size: rotation may remove it."""
         where = self.dir_for(meta.run_id)
         where.mkdir(parents=True, exist_ok=True)
-        scrub(where, self.secrets | secret_looking(os.environ))
+        self._scrub(where)
         sealed = meta.model_copy(update={"bytes": _size(where)})
         (where / META).write_text(sealed.model_dump_json(indent=1))
         return sealed
+
+    def _scrub(self, where: Path) -> None:
+        mask_command(where)
+        scrub(where, self.secrets | secret_looking(os.environ))
+
+    def scrub_unsealed(self, in_flight: frozenset[str] = frozenset()) -> list[str]:
+        """Scrub the runs an executor never sealed (it died mid-run): until they age out,
+        their files are read like any run's (`history --run`, the console)."""
+        sealed = {m.run_id for m in self.kept()} | in_flight
+        done = []
+        for path in self.root.iterdir() if self.root.is_dir() else ():
+            if path.name not in sealed and RUN_ID.match(path.name) and path.is_dir():
+                self._scrub(path)
+                done.append(path.name)
+        return done
 
     def stdout(self, run_id: str) -> str:
         """The run's output as ansible-playbook printed it."""

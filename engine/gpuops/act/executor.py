@@ -161,6 +161,11 @@ class Executor:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and run intents until `stop` is set; in-flight runs are awaited."""
+        if self.evidence is not None:  # what an executor that died mid-run left unsealed
+            try:
+                await asyncio.to_thread(self.evidence.scrub_unsealed, frozenset(self._running))
+            except OSError as exc:
+                log.warning("unsealed runs not scrubbed: %s", exc)
         size = self.runs.batch_size
         config = ConsumerConfig(
             ack_policy=AckPolicy.EXPLICIT,

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from gpuops.act.evidence import Evidence
+from gpuops.act.evidence import Evidence, mask_command
 from gpuops.act.hostdata import Target, host_vars_source, unsafe_yaml
 from gpuops.act.playbooks import PlaybookVersion
 from gpuops.act.runenv import RunEnv, child_env
@@ -310,6 +310,14 @@ def _runner(req: RunRequest, data_dir: Path, **kwargs: Any) -> Any:
     return runner
 
 
+def _mask_when_running(status: dict[str, Any], runner_config: Any) -> None:
+    """ansible-runner has written the child's environment to `command` by now: its
+    secret-named variables are masked there before the run goes on (a run whose
+    executor dies is never sealed)."""
+    if status.get("status") == "running":
+        mask_command(Path(runner_config.artifact_dir))
+
+
 def _invoke(req: RunRequest, clock: Clock) -> RunResult:
     """Run ansible-runner to the end (blocking); the temporary private data dir is removed."""
     result = RunResult(req=req, started=clock.now())
@@ -328,6 +336,7 @@ def _invoke(req: RunRequest, clock: Clock) -> RunResult:
             forks=req.forks,
             timeout=max(1, int(req.timeout_s)),
             event_handler=result.on_event,
+            status_handler=_mask_when_running,
             cancel_callback=req.cancel.is_set,
             quiet=True,
             **kept,
