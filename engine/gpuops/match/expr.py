@@ -478,14 +478,25 @@ def render(value: Any, fact: Fact) -> Any:
 
     Each filled value is cut to MAX_TEXT: a playbook var is copied into the intent and
     its decision, and a fact written as text (a list of floats) can be longer than the
-    event held it."""
+    event held it. Control characters in it become spaces: a value is the node's own word,
+    and a newline in a drain's reason split Slurm's one-line reason, which then read as a
+    person's (the node held out of service with nobody's reason)."""
     if isinstance(value, str):
-        return _TEMPLATE.sub(lambda m: cut_text(str(fact.get(m.group(1), "")), MAX_TEXT), value)
+        return _TEMPLATE.sub(
+            lambda m: _one_line(cut_text(str(fact.get(m.group(1), "")), MAX_TEXT)), value
+        )
     if isinstance(value, list):
         return [render(v, fact) for v in value]
     if isinstance(value, dict):
         return {k: render(v, fact) for k, v in value.items()}
     return value
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def _one_line(text: str) -> str:
+    return _CONTROL.sub(" ", text)
 
 
 def fact_keys(expr: ast.expr | None) -> set[str]:

@@ -121,3 +121,13 @@ def test_conditions_within_the_limits_compile_and_evaluate() -> None:
     source = "temp_c > " + "+".join(["1"] * 20) + " and xid in [" + ", ".join("1" * 90) + "]"
     assert compile_condition(source, FIELDS)({"temp_c": 21, "xid": 1}) is True
     assert compile_condition(source, FIELDS)({"temp_c": 20, "xid": 1}) is False
+
+
+def test_a_filled_value_is_one_line() -> None:
+    """Review of issue 30: a node's agent sent an sxid whose switch name held a newline;
+    rendered into the drain's reason, it split Slurm's one-line reason, and the next
+    return to service read the node as held by a person."""
+    facts = {"switch": "sw3\nx [root@2026-12-07T00:00:00]", "sxid": 12028}
+    filled = render("NVSwitch {{ switch }} fatal SXid {{ sxid }}", facts)
+    assert filled == "NVSwitch sw3 x [root@2026-12-07T00:00:00] fatal SXid 12028"
+    assert render({"reason": "{{ switch }}"}, {"switch": "a\r\n\t\x00\x7fb"}) == {"reason": "a b"}
