@@ -1,6 +1,6 @@
 """Facility telemetry over Redfish against real Redfish services: sushy-tools' static
 emulator serving the shipped mockups (a cooling unit with a leak detector, an H200
-server's BMC) over HTTPS. The source reads them with DMTF's client; the events go through
+server's BMC) over HTTPS. The source reads them over urllib3; the events go through
 the live engine's code (the shadow engine) and the shipped facility rules decide."""
 
 from __future__ import annotations

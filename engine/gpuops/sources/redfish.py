@@ -4,13 +4,13 @@ detectors (Redfish 2023.2's ThermalEquipment, CoolingUnit and LeakDetection), as
 `facility` events about the inventory host each service speaks for, with its failure
 domains (rack, PDU, cooling loop) attached.
 
-DMTF's own client library (`redfish`) does the HTTP and the login; this module walks the
-resources a BMC or CDU links from its service root, reads each into the few numbers that
-matter, and bounds what it reads: at most `max_documents` documents of at most
-`max_bytes` each per poll, every value validated by the event model. The library skips
-certificate checks unless it is given a CA file, so https targets must name one (the
-settings refuse them otherwise), and its debug log, which prints the Authorization header,
-is kept quiet.
+The reads are plain GETs with HTTP basic authentication (no session left behind on the
+BMC) over urllib3, which streams: this module walks the resources a BMC or CDU links
+from its service root, reads each into the few numbers that matter, and bounds what it
+reads: at most `max_documents` documents per poll, each read in chunks and dropped as
+soon as it passes `max_bytes` (DMTF's `redfish` client reads a whole answer before
+anyone can look at its size), every value validated by the event model. https targets
+must name the CA that signed their certificate (the settings refuse them otherwise).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import redfish
+import urllib3
 from pydantic import ValidationError
 
 from gpuops.bus.publish import Publisher
@@ -36,8 +36,8 @@ from gpuops.models import EVENT_ADAPTER, subject_for
 from gpuops.settings import RedfishSourceSettings, RedfishTarget
 
 log = logging.getLogger(__name__)
-logging.getLogger("redfish").setLevel(logging.WARNING)  # its DEBUG prints credentials
 ROOT = "/redfish/v1"
+CHUNK = 1 << 16  # a body is read this much at a time, so at most this past max_bytes
 SOURCE = "redfish"
 DOMAIN_VARS = ("rack", "pdu", "cooling_loop")
 
@@ -53,51 +53,86 @@ class Reading:
     state: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One GET's status and, for a 200, its body (never more than the limit)."""
+
+    status: int
+    body: bytes = b""
+
+
 class Client(Protocol):
-    """What the reader needs of a Redfish client (redfish.redfish_client's)."""
+    """What the reader needs of a Redfish client."""
 
-    def get(self, path: str) -> Any: ...
+    def get(self, path: str) -> Answer: ...
 
-    def logout(self) -> None: ...
+    def close(self) -> None: ...
 
 
-def connect(target: RedfishTarget, timeout_s: float) -> Client:
-    """A logged-in client (HTTP basic: no session left behind on the BMC)."""
-    password = target.password_file.read_text().strip() if target.password_file else ""
-    try:
-        client = redfish.redfish_client(
-            base_url=target.url,
-            username=target.user,
-            password=password,
-            cafile=str(target.ca) if target.ca else None,
-            timeout=timeout_s,
-            max_retry=1,
+class Http:
+    """GETs to one Redfish service, each body refused as soon as it passes `max_bytes`."""
+
+    def __init__(self, target: RedfishTarget, timeout_s: float, max_bytes: int) -> None:
+        password = target.password_file.read_text().strip() if target.password_file else ""
+        headers = urllib3.make_headers(basic_auth=f"{target.user}:{password}")
+        headers |= {"Accept": "application/json", "OData-Version": "4.0"}
+        self.url, self.max_bytes = target.url, max_bytes
+        self.pool = urllib3.PoolManager(
+            headers=headers,
+            timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
+            retries=urllib3.Retry(connect=1, read=1, redirect=5, raise_on_redirect=False),
+            ca_certs=str(target.ca) if target.ca else None,
         )
-        client.login(auth="basic")
-    except Exception as exc:  # the library raises its own and requests' errors
-        raise SourceError("down", f"{target.url}: {type(exc).__name__}: {exc}") from None
-    connected: Client = client
-    return connected
+
+    def get(self, path: str) -> Answer:
+        """The answer to `GET path`; its body read only when it is a 200."""
+        resp = self.pool.request("GET", self.url + path, preload_content=False)
+        if resp.status != 200:
+            resp.close()  # its body is not read, so the connection cannot carry another
+            return Answer(resp.status)
+        try:
+            body = self._read(resp, path)
+        except BaseException:
+            resp.close()  # the rest is unread, as above
+            raise
+        resp.release_conn()
+        return Answer(200, body)
+
+    def _read(self, resp: urllib3.BaseHTTPResponse, path: str) -> bytes:
+        too_large = f"GET {path}: more than max_bytes ({self.max_bytes} bytes)"
+        length = resp.headers.get("Content-Length", "")
+        if length.isdigit() and int(length) > self.max_bytes:
+            raise SourceError("too_large", f"{too_large}: {length}", target=self.url)
+        body = bytearray()
+        for chunk in resp.stream(CHUNK):  # decompressed, CHUNK at most each
+            body += chunk
+            if len(body) > self.max_bytes:
+                raise SourceError("too_large", too_large, target=self.url)
+        return bytes(body)
+
+    def close(self) -> None:
+        """Close the pooled connections."""
+        self.pool.clear()
 
 
 class Reader:
     """Reads one service's facility resources into readings, within the bounds."""
 
-    def __init__(self, client: Client, url: str, max_bytes: int, max_documents: int) -> None:
-        self.client, self.url = client, url
-        self.max_bytes, self.left = max_bytes, max_documents
+    def __init__(self, client: Client, url: str, max_documents: int) -> None:
+        self.client, self.url, self.left = client, url, max_documents
 
     def get(self, path: str) -> dict[str, Any]:
         """One document, bounded and a JSON object, else a SourceError naming it."""
         if self.left <= 0:
             raise SourceError("too_many", f"{self.url}: more documents than max_documents")
         self.left -= 1
-        response = self.client.get(path)
-        if response.status != 200:
-            raise SourceError("answer", f"{self.url}{path}: HTTP {response.status}")
-        if len(response.read) > self.max_bytes:
-            raise SourceError("too_large", f"{self.url}{path}: over {self.max_bytes} bytes")
-        body = response.dict
+        answer = self.client.get(path)
+        if answer.status != 200:
+            raise SourceError("answer", f"{self.url}{path}: HTTP {answer.status}")
+        try:
+            body = json.loads(answer.body)
+        except ValueError:
+            body = None
         if not isinstance(body, dict):
             raise SourceError("answer", f"{self.url}{path}: not a JSON object")
         return body
@@ -215,16 +250,16 @@ def _state(value: Any) -> str:
 
 
 def read_target(target: RedfishTarget, cfg: RedfishSourceSettings) -> list[Reading]:
-    """Log in, read, log out (blocking: the source runs it in a thread)."""
-    client = connect(target, cfg.timeout_s)
+    """Read every document the service links (blocking: the source runs it in a thread)."""
+    client = Http(target, cfg.timeout_s, cfg.max_bytes)
     try:
-        return Reader(client, target.url, cfg.max_bytes, cfg.max_documents).readings()
+        return Reader(client, target.url, cfg.max_documents).readings()
     except SourceError:
         raise
-    except Exception as exc:  # a connection that broke mid-walk
+    except Exception as exc:  # no answer, a refused certificate, a connection that broke
         raise SourceError("down", f"{target.url}: {type(exc).__name__}: {exc}") from None
     finally:
-        client.logout()
+        client.close()
 
 
 def events_of(
