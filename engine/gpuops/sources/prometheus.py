@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import json
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,8 +37,8 @@ import aiohttp
 import yarl
 from nats.errors import Error as NatsError
 from nats.js.errors import Error as JsError
-from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import CollectorRegistry, Counter, Metric
+from prometheus_client.parser import text_fd_to_metric_families
 from pydantic import BaseModel, ValidationError
 
 from gpuops.agent.spool import Spool, Spooled
@@ -108,26 +109,76 @@ async def read_capped(resp: aiohttp.ClientResponse, max_bytes: int, target: str)
     return bytes(body)
 
 
-def parse_exposition(text: str, cap: int, over: Tally[str], target: str = "") -> list[Series]:
-    """The mapped DCGM series of a text exposition, at most `cap` (the rest counted)."""
+# The parser keeps a family's samples until the family ends: a page of one huge family
+# would be held whole, a few hundred bytes per line. It is fed this many lines at a time.
+BATCH_LINES = 1024
+
+
+def parse_exposition(
+    body: bytes | str, cap: int, over: Tally[str], target: str = ""
+) -> list[Series]:
+    """The mapped DCGM series of a text exposition, at most `cap` (the rest counted).
+
+    Bytes must be UTF-8 (else UnicodeDecodeError). They are decoded a line at a time and
+    parsed in batches, so parsing holds the body and one batch, not the page as text (in
+    a StringIO, 4 bytes a character) and as objects (a few hundred bytes a line).
+    """
+    if isinstance(body, bytes):
+        body.decode("utf-8")  # a page that is not UTF-8 is refused whole, before any series
+        lines: Iterable[str] = io.TextIOWrapper(io.BytesIO(body), "utf-8", newline="\n")
+    else:
+        lines = io.StringIO(body)
     out: list[Series] = []
+    strings: dict[str, str] = {}
     try:
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                # The parser names a counter's sample `<name>_total`; DCGM's names are as is.
-                counter = family.type == "counter" and s.name == family.name + "_total"
-                name = family.name if counter else s.name
-                if name not in WANTED:
-                    continue
-                if len(out) >= cap:
-                    over["over_cap"] += 1
-                    continue
-                ts = float(s.timestamp) if s.timestamp is not None else None
-                out.append(Series(name, dict(s.labels), float(s.value), ts))
+        for batch in _batches(lines):
+            for family in text_fd_to_metric_families(batch):
+                _keep(family, cap, over, out, strings)
     except (ValueError, IndexError, KeyError, TypeError) as exc:
         why = f"not the Prometheus text format: {exc}"
         raise SourceError("garbage", why, target=target) from exc
     return out
+
+
+def _batches(lines: Iterable[str]) -> Iterator[io.StringIO]:
+    """The lines in batches of BATCH_LINES, each after the last HELP and TYPE lines
+    before it: the parser starts each batch in the family the previous one ended in."""
+    headers: dict[str, str] = {}  # HELP/TYPE -> its last line, in the order they came
+    batch = io.StringIO()
+    for n, line in enumerate(lines, 1):
+        batch.write(line)
+        if line.lstrip().startswith("#"):
+            words = line.split(None, 2)
+            if len(words) > 2 and words[1] in ("HELP", "TYPE"):
+                headers.pop(words[1], None)
+                headers[words[1]] = line
+        if n % BATCH_LINES == 0:
+            batch.seek(0)
+            yield batch
+            batch = io.StringIO()
+            batch.writelines(h if h.endswith("\n") else h + "\n" for h in headers.values())
+    batch.seek(0)
+    yield batch
+
+
+def _keep(
+    family: Metric, cap: int, over: Tally[str], out: list[Series], strings: dict[str, str]
+) -> None:
+    """The family's mapped samples added to `out`, up to `cap` (the rest counted); their
+    label names and values are one string each in `strings` (every GPU's series repeat
+    them, and kept series are what a large page costs)."""
+    for s in family.samples:
+        # The parser names a counter's sample `<name>_total`; DCGM's names are as is.
+        counter = family.type == "counter" and s.name == family.name + "_total"
+        name = family.name if counter else s.name
+        if name not in WANTED:
+            continue
+        if len(out) >= cap:
+            over["over_cap"] += 1
+            continue
+        ts = float(s.timestamp) if s.timestamp is not None else None
+        labels = {strings.setdefault(k, k): strings.setdefault(v, v) for k, v in s.labels.items()}
+        out.append(Series(name, labels, float(s.value), ts))
 
 
 class _Sample(BaseModel):
@@ -348,8 +399,7 @@ class PromSource:
                 if b.query:
                     got = parse_query_answer(b.body, self.s.max_series, over, b.url)
                 else:
-                    text = b.body.decode("utf-8", errors="strict")
-                    got = parse_exposition(text, self.s.max_series, over, b.url)
+                    got = parse_exposition(b.body, self.s.max_series, over, b.url)
             except SourceError as exc:
                 log.warning("scrape %s", exc)
                 out.append(([], over, exc.reason))
