@@ -480,6 +480,21 @@ class AlertmanagerSettings(BaseModel):
     max_alerts: int = Field(default=1000, ge=1, le=100_000)
 
 
+class HttpLimits(BaseModel):
+    """What a client may hold of the engine's HTTP server (ChatOps, console, receiver)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # A client that opens connections and sends its request a byte at a time would hold
+    # each forever: its headers must arrive within this of the connection opening (or of
+    # the previous answer; an idle kept-alive connection is closed after it too), and its
+    # body within this of its headers, else the connection is closed.
+    read_timeout_s: float = Field(default=15.0, gt=0, le=300, description="per request")
+    # Past it a new connection is answered 503 and closed at once (each holds a file
+    # descriptor, and the process has a few thousand).
+    max_connections: int = Field(default=256, ge=1, le=16_384, description="open at once")
+
+
 class SourcesSettings(BaseModel):
     """Sources of events besides gpuops's own agent (docs/sources.md)."""
 
@@ -512,6 +527,7 @@ class Settings(BaseModel):
     console: ConsoleSettings = ConsoleSettings()
     sources: SourcesSettings = SourcesSettings()
     http: str | None = Field(default=None, description="host:port for ChatOps, /metrics, /healthz")
+    http_limits: HttpLimits = HttpLimits()
     run_timeout_s: float = Field(default=900.0, gt=0)
     # A run whose executor has not renewed its claim for this long is taken as interrupted
     # (the executor died): the node goes to a person, or a retry-safe playbook runs again.

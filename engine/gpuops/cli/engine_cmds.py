@@ -75,7 +75,8 @@ async def run_engine(settings: Settings, clock: Clock | None = None) -> None:
     settle_heap()
     if settings.role != "executor":
         enrol_inventory(settings, inventory)
-    starting = Starting()  # /healthz says what the start waits for, until the engine's
+    # /healthz says what the start waits for, until the engine's own server takes over
+    starting = Starting(settings.http_limits)
     await starting.serve(settings.http)
     try:
         async with open_bus(

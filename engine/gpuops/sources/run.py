@@ -147,7 +147,11 @@ async def run_ingest(settings: Settings, http: str | None) -> None:
             connected=lambda: nc.is_connected,
             rules=rules,
         )
-        server = HttpServer(metrics.registry, lambda: (nc.is_connected, {"nats": nc.is_connected}))
+        server = HttpServer(
+            metrics.registry,
+            lambda: (nc.is_connected, {"nats": nc.is_connected}),
+            limits=settings.http_limits,
+        )
         try:
             if http:
                 await server.start(http)

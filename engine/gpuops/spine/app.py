@@ -524,7 +524,7 @@ class App:
             mounts.append(self.alertmanager().mount)
         if self.settings.console.enabled:
             mounts.append(self.console().mount)
-        server = HttpServer(registry, self.health, mounts=mounts)
+        server = HttpServer(registry, self.health, mounts, self.settings.http_limits)
         self.http_port = await server.start(self.http_address)
         return server
 

@@ -13,13 +13,15 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gpuops.http import HttpServer
+from gpuops.settings import HttpLimits
 
 
 class Starting:
     """The HTTP address's `/healthz` until the engine's own server takes the address over."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: HttpLimits | None = None) -> None:
         self.why = "connecting to NATS"
+        self.limits = limits
         self._server: HttpServer | None = None
 
     def note(self, why: str) -> None:
@@ -33,7 +35,7 @@ class Starting:
     async def serve(self, address: str | None) -> None:
         """Answer on `address` (host:port), if one is given."""
         if address:
-            self._server = HttpServer(CollectorRegistry(), self.health)
+            self._server = HttpServer(CollectorRegistry(), self.health, limits=self.limits)
             await self._server.start(address)
 
     async def stop(self) -> None:
