@@ -1,7 +1,7 @@
 """One GPU fenced through Kubernetes DRA, for real: the engine, the executor running
 fence_gpu.yml with ansible-runner against the simulated Kubernetes node (kubectl's shim
-keeps the ResourceSlice and the DeviceTaintRules), and the DRA source publishing the
-driver's taint as `gpuops ingest dra` does.
+keeps the node's ResourceSlice and the cluster's DeviceTaintRules), and the DRA source
+publishing the driver's taint as `gpuops ingest dra` does.
 
 NVIDIA's driver taints GPU 3 of node-001 (XID 79: NoSchedule) while a pod trains on it.
 The gpu-fence ladder reports first (effect None: the rule's status says the pod would be
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from pathlib import Path
-from typing import Any
 
 import pytest
 from gpuops.bus.conn import Bus
@@ -28,9 +27,9 @@ from gpuops.inventory.hosts import load_inventory
 from gpuops.models import RunStatus
 from gpuops.ops.commands import Caller
 from gpuops.record.nodestate import NodeState
+from gpuops.sim.dra_shims import resource_slice
 from gpuops.sim.driver import SimDriver
 from gpuops.sim.fleet import SimFleet
-from gpuops.sim.wlm_shims import resource_slice
 from gpuops.sources.dra import DraSource
 
 from tests.conftest import calls, engine_settings, run_outcomes, running_engine, wait_for
@@ -42,8 +41,7 @@ SPEED = 60.0  # the rule's 10-minute cooldown between rungs is 10 s of wall time
 
 
 def _effects(fleet: SimFleet) -> list[str]:
-    rules: dict[str, Any] = fleet.state(NODE).get("taint_rules", {})
-    return [r["spec"]["taint"]["effect"] for r in rules.values()]
+    return [r["spec"]["taint"]["effect"] for r in fleet.taint_rules().values()]
 
 
 @pytest.mark.slow  # a minute: four rungs, each after the rule's cooldown: `make test-slow`
@@ -83,7 +81,7 @@ async def test_none_then_noschedule_then_approved_noexecute_then_reset_and_unfen
             return now == effects
 
         await wait_for(lambda: stage(["None"]), 120)
-        [reported] = fleet.state(NODE)["taint_rules"].values()
+        [reported] = fleet.taint_rules().values()
         [condition] = reported["status"]["conditions"]
         assert condition["message"] == "1 pods would be evicted by NoExecute", "the evidence"
         breaker, _ = await app.engine.breaker.get()

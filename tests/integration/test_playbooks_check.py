@@ -21,8 +21,8 @@ from gpuops.clock import SystemClock
 from gpuops.fence.dra import find_device, taint_rule
 from gpuops.models import RunStatus
 from gpuops.sim import state as node_state
+from gpuops.sim.dra_shims import resource_slice
 from gpuops.sim.fleet import SimFleet
-from gpuops.sim.wlm_shims import resource_slice
 
 from tests.conftest import ROOT, calls
 
@@ -90,8 +90,8 @@ def _fenced(fleet: SimFleet, node: str) -> None:
     slices = {"items": [resource_slice(fleet.state(node))]}
     uuid = fleet.state(node)["gpus"][1]["uuid"]
     rule = taint_rule(find_device(slices, node, uuid), "NoSchedule", "check")
-    with node_state.locked(fleet.node_dir(node)) as s:
-        s.setdefault("taint_rules", {})[rule["metadata"]["name"]] = rule
+    with node_state.locked(fleet.root / "k8s") as cluster:
+        cluster["taint_rules"][rule["metadata"]["name"]] = rule
 
 
 CASES: dict[str, Case] = {
@@ -129,7 +129,7 @@ def test_check_mode_predicts_the_change_and_makes_none(name: str, tmp_path: Path
     if case.settled is not None:
         case.settled(fleet, SETTLED)
         hosts.append(SETTLED)
-    before = {n: fleet.state(n) for n in fleet.nodes}
+    before = {n: fleet.state(n) for n in fleet.nodes}, fleet.taint_rules()
     playbook = name.split(" ")[0]
     request = RunRequest(
         key="check",
@@ -155,7 +155,8 @@ def test_check_mode_predicts_the_change_and_makes_none(name: str, tmp_path: Path
     assert changed[CHANGING] >= 1, f"no change predicted: {outcome.stats}"
     if case.settled is not None:
         assert changed[SETTLED] == 0, f"a change predicted where none is due: {outcome.changed}"
-    assert {n: fleet.state(n) for n in fleet.nodes} == before, "check mode changed a node"
+    after = {n: fleet.state(n) for n in fleet.nodes}, fleet.taint_rules()
+    assert after == before, "check mode changed a node or the cluster"
     assert not (fleet.node_dir(CHANGING) / "done").exists(), "check mode wrote an intent marker"
     assert not (tmp_path / "diagnostics").exists(), "check mode wrote diagnostics"
     assert calls(fleet, OUTSIDE) == [], "the run went beyond its --limit"

@@ -86,13 +86,24 @@ class SimFleet:
 
     @classmethod
     def create(
-        cls, root: Path, nodes: int, gpus: int = 8, workload_manager: str = "slurm", seed: int = 7
+        cls,
+        root: Path,
+        nodes: int,
+        gpus: int = 8,
+        workload_manager: str = "slurm",
+        seed: int = 7,
+        k8s_names: dict[str, str] | None = None,
     ) -> SimFleet:
-        """Make the node state dirs, their shims and the inventory."""
+        """Make the node state dirs, their shims and the inventory; `k8s_names` gives nodes
+        another name in Kubernetes (the inventory's `k8s_node_name`)."""
         fleet = cls(root=root, nodes=[node_name(i + 1) for i in range(nodes)], gpus=gpus, seed=seed)
+        node_state.write_new(root / "k8s", {"taint_rules": {}})  # the cluster's own objects
         for name in fleet.nodes:
             node_dir = fleet.node_dir(name)
-            node_state.write_new(node_dir, node_state.new_node(name, gpus, workload_manager))
+            new = node_state.new_node(name, gpus, workload_manager)
+            if k8s_names and name in k8s_names:
+                new["k8s_node"] = k8s_names[name]
+            node_state.write_new(node_dir, new)
             _write_shims(node_dir)
             for index in range(gpus):  # half the board on each socket, as on an HGX
                 _write_numa(node_dir, index, index * 2 // max(gpus, 1))
@@ -132,13 +143,14 @@ class SimFleet:
         hosts = {}
         rack_of = {n: r for r, ns in racks(self.nodes).items() for n in ns}
         for name in self.nodes:
-            bin_dir = self.node_dir(name) / "bin"
+            bin_dir, state = self.node_dir(name) / "bin", node_state.read(self.node_dir(name))
             own = {
                 "rack": rack_of[name],  # a failure domain (grade 4 picks peers outside it)
                 "sim_node_dir": str(self.node_dir(name)),
                 "sysfs_root": str(self.node_dir(name) / "sys"),  # the GPUs' NUMA nodes
                 "gpuops_marker_dir": str(self.node_dir(name) / "done"),
-                "workload_manager": node_state.read(self.node_dir(name))["workload_manager"],
+                "workload_manager": state["workload_manager"],
+                **({"k8s_node_name": state["k8s_node"]} if "k8s_node" in state else {}),
                 **{f"{tool.replace('-', '_')}_bin": str(bin_dir / tool) for tool in TOOLS},
             }
             hosts[name] = {k: v for k, v in own.items() if k not in given}
@@ -247,6 +259,13 @@ class SimFleet:
         data = node_state.read(self.node_dir(node))
         self._cache[node] = (stamp, data)
         return data
+
+    def taint_rules(self) -> dict[str, Any]:
+        """The cluster's DeviceTaintRules by name (cluster-scoped: every node's)."""
+        if not (self.root / "k8s" / "state.json").exists():
+            return {}  # a fleet written before the cluster had a store; no kubectl ran since
+        rules: dict[str, Any] = node_state.read(self.root / "k8s").get("taint_rules", {})
+        return rules
 
     def take_events(self, node: str) -> list[dict[str, Any]]:
         """Health events the node's agent would have sent since last asked (XID, ECC)."""

@@ -1,5 +1,6 @@
 """The tools a playbook calls on a simulated node: nvidia-smi, ipmitool, reboot, and the
-workload managers' scontrol, squeue and kubectl (gpuops/sim/wlm_shims.py).
+workload managers' scontrol, squeue and kubectl (gpuops/sim/wlm_shims.py; kubectl's DRA
+verbs and the cluster's objects in gpuops/sim/dra_shims.py).
 
 Each reads and changes the node's state file and appends its argv to `calls.jsonl`,
 so a playbook really changes what the node reports next, and tests can see exactly

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuops.sim import work
+from gpuops.sim.dra_shims import cannot, dra_kubectl, k8s_name, not_found, output_of
 from gpuops.sim.state import locked, read
 
 PDB_REFUSAL = "Cannot evict pod as it would violate the pod's disruption budget."
@@ -109,33 +110,48 @@ def _squeue_row(fmt: str, row: dict[str, Any]) -> str:
 
 
 def kubectl(node_dir: Path, argv: list[str]) -> int:
-    """`kubectl cordon|uncordon|drain NODE`, `get node NODE`, `get pods --field-selector`;
-    DRA: `get resourceslices`, `apply -f -` and `get|delete devicetaintrule(s)`."""
-    verb = argv[0] if argv else ""
-    if verb == "get" and argv[1:2] == ["pods"]:
+    """`kubectl cordon|uncordon|drain NODE`, `get node NODE -o jsonpath={.spec.unschedulable}`,
+    `get pods --field-selector ... -o json`; DRA's verbs in gpuops.sim.dra_shims. Anything
+    else fails as kubectl fails, never with an answer to another question."""
+    verb, what = [*argv, "", ""][:2]
+    if verb == "get" and what == "pods" and output_of(argv) == "json":
         return _get_pods(node_dir, argv)
-    if (
-        argv[1:2] in (["resourceslices"], ["devicetaintrule"], ["devicetaintrules"])
-        or verb == "apply"
-    ):
+    if what in ("resourceslices", "devicetaintrule", "devicetaintrules") or verb == "apply":
         return dra_kubectl(node_dir, argv)
     if verb == "drain":
         return _drain(node_dir, argv)
+    if verb == "get" and what in ("node", "nodes") and len(argv) > 2:
+        return _get_node(node_dir, argv)
+    if verb in ("cordon", "uncordon") and len(argv) == 2:
+        return _cordon(node_dir, verb, what)
+    return cannot(argv)
+
+
+def _get_node(node_dir: Path, argv: list[str]) -> int:
+    """`get node NODE -o jsonpath={.spec.unschedulable}`: `true`, or nothing at all where
+    the node is schedulable (the field is unset then, and jsonpath prints an unset field as
+    an empty string, with no newline)."""
+    s = read(node_dir)
+    if argv[2] != k8s_name(s):
+        return not_found("nodes", argv[2])
+    if output_of(argv) != "jsonpath={.spec.unschedulable}":
+        return cannot(argv)
+    print("true" if s["cordoned"] else "", end="")
+    return 0
+
+
+def _cordon(node_dir: Path, verb: str, name: str) -> int:
     with locked(node_dir) as s:
+        if name != k8s_name(s):
+            return not_found("nodes", name)
+        was = s["cordoned"]
         if verb == "cordon":
-            print(f"node/{s['node']} {'already cordoned' if s['cordoned'] else 'cordoned'}")
+            print(f"node/{name} {'already cordoned' if was else 'cordoned'}")
             s["cordoned"] = True
-            return 0
-        if verb == "uncordon":
-            was = s["cordoned"]
+        else:
             s["cordoned"], s["drained"] = False, False
-            print(f"node/{s['node']} {'uncordoned' if was else 'already uncordoned'}")
-            return 0
-        if verb == "get":
-            print("true" if s["cordoned"] else "false")
-            return 0
-    print(f"kubectl: unknown command {argv}", file=sys.stderr)
-    return 1
+            print(f"node/{name} {'uncordoned' if was else 'already uncordoned'}")
+    return 0
 
 
 def _get_pods(node_dir: Path, argv: list[str]) -> int:
@@ -144,9 +160,9 @@ def _get_pods(node_dir: Path, argv: list[str]) -> int:
     selector = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--field-selector"), "")
     everywhere = "-A" in argv or "--all-namespaces" in argv
     namespace = argv[argv.index("-n") + 1] if "-n" in argv else "default"
-    on_node = selector in ("", f"spec.nodeName={s['node']}")
+    on_node = selector in ("", f"spec.nodeName={k8s_name(s)}")
     items = [
-        _pod_json(p, s["node"])
+        _pod_json(p, k8s_name(s))
         for p in work.running_pods(s, now)
         if on_node and (everywhere or p["namespace"] == namespace)
     ]
@@ -182,10 +198,9 @@ def _drain(node_dir: Path, argv: list[str]) -> int:
     timeout = _timeout_s(argv)
     with locked(node_dir) as s:
         name = argv[1] if len(argv) > 1 else ""
-        if name != s["node"]:
-            print(f'Error from server (NotFound): nodes "{name}" not found', file=sys.stderr)
-            return 1
-        print(f"node/{s['node']} {'already cordoned' if s['cordoned'] else 'cordoned'}")
+        if name != k8s_name(s):
+            return not_found("nodes", name)
+        print(f"node/{name} {'already cordoned' if s['cordoned'] else 'cordoned'}")
         s["cordoned"] = True
     started, refused_at = time.time(), dict[str, float]()
     while True:
@@ -194,10 +209,10 @@ def _drain(node_dir: Path, argv: list[str]) -> int:
             left = _evict(s, now, refused_at)
             if not left:
                 s["drained"] = True
-                print(f"node/{s['node']} drained")
+                print(f"node/{name} drained")
                 return 0
         if now - started >= timeout:
-            return _timed_out(s["node"], left, timeout)
+            return _timed_out(name, left, timeout)
         time.sleep(min(POLL_S, max(0.0, started + timeout - now)))
 
 
@@ -242,136 +257,3 @@ def _pending(pod: work.Work, timeout: float) -> str:
     else:
         what = f'error when waiting for pod "{name}" in namespace "{ns}" to terminate'
     return f"{what}: global timeout reached: {timeout:.0f}s"
-
-
-# --- DRA: the NVIDIA driver's ResourceSlice and DeviceTaintRules (resource.k8s.io/v1) ---
-
-DRA_DRIVER = "gpu.nvidia.com"
-
-
-def resource_slice(s: dict[str, Any]) -> dict[str, Any]:
-    """The node's ResourceSlice as NVIDIA's DRA driver publishes it: one device per GPU
-    (`gpu-N`) with its `uuid` and `index`, and the driver's health taints (fault `dra_taint`)."""
-    node = s["node"]
-    devices = []
-    for g in s["gpus"]:
-        taints = [dict(t) for t in g["faults"].get("dra_taint", {}).get("taints", [])]
-        device: dict[str, Any] = {
-            "name": f"gpu-{g['index']}",
-            "attributes": {
-                "type": {"string": "gpu"},
-                "uuid": {"string": g["uuid"]},
-                "index": {"int": g["index"]},
-                "productName": {"string": "NVIDIA H200"},
-            },
-            "capacity": {"memory": {"value": "141Gi"}},
-        }
-        if taints:
-            device["taints"] = taints
-        devices.append(device)
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRA_DRIVER}-sim"},
-        "spec": {
-            "driver": DRA_DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
-
-
-def dra_kubectl(node_dir: Path, argv: list[str]) -> int:
-    """The DRA verbs of kubectl the fence playbooks use, on the node's own objects."""
-    verb, what = argv[0], argv[1] if len(argv) > 1 else ""
-    if verb == "get" and what == "resourceslices":
-        items = [resource_slice(read(node_dir))]
-        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2))
-        return 0
-    if verb == "apply":
-        return _apply_taint_rule(
-            node_dir, sys.stdin.read() if argv[-1] == "-" else Path(argv[-1]).read_text()
-        )
-    if verb == "get":  # reading changes nothing (check mode reads too)
-        return _get_taint_rules(read(node_dir).get("taint_rules", {}), what, argv)
-    if verb == "delete" and what == "devicetaintrules" and "-l" in argv:
-        key, _, value = argv[argv.index("-l") + 1].partition("=")
-        with locked(node_dir) as s:
-            rules: dict[str, Any] = s.get("taint_rules", {})
-            for name in [n for n, r in rules.items() if r["metadata"]["labels"].get(key) == value]:
-                del rules[name]
-                print(f'devicetaintrule.resource.k8s.io "{name}" deleted')
-        return 0
-    print(f"kubectl: unknown command {argv}", file=sys.stderr)
-    return 1
-
-
-def _get_taint_rules(rules: dict[str, Any], what: str, argv: list[str]) -> int:
-    """`get devicetaintrule NAME -o json`, or every rule with `get devicetaintrules`."""
-    if what == "devicetaintrules":
-        print(json.dumps({"apiVersion": "v1", "kind": "List", "items": list(rules.values())}))
-        return 0
-    if what == "devicetaintrule" and len(argv) > 2:
-        rule = rules.get(argv[2])
-        if rule is None:
-            missing = f'devicetaintrules.resource.k8s.io "{argv[2]}"'
-            print(f"Error from server (NotFound): {missing} not found", file=sys.stderr)
-            return 1
-        print(json.dumps(rule, indent=2))
-        return 0
-    print(f"kubectl: unknown command {argv}", file=sys.stderr)
-    return 1
-
-
-def _apply_taint_rule(node_dir: Path, text: str) -> int:
-    """`kubectl apply` of a DeviceTaintRule: stored with the status the API server keeps
-    (for effect None: what NoExecute would evict; for NoExecute: the pods it evicts)."""
-    rule = json.loads(text)
-    if rule.get("kind") != "DeviceTaintRule" or rule.get("apiVersion") != "resource.k8s.io/v1":
-        print(
-            f"error: the simulated kubectl applies DeviceTaintRules only: {rule.get('kind')}",
-            file=sys.stderr,
-        )
-        return 1
-    name, now = rule["metadata"]["name"], time.time()
-    with locked(node_dir) as s:
-        rules: dict[str, Any] = s.setdefault("taint_rules", {})
-        old = rules.get(name)
-        if old is not None and _without_time(old["spec"]) == _without_time(rule["spec"]):
-            print(f"devicetaintrule.resource.k8s.io/{name} unchanged")
-            return 0
-        device = rule["spec"]["deviceSelector"]["device"]
-        index = int(device.rsplit("-", 1)[-1])
-        pods = [
-            p for p in work.running_pods(s, now) if index in p["gpus"] and p["evicted_at"] is None
-        ]
-        effect = rule["spec"]["taint"]["effect"]
-        if effect == "NoExecute":
-            for pod in pods:
-                pod["evicted_at"] = now
-            message = f"{len(pods)} pods evicted"
-        else:
-            message = f"{len(pods)} pods would be evicted by NoExecute"
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-        rule["spec"]["taint"].setdefault("timeAdded", stamp)
-        rule["status"] = {
-            "conditions": [
-                {
-                    "type": "EvictionInProgress",
-                    "status": "False",
-                    "reason": "Completed" if effect == "NoExecute" else "NoEffect",
-                    "message": message,
-                    "lastTransitionTime": stamp,
-                }
-            ]
-        }
-        rules[name] = rule
-        print(f"devicetaintrule.resource.k8s.io/{name} {'configured' if old else 'created'}")
-    return 0
-
-
-def _without_time(spec: dict[str, Any]) -> dict[str, Any]:
-    """A rule's spec without the taint's timeAdded, which the API server sets itself."""
-    taint = {k: v for k, v in spec.get("taint", {}).items() if k != "timeAdded"}
-    return {**spec, "taint": taint}
