@@ -22,7 +22,8 @@ def gpuops_fence_evidence(rule: dict[str, Any]) -> str:
 
 
 def gpuops_fence_label(node: str) -> str:
-    """The node as the fences' `gpuops.dev/node` label carries it (a label value)."""
+    """The node as the fences' `gpuops.dev/node` label carries it: a label value that is
+    this node's alone (return_to_service.yml deletes the fences it selects)."""
     return label_value(node)
 
 

@@ -9,6 +9,9 @@ evicted), then fences (NoSchedule), asks a person before evicting (NoExecute, ap
 then resets the idle GPU (gpu_reset.yml drains the node first, as always on Kubernetes);
 the gate back into service passes and the fence is removed. The fence rungs leave the
 node in service, and the breaker counts it from the first fence.
+
+Two nodes whose names are alike in their first 63 characters (FQDNs) are fenced, and one
+returns to service: the other's fence stays (the label is each node's own).
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ import contextlib
 from pathlib import Path
 
 import pytest
+from gpuops.act.playbooks import resolve
+from gpuops.act.runner import RunRequest, run_playbook
 from gpuops.bus.conn import Bus
 from gpuops.bus.identity import source as source_identity
 from gpuops.bus.publish import JetStreamPublisher
 from gpuops.bus.server import EmbeddedNats
-from gpuops.clock import ScaledClock
+from gpuops.clock import ScaledClock, SystemClock
 from gpuops.inventory.hosts import load_inventory
-from gpuops.models import RunStatus
+from gpuops.models import RunOutcome, RunStatus
 from gpuops.ops.commands import Caller
 from gpuops.record.nodestate import NodeState
 from gpuops.sim.dra_shims import resource_slice
@@ -32,7 +37,7 @@ from gpuops.sim.driver import SimDriver
 from gpuops.sim.fleet import SimFleet
 from gpuops.sources.dra import DraSource
 
-from tests.conftest import calls, engine_settings, run_outcomes, running_engine, wait_for
+from tests.conftest import ROOT, calls, engine_settings, run_outcomes, running_engine, wait_for
 
 pytestmark = pytest.mark.integration
 NODE = "node-001"
@@ -137,3 +142,43 @@ async def test_none_then_noschedule_then_approved_noexecute_then_reset_and_unfen
         "no fence rung drained: only the reset, as gpu_reset.yml does on Kubernetes"
     )
     assert not calls(fleet, "node-002"), "the other node was never touched"
+
+
+# Two FQDN node names alike in their first 63 characters: a label cut to 63 was shared.
+LONG = "dgx-h200-superpod-2-scalable-unit-04-rack-07.cluster-east.corp.example"
+K8S_NAMES = {"node-001": f"{LONG}.node-011", "node-002": f"{LONG}.node-012"}
+
+
+def _playbook(fleet: SimFleet, playbook: str, hosts: list[str], **gpuops: object) -> RunOutcome:
+    request = RunRequest(
+        key="t",
+        rule="test",
+        node=hosts[0],
+        playbook=resolve(ROOT / "playbooks", playbook, None, fleet.root / "refs"),
+        playbook_name=playbook,
+        inventory=fleet.root / "inventory",
+        timeout_s=300,
+        limit=",".join(hosts),
+        extravars={"gpuops": {"node": hosts[0], **gpuops}},
+    )
+    return run_playbook(request, SystemClock())
+
+
+def test_returning_one_node_leaves_the_fence_of_another_with_a_name_alike(tmp_path: Path) -> None:
+    fleet = SimFleet.create(
+        tmp_path / "sim", nodes=3, gpus=2, workload_manager="kubernetes", k8s_names=K8S_NAMES
+    )
+    fenced = _playbook(fleet, "fence_gpu.yml", ["node-001", "node-002"], gpu=1, effect="NoSchedule")
+    assert fenced.status is RunStatus.SUCCESSFUL, fenced.error
+    pools = {r["spec"]["deviceSelector"]["pool"] for r in fleet.taint_rules().values()}
+    assert pools == set(K8S_NAMES.values()), "one fence on each node"
+
+    back = _playbook(fleet, "return_to_service.yml", ["node-001", "node-003"])
+
+    assert back.status is RunStatus.SUCCESSFUL, back.error
+    pools = {r["spec"]["deviceSelector"]["pool"] for r in fleet.taint_rules().values()}
+    assert pools == {K8S_NAMES["node-002"]}, "node-001's fence went, node-002's stays"
+    assert "node-001: Remove the node's DRA fences" in back.changed
+    assert "node-003: Remove the node's DRA fences" not in back.changed, (
+        "kubectl's `No resources found` (on stdout) is no change"
+    )

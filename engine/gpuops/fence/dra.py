@@ -6,10 +6,12 @@ A DRA driver (NVIDIA's: `gpu.nvidia.com`) publishes each node's GPUs in Resource
 `attributes` (`uuid`, the NVML UUID; `index`). gpuops fences the GPU whose `uuid` is the
 one NVML names: a DeviceTaintRule selecting that driver, pool and device, named for the
 node and the device (`gpuops-fence-node-001-gpu-3`), labelled with the node so the return
-to service removes every fence of it at once. The taint's effect climbs the ladder:
-`None` (report only: the rule's status says what NoExecute would evict, the evidence),
-`NoSchedule` (no new claims), `NoExecute` (its pods evicted; after the breaker and a
-person's approval). The manifests are built with the official client's models.
+to service removes every fence of it at once (a node name over 63 characters, too long for
+a label value, is cut and given a hash of the whole: the label is that node's alone). The
+taint's effect climbs the ladder: `None` (report only: the rule's status says what
+NoExecute would evict, the evidence), `NoSchedule` (no new claims), `NoExecute` (its pods
+evicted; after the breaker and a person's approval). The manifests are built with the
+official client's models.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ TAINT_KEY = f"{K8S_DOMAIN}/fenced"
 NODE_LABEL = f"{K8S_DOMAIN}/node"
 EFFECTS = ("None", "NoSchedule", "NoExecute")
 _DNS = re.compile(r"[^a-z0-9-]+")
+LABEL_MAX = 63  # characters in a Kubernetes label value
+_LABEL = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")  # the API's own pattern
+_NOT_LABEL = re.compile(r"[^A-Za-z0-9._-]+")
+_LABEL_HASH = 12  # hex digits of sha256: 48 bits, no clash in any fleet
 
 
 class FenceError(ValueError):
@@ -125,9 +131,15 @@ def taint_rule(ref: DeviceRef, effect: str, reason: str) -> dict[str, Any]:
 
 
 def label_value(text: str) -> str:
-    """`text` as a Kubernetes label value (63 characters of [A-Za-z0-9._-], alphanumeric at
-    both ends)."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:63].strip("-._")
+    """`text` as a Kubernetes label value, one of its own: the return to service deletes a
+    node's fences by this label, so two nodes must never share one."""
+    if len(text) <= LABEL_MAX and _LABEL.fullmatch(text):
+        return text  # every Kubernetes node name of 63 characters or fewer: as it always was
+    # Cut or changed, the name could equal another's (FQDNs share long prefixes): a hash of
+    # the whole of it keeps them apart, as rule_name's does.
+    digest = hashlib.sha256(text.encode()).hexdigest()[:_LABEL_HASH]
+    prefix = _NOT_LABEL.sub("-", text)[: LABEL_MAX - _LABEL_HASH - 1].strip("-._")
+    return f"{prefix}-{digest}" if prefix else digest
 
 
 def selects(selector: Mapping[str, Any], ref: DeviceRef) -> bool:

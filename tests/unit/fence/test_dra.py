@@ -15,6 +15,7 @@ from gpuops.fence.dra import (
     DeviceRef,
     FenceError,
     find_device,
+    label_value,
     rule_name,
     selects,
     taint_rule,
@@ -63,6 +64,28 @@ def test_a_name_is_a_dns_subdomain_whatever_the_node_is_called_and_never_shared(
     assert rule_name("gpu.node-07", "gpu-0") != rule_name("gpu-node.07", "gpu-0")
     long = rule_name("n" * 300, "gpu-0")
     assert len(long) <= 253 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", long)
+
+
+# The API server's own check of a label value.
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+FQDN = "dgx-h200-superpod-2-scalable-unit-04-rack-07.cluster-east.corp.example"
+
+
+def test_two_long_node_names_alike_in_63_characters_get_labels_of_their_own() -> None:
+    a, b = f"{FQDN}.node-011", f"{FQDN}.node-012"
+    assert len(a) > 70 and a[:63] == b[:63]
+    assert label_value(a) != label_value(b), "returning one would delete the other's fences"
+    for name in (a, b, "n" * 300, "." * 70, "GPU_Node.07 (old)"):
+        label = label_value(name)
+        assert len(label) <= 63 and LABEL_VALUE.fullmatch(label), label
+    rule = taint_rule(DeviceRef("gpu.nvidia.com", a, "gpu-3", a), "NoExecute", "")
+    assert rule["metadata"]["labels"] == {"gpuops.dev/node": label_value(a)}
+
+
+def test_a_name_that_is_a_label_value_is_its_own_label_as_before() -> None:
+    """Fences labelled before the hash came still match the return to service's selector."""
+    for name in ("node-001", "gpu01.cluster.local", "x" * 63):
+        assert label_value(name) == name
 
 
 @pytest.mark.parametrize(
