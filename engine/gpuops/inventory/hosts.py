@@ -41,6 +41,34 @@ class Inventory:
         return self.groups.get(group, frozenset())
 
 
+def k8s_nodes(inventory: Inventory) -> dict[str, str]:
+    """Each host's Kubernetes node name (its `k8s_node_name`, else its own, as the playbooks
+    read it), mapped back to the host.
+
+    Two hosts claiming one node name are refused, naming both: the playbooks of either would
+    drain and fence the same node, and a taint on it could not be put on one of them.
+    Refused, not skipped as unknown: that would drop the driver's word on a faulty GPU with
+    a log line nobody reads. A templated name is refused too: read without Ansible, it is
+    not the name the playbooks use.
+    """
+    hosts: dict[str, str] = {}
+    for host in sorted(inventory.hosts):
+        name = inventory.hostvars.get(host, {}).get("k8s_node_name") or host
+        if not isinstance(name, str) or "{{" in name or "{%" in name:
+            raise ConfigError(
+                f"inventory {inventory.path}: host {host!r} has k8s_node_name {name!r}: gpuops "
+                "reads it without Ansible's templating; write the node's name as Kubernetes has it"
+            )
+        other = hosts.setdefault(name, host)
+        if other != host:
+            raise ConfigError(
+                f"inventory {inventory.path}: hosts {other!r} and {host!r} are both the "
+                f"Kubernetes node {name!r} (k8s_node_name, or the host's own name); give each "
+                "host its own node"
+            )
+    return hosts
+
+
 def load_inventory(path: Path) -> Inventory:
     """Parse any inventory Ansible can (YAML, INI, directories, host_vars), fast where it can."""
     if not path.exists():

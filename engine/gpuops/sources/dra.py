@@ -2,8 +2,9 @@
 ResourceSlices (the official Kubernetes client, in-cluster or a kubeconfig; or a
 `kubectl get resourceslices -o json` file) every interval and publishes one `dra_taint`
 event per tainted device, about the inventory host whose node publishes it, with the GPU's
-index and NVML UUID. A slice of a node the inventory does not know is counted and skipped:
-its events would be refused anyway.
+index and NVML UUID. A slice names its Kubernetes node; the host is the one whose
+`k8s_node_name` (else its own name, as the playbooks read it) is that node. A slice of a
+node no host is, is counted and skipped: its events would be refused anyway.
 
 gpuops's own fences (key gpuops.dev/fenced) are DeviceTaintRules, not slice taints, so
 they never come back here as the driver's word.
@@ -26,7 +27,7 @@ from gpuops.bus.publish import Publisher
 from gpuops.clock import Clock, rfc3339
 from gpuops.errors import SourceError
 from gpuops.fence.dra import TAINT_KEY, driver_taints
-from gpuops.inventory.hosts import Inventory
+from gpuops.inventory.hosts import Inventory, k8s_nodes
 from gpuops.models import EVENT_ADAPTER, subject_for
 
 log = logging.getLogger(__name__)
@@ -36,14 +37,17 @@ MAX_SLICES = 100_000  # slices read from the API at most (one a node and driver,
 
 
 def taint_events(
-    slices: Mapping[str, Any], inventory: Inventory, at: float
+    slices: Mapping[str, Any], hosts: Mapping[str, str], at: float
 ) -> tuple[list[dict[str, Any]], set[str]]:
-    """The events of every driver taint on a known node's device, and the unknown nodes."""
+    """The events of every driver taint on a known node's device, each about the inventory
+    host that is the node (`hosts`: Kubernetes node name to host, k8s_nodes), and the
+    Kubernetes nodes no host is."""
     out, unknown = [], set()
     for t in driver_taints(slices):
         if t.key == TAINT_KEY or t.ref.index is None or t.ref.index < 0:
             continue  # gpuops's own fence, or a device that is no indexed GPU
-        if t.ref.node not in inventory:
+        host = hosts.get(t.ref.node)
+        if host is None:
             unknown.add(t.ref.node or "(no node)")
             continue
         data: dict[str, Any] = {
@@ -56,10 +60,10 @@ def taint_events(
             "value": t.value,
             "effect": t.effect,
         }
-        key = hashlib.sha256(f"{t.ref.node}\0{t.ref.device}\0{t.key}".encode()).hexdigest()
+        key = hashlib.sha256(f"{host}\0{t.ref.device}\0{t.key}".encode()).hexdigest()
         event = {
             "id": f"{SOURCE}-{key[:32]}-{int(at)}",
-            "node": t.ref.node,
+            "node": host,
             "ts": rfc3339(at),
             "source": f"{SOURCE}:{t.ref.driver}"[:200],
             "kind": "dra_taint",
@@ -120,12 +124,13 @@ class DraSource:
     ) -> None:
         self.inventory, self.publisher, self.clock = inventory, publisher, clock
         self.read, self.interval_s = read, interval_s
+        self.hosts = k8s_nodes(inventory)  # once: a clash refuses the source at its start
         self.unknown: set[str] = set()
 
     async def poll_once(self) -> list[dict[str, Any]]:
         """One listing's events, published."""
         slices = await asyncio.to_thread(self.read)
-        events, self.unknown = taint_events(slices, self.inventory, self.clock.now())
+        events, self.unknown = taint_events(slices, self.hosts, self.clock.now())
         if self.unknown:
             log.warning("DRA taints on nodes outside the inventory: %s", sorted(self.unknown))
         for e in events:

@@ -11,6 +11,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from gpuops.errors import ConfigError
 from gpuops.fence.dra import (
     DeviceRef,
     FenceError,
@@ -21,7 +22,7 @@ from gpuops.fence.dra import (
     taint_rule,
     tolerates,
 )
-from gpuops.inventory.hosts import Inventory
+from gpuops.inventory.hosts import Inventory, k8s_nodes
 from gpuops.models import EVENT_ADAPTER, DraTaintEvent
 from gpuops.sources.dra import taint_events
 
@@ -125,7 +126,7 @@ def test_a_claim_tolerates_the_fence_as_dra_says(
 
 
 def test_a_driver_taint_becomes_an_event_for_its_node_and_gpu() -> None:
-    events, unknown = taint_events(SLICES, INVENTORY, 1_900_000_000.0)
+    events, unknown = taint_events(SLICES, k8s_nodes(INVENTORY), 1_900_000_000.0)
     assert unknown == {"node-099"}, "a node outside the inventory is skipped, said once"
     [event] = events
     parsed = EVENT_ADAPTER.validate_python(event)
@@ -143,7 +144,7 @@ def test_gpuops_s_own_fence_is_not_read_back_as_the_driver_s_word() -> None:
     ours = json.loads(json.dumps(SLICES))
     device = ours["items"][1]["spec"]["devices"][0]
     device["taints"] = [{"key": "gpuops.dev/fenced", "value": "true", "effect": "NoSchedule"}]
-    events, _ = taint_events(ours, INVENTORY, 1_900_000_000.0)
+    events, _ = taint_events(ours, k8s_nodes(INVENTORY), 1_900_000_000.0)
     assert [e["node"] for e in events] == ["node-001"]
 
 
@@ -168,3 +169,37 @@ def test_gpuops_ingest_dra_once_prints_the_driver_taints_of_known_nodes(tmp_path
     [event] = [json.loads(line) for line in done.stdout.splitlines()]
     assert (event["node"], event["kind"], event["data"]["gpu"]) == ("node-001", "dra_taint", 3)
     assert "node-099: not in the inventory" in done.stderr
+
+
+GPU01 = {"k8s_node_name": "gpu01.cluster.local", "workload_manager": "kubernetes"}
+
+
+def _tainted(node: str) -> dict[str, Any]:
+    """A ResourceSlice of `node` whose GPU 3 the driver tainted (XID 79)."""
+    device = {
+        "name": "gpu-3",
+        "attributes": {"uuid": {"string": "GPU-abc"}, "index": {"int": 3}},
+        "taints": [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule"}],
+    }
+    spec = {"driver": "gpu.nvidia.com", "nodeName": node, "pool": {"name": node}}
+    return {"spec": {**spec, "devices": [device]}}
+
+
+def test_a_taint_on_a_node_named_otherwise_in_kubernetes_is_its_host_s() -> None:
+    inventory = Inventory(Path("inv"), frozenset({"gpu01", "gpu02"}), {}, {"gpu01": GPU01})
+    slices = {"items": [_tainted("gpu01.cluster.local"), _tainted("gpu09")]}
+    events, unknown = taint_events(slices, k8s_nodes(inventory), 1_900_000_000.0)
+    assert [(e["node"], e["data"]["gpu"]) for e in events] == [("gpu01", 3)]
+    assert unknown == {"gpu09"}, "a node no host is stays unknown, never acted upon"
+    events, unknown = taint_events({"items": [_tainted("gpu01")]}, k8s_nodes(inventory), 0.0)
+    assert (events, unknown) == ([], {"gpu01"}), "gpu01 is gpu01.cluster.local in Kubernetes"
+
+
+def test_two_hosts_that_are_one_kubernetes_node_are_refused_naming_both() -> None:
+    hostvars = {"gpu01": GPU01, "gpu01-new": GPU01}
+    inventory = Inventory(Path("inv"), frozenset(hostvars), {}, hostvars)
+    with pytest.raises(ConfigError, match="'gpu01' and 'gpu01-new' are both the Kubernetes node"):
+        k8s_nodes(inventory)
+    templated = {"gpu01": {"k8s_node_name": "{{ inventory_hostname }}.cluster.local"}}
+    with pytest.raises(ConfigError, match="without Ansible's templating"):
+        k8s_nodes(Inventory(Path("inv"), frozenset(templated), {}, templated))
