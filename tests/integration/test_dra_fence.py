@@ -182,3 +182,20 @@ def test_returning_one_node_leaves_the_fence_of_another_with_a_name_alike(tmp_pa
     assert "node-003: Remove the node's DRA fences" not in back.changed, (
         "kubectl's `No resources found` (on stdout) is no change"
     )
+
+
+def test_a_consolidated_fence_fences_every_gpu_it_names(tmp_path: Path) -> None:
+    """Review of issue 30: the catalogue says fence_gpu.yml acts on `gpuops.gpus`, as a rule
+    grouped by GPU consolidates them by default (gpu None, gpus [0, 1]); it read only
+    `gpuops.gpu`, ran `nvidia-smi -i ''` and fenced nothing."""
+    fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=2, workload_manager="kubernetes")
+    fenced = _playbook(
+        fleet, "fence_gpu.yml", ["node-001"], gpu=None, gpus=[0, 1], effect="NoSchedule"
+    )
+    assert fenced.status is RunStatus.SUCCESSFUL, fenced.error
+    devices = {r["spec"]["deviceSelector"]["device"] for r in fleet.taint_rules().values()}
+    assert len(devices) == 2, f"one fence a GPU: {devices}"
+    again = _playbook(
+        fleet, "fence_gpu.yml", ["node-001"], gpu=None, gpus=[0, 1], effect="NoSchedule"
+    )
+    assert again.status is RunStatus.SUCCESSFUL and not again.changed, "the same fences: no change"
