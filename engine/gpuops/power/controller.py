@@ -8,9 +8,10 @@ budgeted group's limits, takes the lowest where a GPU is in several groups, then
   all for less than `hysteresis_w`; a cut that small, or within the dwell, is skipped
   while the group has the slack for it. So limits settle instead of oscillating;
 - a GPU whose node is under no budget any more goes back to its policy value at once;
-- no GPU of a group is raised while a node of the group has sent no reading since the
-  controller started (an engine restart, an agent down): its draw is unknown, and
-  counting it as 0 W gave its share to the others, over the budget. Cuts still go out.
+- a node of a group that has sent no reading since the controller started (an engine
+  restart, an agent down) is counted at the limits its allocation record says it was
+  left at (`recorded`): counted as 0 W, its share went to the others, over the budget. A
+  node never capped (no record) draws within its policy, as it did before any budget.
 
 The same class runs in the engine (gpuops/power/engine.py) and in `gpuops bench power`.
 """
@@ -71,7 +72,8 @@ class GroupPlan:
     uses: dict[Key, Use]
     draw_w: float
     limits_w: float
-    unseen: tuple[str, ...] = ()  # nodes of the group with no reading yet: no raise
+    unseen: tuple[str, ...] = ()  # nodes of the group with no reading yet
+    held_w: float = 0.0  # what the unseen ones are counted at (their recorded limits)
 
     @property
     def feasible(self) -> bool:
@@ -117,6 +119,9 @@ class PowerController:
     policies: Mapping[str, NodePolicy] = field(default_factory=dict)
     gpus: dict[Key, _Gpu] = field(default_factory=dict)
     managed: set[str] = field(default_factory=set)  # nodes with limits this set
+    # The watts each managed node's allocation record says its GPUs were left at, as the
+    # engine loaded them at start: what a node not heard from since is counted at.
+    recorded: dict[str, float] = field(default_factory=dict)
 
     def observe(self, node: str, readings: Iterable[Reading], at: float) -> None:
         """Take a node's telemetry; a change sent earlier counts once it shows."""
@@ -211,14 +216,17 @@ class PowerController:
         for budget in budgets:
             keys = [k for n in sorted(budget.nodes) for k in sorted(by_node.get(n, []))]
             demands = [self.demand(k, now) for k in keys]
-            allocation = allocate(budget.watts, demands, self.settings.headroom_w)
+            unseen = tuple(sorted(n for n in budget.nodes if n not in by_node))
+            held_w = sum(self.recorded.get(n, 0.0) for n in unseen if n in self.managed)
+            allocation = allocate(budget.watts - held_w, demands, self.settings.headroom_w)
             plan = GroupPlan(
                 budget,
                 allocation,
                 {d.key: d.use for d in demands},
                 sum(d.draw_w for d in demands),
                 sum(d.limit_w for d in demands),
-                tuple(sorted(n for n in budget.nodes if n not in by_node)),
+                unseen,
+                held_w,
             )
             groups.append(plan)
             for key, watts in allocation.limits.items():
@@ -241,8 +249,6 @@ class PowerController:
             settled = now - self.gpus[key].changed_at < s.dwell_s
             if want > cur and cur < d.lo:
                 new[key] = max(d.lo, min(want, cur + s.step_w))  # a floor is restored at once
-            elif want > cur and any(g.unseen for g in member[key]):
-                new[key] = cur  # a node's draw is unknown: so is its group's slack
             elif want > cur:
                 small = want - cur < s.hysteresis_w
                 new[key] = cur if small or settled else min(want, cur + s.step_w)
@@ -250,7 +256,10 @@ class PowerController:
                 new[key] = want
                 if want < cur and (cur - want < s.hysteresis_w or settled):
                     skippable.append((cur - want, key))
-        slack = {id(g): g.budget.watts - sum(new[k] for k in g.allocation.limits) for g in groups}
+        slack = {
+            id(g): g.budget.watts - g.held_w - sum(new[k] for k in g.allocation.limits)
+            for g in groups
+        }
         for extra, key in sorted(skippable):
             mine = member[key]
             if all(slack[id(g)] >= extra for g in mine):

@@ -223,7 +223,9 @@ class PowerEngine:
     async def step(self, budgets: list[GroupBudget] | None = None) -> Plan:
         """One control step: plan, decide each node's change, keep the records."""
         if not self._loaded:  # nodes a previous run left off policy are still ours
-            self.controller.managed |= {r.node for _, r in await self.records.all()}
+            records = [r for _, r in await self.records.all()]
+            self.controller.managed |= {r.node for r in records}
+            self.controller.recorded |= {r.node: sum(r.limits.values()) for r in records}
             self._loaded = True
         budgets = await self.budgets() if budgets is None else budgets
         now = self.clock.now()
@@ -394,4 +396,5 @@ def _group_facts(g: GroupPlan) -> dict[str, Any]:
         "feasible": a.feasible,
         "gpus": len(a.limits),
         "unseen": list(g.unseen),
+        "unseen_held_w": g.held_w,
     }

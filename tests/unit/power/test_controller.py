@@ -201,26 +201,41 @@ def test_a_samples_readings_are_typed_and_gpus_without_power_left_out() -> None:
     assert got[0].limit_w == 700.0 and got[1].util == 0.0
 
 
-def test_no_gpu_of_a_group_is_raised_while_one_of_its_nodes_has_not_reported() -> None:
+def test_a_node_not_heard_from_since_a_restart_is_counted_at_its_recorded_limits() -> None:
     """Review of issue 30: after an engine restart only node A had reported; B, capped at
     500 W a GPU before the restart and still drawing that, counted as 0 W, and A was raised
     to 1,400 W: 2,400 W on a 2,000 W budget, the plan saying all was well."""
     c = PowerController(PowerSettings(), {"A": NodePolicy(700.0), "B": NodePolicy(700.0)})
     c.managed |= {"A", "B"}  # as the engine loads them from their allocation records
+    c.recorded |= {"A": 1000.0, "B": 1000.0}
     budget = [_budget(2000.0, ["A", "B"])]
-    capped = {"A": [100.0, 100.0], "B": [100.0, 100.0]}
-    rack = Rack(capped)
+    rack = Rack({"A": [100.0, 100.0], "B": [100.0, 100.0]})
     rack.limits = dict.fromkeys(rack.limits, 500.0)
     at = T0
     for _ in range(8):  # B's agent is down: only A reports
         c.observe("A", [_reading(i, rack.limits["A", i], 100.0) for i in range(2)], at)
         plan = c.plan(budget, at)
         rack.apply(c, plan)
-        assert plan.groups[0].unseen == ("B",)
+        (group,) = plan.groups
+        assert (group.unseen, group.held_w) == (("B",), 1000.0)
         at += 330
-    assert rack.limits["A", 0] + rack.limits["A", 1] <= 1000.0, "A holds its share"
-    rack.feed(c, at)  # B reports: its draw is known, and A may be raised no further
+    assert rack.limits["A", 0] + rack.limits["A", 1] <= 1000.0, "A gets what B leaves"
+    rack.feed(c, at)  # B reports: its draw is known
     plan = c.plan(budget, at)
     rack.apply(c, plan)
     assert plan.groups[0].unseen == ()
     assert sum(rack.limits.values()) <= 2000.0
+
+
+def test_a_host_never_capped_and_never_heard_from_holds_nothing_back() -> None:
+    """A login host in the rack's group (no GPU, no record): the rack's GPUs are raised to
+    what the budget allows, as if it were not there."""
+    c = PowerController(PowerSettings(), {"A": NodePolicy(700.0)})
+    budget = [_budget(6000.0, ["A", "login01"])]
+    rack = Rack({"A": [100.0, 100.0]})
+    rack.limits = dict.fromkeys(rack.limits, 300.0)
+    at = T0
+    for _ in range(40):
+        _step(c, rack, budget, at)
+        at += 330
+    assert rack.limits == {("A", 0): 700.0, ("A", 1): 700.0}
