@@ -183,3 +183,34 @@ async def test_an_intent_whose_start_could_not_be_recorded_is_not_held_as_runnin
     (outcome,) = await run_outcomes(bus, NODE)
     assert outcome.status is RunStatus.SUCCESSFUL, outcome.error
     assert len(calls(fleet, NODE, "reboot")) == 1
+
+
+async def test_a_run_ended_long_ago_whose_record_was_cut_short_is_recorded_not_refused(
+    tmp_path: Path, bus: Bus, nats_server: EmbeddedNats, fleet: SimFleet
+) -> None:
+    """An intent older than a lock's lease runs no more, but one an executor took, ran
+    and died recording is not refused unheard: its run's outcome is recorded."""
+    settings = engine_settings(
+        tmp_path, fleet, nats_server.url, role="executor", run_claim_stale_s=STALE_S
+    )
+    then = time.time() - 7200  # decided two hours ago: past any lock's lease
+    intent = sign(_reboot(then), load_key(signing_key_path(settings)))
+    states = NodeStates(NatsKV(bus.kv["nodes"]))
+    await states.apply(NODE, lambda r: after_run_started(r, "reboot.yml", then))
+    ran = RunOutcome.of(intent, RunStatus.SUCCESSFUL, then, then + 900)
+    claims: Store[Claim] = Store(NatsKV(bus.kv["claims"]), Claim, "intent")
+    ended = Claim(
+        state="ended", at=then + 900, rule=intent.rule, status="successful", renewed=then + 900,
+        outcome=ran,
+    )  # fmt: skip
+    await claims.put(ended, intent.key)
+    await bus.js.publish(action_subject(NODE), intent.model_dump_json().encode())
+    async with running_engine(settings, bus):
+        await wait_for(lambda: _outcomes(bus), 30)
+    (outcome,) = await run_outcomes(bus, NODE)
+    assert (outcome.status, outcome.ended) == (RunStatus.SUCCESSFUL, then + 900)
+    assert (await states.get(NODE)).state is NodeState.HEALTHY
+    assert calls(fleet, NODE, "reboot") == []
+    notes = [r.summary async for r in read_audit(bus.js, NODE) if r.type == "note"]
+    assert not any("intent refused" in n for n in notes), notes
+    assert (await bus.js.stream_info(ACTIONS)).state.messages == 0

@@ -83,6 +83,17 @@ def _size(path: Path) -> int:
     return total
 
 
+def _last_written(path: Path) -> float:
+    """The newest modification time under `path` (the host's clock)."""
+    newest = path.lstat().st_mtime
+    for file in _files(path):
+        try:
+            newest = max(newest, file.lstat().st_mtime)
+        except OSError:
+            continue
+    return newest
+
+
 def secret_looking(environ: Mapping[str, str]) -> frozenset[str]:
     """Values of the variables whose names say they hold a secret (PASS, TOKEN, KEY...)."""
     return frozenset(v for k, v in environ.items() if SECRET_NAME.search(k))
@@ -178,13 +189,16 @@ class Evidence:
         mask_command(where)
         scrub(where, self.secrets | secret_looking(os.environ))
 
-    def scrub_unsealed(self, in_flight: frozenset[str] = frozenset()) -> list[str]:
+    def scrub_unsealed(self, quiet_s: float = 0.0) -> list[str]:
         """Scrub the runs an executor never sealed (it died mid-run): until they age out,
-        their files are read like any run's (`history --run`, the console)."""
-        sealed = {m.run_id for m in self.kept()} | in_flight
+        their files are read like any run's (`history --run`, the console). A run written
+        to within `quiet_s` may be another executor's, still going: left to its sealing."""
+        sealed = {m.run_id for m in self.kept()}
         done = []
         for path in self.root.iterdir() if self.root.is_dir() else ():
-            if path.name not in sealed and RUN_ID.match(path.name) and path.is_dir():
+            if path.name in sealed or not RUN_ID.match(path.name) or not path.is_dir():
+                continue
+            if time.time() - _last_written(path) >= quiet_s:  # files carry the host's clock
                 self._scrub(path)
                 done.append(path.name)
         return done

@@ -74,12 +74,18 @@ class Busy:
     recheck_s: float
 
 
+# A claim's states while an executor holds it (renewed, waited out while fresh): taken
+# (`claimed`: the run's start not yet recorded, nothing run), the playbook `running`, the
+# run `ended` and its outcome being recorded. `done` ends it.
+HELD = ("claimed", "running", "ended")
+
+
 class Claim(BaseModel):
     """An executor's claim on an intent."""
 
     model_config = ConfigDict(frozen=True)
 
-    state: Literal["running", "ended", "done"]
+    state: Literal["claimed", "running", "ended", "done"]
     at: float
     rule: str = ""
     status: str | None = None
@@ -163,7 +169,7 @@ class Executor:
         """Fetch and run intents until `stop` is set; in-flight runs are awaited."""
         if self.evidence is not None:  # what an executor that died mid-run left unsealed
             try:
-                await asyncio.to_thread(self.evidence.scrub_unsealed, frozenset(self._running))
+                await asyncio.to_thread(self.evidence.scrub_unsealed, self.claim_stale_s)
             except OSError as exc:
                 log.warning("unsealed runs not scrubbed: %s", exc)
         size = self.runs.batch_size
@@ -201,11 +207,15 @@ class Executor:
         admitted = []
         for msg in msgs:
             intent, why = self._admit(msg.data)
-            if intent is not None and not why:
+            aged = self._aged(intent) if intent is not None and not why else ""
+            if intent is not None and not why and not aged:
                 admitted.append(Pending(intent, msg))
                 continue
             try:
-                await self._refuse(intent, why, msg.data)
+                # Signed and ours, only too old: it may have been taken before it aged.
+                if intent is not None and aged and await self._settle_aged(intent, msg):
+                    continue
+                await self._refuse(intent, why or aged, msg.data)
                 await msg.term()
             except Exception:
                 log.exception("refusing an intent failed; it will be redelivered")
@@ -271,23 +281,14 @@ class Executor:
             await p.msg.ack()
             p.done = True
             return None
-        try:
-            await self.completion.started(intent)
-        except Exception:
-            await self._unclaim(intent, tries)
-            raise
+        # The claim says `running` only once the start is recorded: one left `claimed`
+        # (the record refused, the bus away, a crash) ran nothing and is taken again.
+        await self.completion.started(intent)
+        now = self.clock.now()
+        running = Claim(state="running", at=now, rule=intent.rule, tries=tries, renewed=now)
+        await self.claims.put(running, intent.key)
         p.tries = tries
         return p
-
-    async def _unclaim(self, intent: Intent, tries: int) -> None:
-        """Nothing ran: the claim goes back to what it was, so the intent's next delivery
-        claims it afresh rather than judging this try interrupted once it is stale."""
-        if tries == 1:
-            await self.claims.delete(intent.key)
-            return
-        # A retry's claim goes back to the stale one it took over: its tries stay counted.
-        before = Claim(state="running", at=self.clock.now(), rule=intent.rule, tries=tries - 1)
-        await self.claims.put(before, intent.key)
 
     async def _conclude(self, p: Pending, outcome: RunOutcome) -> None:
         """Record the outcome, then ack; a failure gives back this intent alone."""
@@ -313,13 +314,17 @@ class Executor:
             return intent, f"{intent.node!r} is not one host of the inventory"
         if clash := RESERVED & set(intent.action.vars):
             return intent, f"action vars may not redefine {sorted(clash)}"
-        age = self.clock.now() - intent.decided_at
-        if age > self.max_age_s:
-            return intent, (
-                f"decided {age:.0f} s ago, longer than a node lock's lease "
-                f"({self.max_age_s:.0f} s): the engine decides again if the fault is still there"
-            )
         return intent, ""
+
+    def _aged(self, intent: Intent) -> str:
+        """Why an intent is too old to run ('' when it is not)."""
+        age = self.clock.now() - intent.decided_at
+        if age <= self.max_age_s:
+            return ""
+        return (
+            f"decided {age:.0f} s ago, longer than a node lock's lease "
+            f"({self.max_age_s:.0f} s): the engine decides again if the fault is still there"
+        )
 
     async def _refuse(self, intent: Intent | None, why: str, raw: bytes) -> None:
         self.metrics.runs.labels(RunStatus.REFUSED.value).inc()
@@ -335,11 +340,11 @@ class Executor:
         """The try number when this executor now runs the intent; Busy while another
         executor's claim on it is fresh; None when it must not run (ack it)."""
         now = self.clock.now()
-        fresh = Claim(state="running", at=now, rule=intent.rule, renewed=now)
+        fresh = Claim(state="claimed", at=now, rule=intent.rule, renewed=now)
         if await self.claims.cas(fresh, 0, intent.key):
             return 1
         held, revision = await self.claims.get(intent.key)
-        if held is not None and held.state in ("running", "ended"):
+        if held is not None and held.state in HELD:
             age = now - held.renewed
             if age < self.claim_stale_s:
                 # Alive, or died before its first renewal (the claim is written after the
@@ -348,11 +353,11 @@ class Executor:
                 # stale: a copy of a live run's intent is acked soon after that run ends.
                 wait = min(self.claim_stale_s - age, self.claim_stale_s / 4)
                 return Busy(wait + RECHECK_MARGIN_S)
+        if held is not None and held.state == "claimed":  # its start never recorded: ran nothing
+            again = held.model_copy(update={"at": now, "renewed": now})
+            return again.tries if await self.claims.cas(again, revision, intent.key) else None
         if held is not None and held.state == "ended" and held.outcome is not None:
-            # The run ended and its executor died while recording it: record it again.
-            taken = held.model_copy(update={"renewed": now})
-            if await self.claims.cas(taken, revision, intent.key):
-                await self._conclude_claim(intent, taken)
+            await self._record_again(intent, held, revision)
             return None
         if held is None or held.state != "running":
             done = held.status if held else "claimed"
@@ -366,11 +371,35 @@ class Executor:
         spec = self.catalog.get(intent.action.playbook)
         if spec is not None and spec.retry_safe and held.tries < 2:
             again = Claim(
-                state="running", at=now, rule=intent.rule, tries=held.tries + 1, renewed=now
+                state="claimed", at=now, rule=intent.rule, tries=held.tries + 1, renewed=now
             )
             return again.tries if await self.claims.cas(again, revision, intent.key) else None
         await self._interrupted(intent, held, revision, spec is not None and spec.retry_safe)
         return None
+
+    async def _record_again(self, intent: Intent, held: Claim, revision: int) -> None:
+        """The run ended and its executor died while recording it: record it again."""
+        taken = held.model_copy(update={"renewed": self.clock.now()})
+        if await self.claims.cas(taken, revision, intent.key):
+            await self._conclude_claim(intent, taken)
+
+    async def _settle_aged(self, intent: Intent, msg: Msg) -> bool:
+        """An intent too old to run that an executor took: what its run came to is
+        recorded (an ended run's outcome, or a run cut short as interrupted), never run
+        again. False when nobody took it, or its start was never recorded: refuse it."""
+        held, revision = await self.claims.get(intent.key)
+        if held is None or held.state not in ("running", "ended"):
+            return False
+        age = self.clock.now() - held.renewed
+        if age < self.claim_stale_s:  # its executor is alive: look again when it may not be
+            await msg.nak(delay=min(self.claim_stale_s - age, self.claim_stale_s / 4))
+            return True
+        if held.state == "ended" and held.outcome is not None:
+            await self._record_again(intent, held, revision)
+        elif held.state == "running":
+            await self._interrupted(intent, held, revision, retry_safe=False)
+        await msg.ack()
+        return True
 
     async def _interrupted(
         self, intent: Intent, held: Claim, revision: int, retry_safe: bool
@@ -502,7 +531,7 @@ class Executor:
 
 
 def _renewed(claim: Claim | None, now: float) -> Claim | None:
-    """A running or ended claim renewed at `now` (a done one is left alone)."""
-    if claim is None or claim.state not in ("running", "ended"):
+    """A held claim renewed at `now` (a done one is left alone)."""
+    if claim is None or claim.state not in HELD:
         return None
     return claim.model_copy(update={"renewed": now})
