@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gpuops import subjects
 from gpuops.act.executor import DURABLE, Claim
 from gpuops.bus.conn import ACTIONS, Bus
 from gpuops.bus.server import EmbeddedNats
@@ -24,6 +25,7 @@ from gpuops.record.nodestate import NodeState, NodeStates, after_run_started
 from gpuops.signing import load_key, sign
 from gpuops.sim.fleet import SimFleet
 from gpuops.spine.app import signing_key_path
+from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from tests.conftest import calls, engine_settings, run_outcomes, running_engine, wait_for
@@ -214,3 +216,27 @@ async def test_a_run_ended_long_ago_whose_record_was_cut_short_is_recorded_not_r
     notes = [r.summary async for r in read_audit(bus.js, NODE) if r.type == "note"]
     assert not any("intent refused" in n for n in notes), notes
     assert (await bus.js.stream_info(ACTIONS)).state.messages == 0
+
+
+async def test_the_executors_durable_changed_behind_its_back_is_put_back(
+    tmp_path: Path, bus: Bus, nats_server: EmbeddedNats, fleet: SimFleet
+) -> None:
+    """Review of issue 30: the executor compared only what its wanted config set, so a
+    durable changed to deliver each intent once (a crash's intents dropped) or to be
+    deleted when idle ran on as changed."""
+    settings = engine_settings(tmp_path, fleet, nats_server.url, role="executor")
+    tampered = ConsumerConfig(
+        durable_name=DURABLE,
+        filter_subject=subjects.ACTIONS,
+        ack_policy=AckPolicy.EXPLICIT,
+        max_deliver=1,
+        inactive_threshold=600.0,
+    )
+    await bus.js.add_consumer(ACTIONS, tampered)
+
+    async def put_back() -> bool:
+        config = (await bus.js.consumer_info(ACTIONS, DURABLE)).config
+        return config.max_deliver == -1 and not config.inactive_threshold
+
+    async with running_engine(settings, bus):
+        await wait_for(put_back, 30)

@@ -8,14 +8,16 @@ last pull; these tests make that short and wait for the server to do it."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
 from gpuops.bus import reader
-from gpuops.bus.conn import AUDIT, TELEMETRY, Bus
+from gpuops.bus.conn import AUDIT, EVENTS, TELEMETRY, Bus
 from gpuops.bus.store import NatsKV
 from gpuops.console.views import read_since
 from gpuops.record.audit import read_audit
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from tests.conftest import wait_for
 
@@ -103,3 +105,20 @@ async def test_a_reads_consumer_is_told_the_shipped_threshold(
         assert reader.ABANDONED_AFTER_S <= 10.0, "a page a second keeps ~10 consumers alive"
     finally:
         await read.aclose()
+
+
+async def test_a_slot_read_that_waits_longer_than_a_read_may_goes_on(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review of issue 30: an export merging events and telemetry leaves one stream's read
+    waiting while it writes hours of the other's; its slot's consumer, removed like a
+    read's after 10 s unused, was gone under it and the export died mid-way."""
+    monkeypatch.setattr(reader, "SLOT_ABANDONED_AFTER_S", 30.0, raising=False)
+    for n in range(4):
+        await bus.js.publish("gpuops.events.xid.node-001", b'{"n": %d}' % n)
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    async with reader.slot_read(bus.js, "gpuops.events.>", EVENTS, config) as sub:
+        assert len(await sub.fetch(2, timeout=5)) == 2
+        await asyncio.sleep(GONE_WITHIN_S)  # far past a read's 1 s, and the server's timer
+        assert len(await sub.fetch(2, timeout=5)) == 2, "the slot is still there"
+    assert await _consumers(bus, EVENTS) == 0, "and gone once the read ended"

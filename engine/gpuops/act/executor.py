@@ -176,6 +176,7 @@ class Executor:
         config = ConsumerConfig(
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.claim_stale_s,
+            max_deliver=-1,  # an intent comes back until its run is recorded, however often
             max_ack_pending=max(self.parallel * 4, size * (self.parallel + 1)),
         )
         sub = await self.bus.js.pull_subscribe(

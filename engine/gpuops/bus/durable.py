@@ -38,15 +38,21 @@ FIELDS = (
     "max_deliver",
     "max_ack_pending",
     "deliver_subject",
+    "inactive_threshold",
 )
 
 
 def changed(have: ConsumerConfig, want: ConsumerConfig) -> list[str]:
     """The fields of `FIELDS` that `want` sets and `have` holds otherwise; a pull
     consumer (`want` has no deliver subject) must have none either."""
-    # Unset in `want` but compared: a pull consumer has no deliver subject, and one
-    # filter wanted means no list of filters beside it.
-    always = {"deliver_subject", *(["filter_subjects"] if want.filter_subject else [])}
+    # Unset in `want` but compared: a pull consumer has no deliver subject, a durable no
+    # time after which the server deletes it unused, and one filter wanted means no list
+    # of filters beside it.
+    always = {
+        "deliver_subject",
+        "inactive_threshold",
+        *(["filter_subjects"] if want.filter_subject else []),
+    }
     return [
         name
         for name in FIELDS

@@ -36,8 +36,11 @@ from gpuops.errors import BusError
 ABANDONED_AFTER_S = 10.0
 # The names a reader's consumers may have on a stream the engine consumes: as many reads
 # of one stream at once (exports), each name freed when its read ends, or by the server
-# ABANDONED_AFTER_S after a reader that died.
+# SLOT_ABANDONED_AFTER_S after a reader that died. Longer than a read's: an export that
+# merges two streams leaves one unread while it writes the other's messages (hours of
+# telemetry between two event batches), and a slot gone under it ended the export.
 READER_SLOTS = tuple(f"gpuops-reader-{k}" for k in range(4))
+SLOT_ABANDONED_AFTER_S = 300.0
 # The server's answers to a create that may not replace a consumer of that name.
 _TAKEN = {10148, 10013, 10105}
 
@@ -79,6 +82,8 @@ async def slot_read(
 ) -> AsyncIterator[JetStreamContext.PullSubscription]:
     """`one_read` on a stream the engine consumes: through a consumer named by a free
     one of `READER_SLOTS`, deleted when the read ends; a BusError when none is free."""
+    if config.inactive_threshold is None:
+        config.inactive_threshold = SLOT_ABANDONED_AFTER_S
     for name in random.sample(READER_SLOTS, len(READER_SLOTS)):
         if not await _take(js, stream, name, _a_read(config, subject)):
             continue
@@ -93,7 +98,7 @@ async def slot_read(
         return
     raise BusError(
         f"all {len(READER_SLOTS)} reader consumers of {stream} are in use by other reads "
-        f"(or by reads that died, for {ABANDONED_AFTER_S:g} s): try again shortly"
+        f"(or by reads that died, for {SLOT_ABANDONED_AFTER_S:g} s): try again shortly"
     )
 
 

@@ -199,6 +199,8 @@ async def _next_batch(sub: JetStreamContext.PullSubscription, stream: str) -> li
         return await sub.fetch(_BATCH, timeout=_STALL_S)
     except (TimeoutError, NatsTimeout) as exc:
         raise BusError(f"export from {stream} stalled: no message in {_STALL_S}s") from exc
+    except NatsError as exc:  # the consumer deleted under it, the server gone
+        raise BusError(f"export from {stream} cut short: {type(exc).__name__}: {exc}") from exc
 
 
 async def _last_seq(js: JetStreamContext, stream: str) -> int:
