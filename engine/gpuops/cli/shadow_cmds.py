@@ -312,7 +312,10 @@ def _tables(report: Report) -> list[Table]:
     unknown = Table("node", "events", title="nodes not in the inventory (never acted upon)")
     for node, count in sorted(report.unknown.items()):
         unknown.add_row(*cells(node, count))
-    tables = [actions, by_reason, folds, trips, refused, unknown]
+    unapplied = Table("command", "times", title="people's commands not carried out as live")
+    for command, count in sorted(report.unapplied.items()):
+        unapplied.add_row(*cells(command, count))
+    tables = [actions, by_reason, folds, trips, refused, unknown, unapplied]
     return [t for t in tables if t.row_count or t is actions]
 
 

@@ -39,7 +39,7 @@ class Domains:
     # Inventory groups that hold exactly the hosts of the domain of their name: the
     # domain goes by the group's name (`cooling_loop_a`). One that holds other hosts (a
     # CDU's own controller in group `cdu-2`) must not take the domain's power budget.
-    groups: frozenset[str] = frozenset()
+    groups: frozenset[tuple[str, str]] = frozenset()  # (kind, name) of such domains
 
     @classmethod
     def of(cls, inventory: Inventory) -> Domains:
@@ -66,8 +66,8 @@ class Domains:
             by_node={h: dict(sorted(d.items())) for h, d in found.items()},
             members={k: frozenset(v) for k, v in members.items()},
             groups=frozenset(
-                name
-                for (_, name), hosts in members.items()
+                (kind, name)
+                for (kind, name), hosts in members.items()
                 if inventory.groups.get(name, frozenset()) - facility == hosts
             ),
         )
@@ -83,7 +83,7 @@ class Domains:
     def group(self, kind: str, name: str) -> str:
         """The group people and the power controller name the domain by: its inventory
         group where that group is the domain, else `kind:name` (`cooling_loop:cdu-2`)."""
-        return name if name in self.groups else f"{kind}:{name}"
+        return name if (kind, name) in self.groups else f"{kind}:{name}"
 
     def as_groups(self) -> dict[str, frozenset[str]]:
         """Every domain as a group of hosts, by `group`'s name."""

@@ -81,6 +81,7 @@ async def replay(
             await _judge(shadow, report, ahead, settings.max_future_skew_s, book)
     while ahead:
         await _judge(shadow, report, ahead, settings.max_future_skew_s, book)
+    report.unapplied = shadow.unapplied
     return shadow, report
 
 

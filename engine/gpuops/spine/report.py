@@ -102,6 +102,9 @@ class Report:
     trips: list[Trip] = field(default_factory=list)
     refused: dict[tuple[str, str], Refusal] = field(default_factory=dict)
     unknown: Counter[str] = field(default_factory=Counter)  # host -> events about it
+    # A person's command (a silence, a power budget) the replay could not carry out as
+    # the live engine did -> times: what follows it may differ from live.
+    unapplied: Counter[str] = field(default_factory=Counter)
     events: int = 0  # events fed to the engine (those about unknown hosts too)
 
     def decided(self, decisions: list[Decision]) -> None:
@@ -159,6 +162,7 @@ class Report:
         rows += [t.as_dict() for t in self.trips]
         rows += [r.as_dict() for r in self.refused.values()]
         rows += [{"kind": "unknown_node", "node": n, "events": c} for n, c in self.unknown.items()]
+        rows += [{"kind": "unapplied", "command": c, "times": n} for c, n in self.unapplied.items()]
         rows.append({"kind": "summary", **self.summary()})
         return rows
 
@@ -173,4 +177,5 @@ class Report:
             "drops": sum(f.count for f in self.drops()),
             "trips": len(self.trips),
             "unknown_nodes": len(self.unknown),
+            "unapplied": sum(self.unapplied.values()),
         }

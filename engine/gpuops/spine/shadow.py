@@ -10,6 +10,7 @@ simulated fleet's outcome), which releases the node's lock and moves its state.
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,8 @@ class Shadow:
         self.completion = Completion(self.engine.recorder, self.engine.locks, self._probe, catalog)
         self._seeded = False
         self._ran = 0
+        # A person's recorded command the replay could not carry out as live did -> times.
+        self.unapplied: Counter[str] = Counter()
 
     @property
     def now(self) -> float | None:
@@ -175,8 +178,10 @@ class Shadow:
                 control = self.engine.stores.buckets.control
                 power = self.settings.power
                 await do_power(d.args, d.user, control, power, self.inventory, event.epoch)
-        except (ValueError, EngineError):
-            return  # the live command refused it too
+        except (ValueError, EngineError) as exc:
+            # Live, the command was carried out (only those are recorded): here it could
+            # not be, most likely for a group of an inventory the replay was not given.
+            self.unapplied[f"{d.command} {' '.join(d.args[:2])}: {exc}"] += 1
 
     async def _gate_failed(self, event: DiagnosticsEvent) -> None:
         """The recording says the gate failed where the shadow's simulated return passed:

@@ -31,3 +31,14 @@ def test_a_group_that_is_the_domain_names_it_its_facility_hosts_aside() -> None:
     domains = Domains.of(_inventory({"facility": facility, "cdu-2": loop}))
     assert domains.group("cooling_loop", "cdu-2") == "cdu-2"
     assert domains.as_groups() == {"cdu-2": frozenset(NODES)}
+
+
+def test_a_group_that_is_one_kinds_domain_names_no_other_kinds() -> None:
+    """Rack `a` is exactly group `a`; cooling loop `a`, on other hosts too, is not."""
+    hostvars = {n: {"rack": "a", "cooling_loop": "a"} for n in NODES[:2]}
+    hostvars |= {n: {"rack": "b", "cooling_loop": "a"} for n in NODES[2:]}
+    inventory = Inventory(Path("inv"), frozenset(NODES), {"a": frozenset(NODES[:2])}, hostvars)
+    domains = Domains.of(inventory)
+    assert domains.group("rack", "a") == "a"
+    assert domains.group("cooling_loop", "a") == "cooling_loop:a"
+    assert domains.as_groups()["cooling_loop:a"] == frozenset(NODES)

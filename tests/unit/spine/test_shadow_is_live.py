@@ -301,6 +301,18 @@ async def test_a_persons_power_budget_is_in_force_in_a_replay_as_it_was_live(
     assert capped == set(NODES), "the override capped both nodes, live and in the replay"
 
 
+async def test_a_power_budget_the_replay_cannot_carry_out_is_reported() -> None:
+    """Without the site's inventory, a replay knows no group `rack-a1`: the budget a
+    person set live is not in force, and the report says so rather than nothing."""
+    settings = _settings()
+    shadow = Shadow(load_rules([settings.rules_dir], settings.playbooks_dir), NODES, settings)
+    data = {"command": "power", "args": ["budget", "rack-a1", "2000W", "2h", "x"], "user": "u"}
+    await shadow.feed(EVENT_ADAPTER.validate_python(envelope("chatops", "fleet", T0, data)))
+    [(command, times)] = shadow.unapplied.items()
+    assert command.startswith("power budget rack-a1: group 'rack-a1' is not in the inventory")
+    assert times == 1
+
+
 # One of four nodes may lose capacity (the defaults: two, by the breaker and the rack).
 SITE = {"breaker_share": 0.25, "breaker_absolute": 1, "breaker_floor": 1}
 
