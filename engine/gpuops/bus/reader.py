@@ -58,7 +58,16 @@ async def one_read(
     # durable of another role's is there to be named, and the subject that lets the
     # server name it refuses a durable one (bus/auth.py).
     info = await js.add_consumer(stream, _a_read(config, subject))
-    sub = await js.pull_subscribe_bind(consumer=info.name, stream=stream)
+    async with _bound(js, stream, info.name) as sub:
+        yield sub
+
+
+@asynccontextmanager
+async def _bound(
+    js: JetStreamContext, stream: str, name: str
+) -> AsyncIterator[JetStreamContext.PullSubscription]:
+    """A pull subscription to consumer `name`, unsubscribed when the read ends."""
+    sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
     try:
         yield sub
     finally:
@@ -87,12 +96,10 @@ async def slot_read(
     for name in random.sample(READER_SLOTS, len(READER_SLOTS)):
         if not await _take(js, stream, name, _a_read(config, subject)):
             continue
-        sub = await js.pull_subscribe_bind(consumer=name, stream=stream)
         try:
-            yield sub
+            async with _bound(js, stream, name) as sub:
+                yield sub
         finally:
-            with contextlib.suppress(NatsError, JsError, TimeoutError, ValueError):
-                await sub.unsubscribe()
             with contextlib.suppress(NatsError, JsError, TimeoutError):
                 await js.delete_consumer(stream, name)
         return
