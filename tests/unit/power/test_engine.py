@@ -42,11 +42,14 @@ def _engine(
     tmp_path: Path,
     hostvars: dict[str, dict[str, Any]] | None = None,
     sharing: HalfOwned | None = None,
+    inventory: Inventory | None = None,
 ) -> Engine:
     settings = Settings.model_validate(
         {"notifications": {"group_wait_s": 0}, "power": {"interval_s": 10}}
     )
-    inventory = Inventory(tmp_path, frozenset(NODES), {"rack-a1": frozenset(NODES)}, hostvars or {})
+    inventory = inventory or Inventory(
+        tmp_path, frozenset(NODES), {"rack-a1": frozenset(NODES)}, hostvars or {}
+    )
     return build_engine(
         settings,
         rules=load_rules([ROOT / "rules"], ROOT / "playbooks"),
@@ -190,23 +193,13 @@ async def test_a_facility_host_of_a_budgeted_group_is_not_a_node_it_waits_for(
     fleet = SimFleet.create(tmp_path / "sim", nodes=2, gpus=4)
     for node in NODES:
         fleet.inject(node, "load", 0, workload="training")
-    settings = Settings.model_validate({"power": {"interval_s": 10}})
     inventory = Inventory(
         tmp_path,
         frozenset({*NODES, "cdu-a"}),
         {"rack-a1": frozenset({*NODES, "cdu-a"}), "facility": frozenset({"cdu-a"})},
         {},
     )
-    engine = build_engine(
-        settings,
-        rules=load_rules([ROOT / "rules"], ROOT / "playbooks"),
-        inventory=inventory,
-        catalog=load_catalog(ROOT / "playbooks"),
-        buckets=Buckets.memory(),
-        publisher=MemoryPublisher(),
-        clock=ManualClock(T0),
-        signing_key=secrets.token_bytes(32),
-    )
+    engine = _engine(tmp_path, inventory=inventory)
     await _feed(engine, fleet, T0)
     await _budget(engine, 4000.0)
     plan = await engine.power.step()
