@@ -151,9 +151,14 @@ async def test_a_garbage_cooldown_lets_no_second_reset_through_and_repair_restor
         assert again["reason"] == "cooldown", "the repaired cooldown holds the next XID"
         assert await ask_engine(bus, "state", ["list"]) == "no unreadable state"
         assert await resets(bus, "node-001") == 0
+        # A record that reads is not rewritten through `state`: only one that does not.
+        refused = await _refusal(bus, ["repair", "cooldowns", key, "--set", firing])
+        assert "decodes as Firing: state repair mends only unreadable records" in refused
         # A value that is not the key's record is refused, and changes nothing.
+        await NatsKV(bus.kv["cooldowns"]).put(key, GARBAGE)
         refused = await _refusal(bus, ["repair", "cooldowns", key, "--set", '{"at": "soon"}'])
         assert "not a Firing" in refused
+        assert (await NatsKV(bus.kv["cooldowns"]).get(key)).value == GARBAGE  # type: ignore[union-attr]
         notes = [r.summary async for r in read_audit(bus.js) if r.type == "note"]
         assert any("state repair cooldowns" in n and "--set" in n for n in notes), "audited"
         await all_counted(bus, 2)
