@@ -293,6 +293,23 @@ def _tail(artifact_dir: Path) -> str | None:
     return text[-800:] if text else None
 
 
+_IMPORTING = threading.Lock()
+
+
+def init_runner() -> Callable[..., Any]:
+    """ansible-runner's `init_runner`, from a package imported whole.
+
+    While ansible_runner's `__init__` runs, `ansible_runner.plugins` is its subpackage;
+    only its last line makes it the dict of plugins that every status change iterates.
+    A worker thread that imports `ansible_runner.interface` in that window (a new
+    executor's first two batches at once) gets a Runner whose first status fails with
+    "'module' object is not iterable". The first import holds this lock to its end.
+    """
+    with _IMPORTING:
+        import ansible_runner.interface
+    return ansible_runner.interface.init_runner  # type: ignore[no-any-return]
+
+
 def _runner(req: RunRequest, data_dir: Path, **kwargs: Any) -> Any:
     """ansible-runner's Runner, set up but not started, with the run's environment only.
 
@@ -300,12 +317,10 @@ def _runner(req: RunRequest, data_dir: Path, **kwargs: Any) -> Any:
     with all of os.environ; the prepared config is given ours before anything is written
     or started (no change to this process's environment, which other runs share).
     """
-    from ansible_runner.interface import init_runner
-
     parent = dict(os.environ)
     ours = req.env.build(parent, data_dir)
     req.env.prepare()
-    runner = init_runner(envvars=ours, **kwargs)
+    runner = init_runner()(envvars=ours, **kwargs)
     runner.config.env = child_env(runner.config.env, ours, parent)
     return runner
 
