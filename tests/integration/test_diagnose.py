@@ -136,6 +136,30 @@ def test_grade_5_collects_the_service_bundle_on_a_node_in_service(tmp_path: Path
     assert calls(fleet, NODE, "nvidia-bug-report"), "the report ran on the node"
 
 
+@pytest.mark.slow  # every tool of the bundle, one by one: `make test-slow`
+def test_a_bundle_brings_no_more_of_a_nodes_output_than_its_bounds(tmp_path: Path) -> None:
+    # What the node writes is its own: a report past bundle_max_bytes stays out of the
+    # controller's disk, and a text part past bundle_max_text_bytes is cut, saying so.
+    remote = tmp_path / "on-node"
+    remote.mkdir()
+    fleet = _fleet(
+        tmp_path, bundle_max_bytes=64, bundle_max_text_bytes=40, bundle_remote_dir=str(remote)
+    )
+    outcome = _diagnose(fleet, 5)
+    assert outcome.grade is not None
+    checks = {c.name: c for c in outcome.grade.checks}
+    where = Path(checks["bundle:directory"].detail)
+    report = checks["bundle:nvidia-bug-report"]
+    assert not report.ok and "more than bundle_max_bytes (64)" in report.detail, report
+    assert not (where / "nvidia-bug-report.log.gz").exists()
+    dmesg = (where / "dmesg.txt").read_text()
+    assert dmesg.startswith("[    0.000000] Linux version") and len(dmesg) < 200, dmesg
+    assert "cut at bundle_max_text_bytes" in dmesg
+    assert checks["bundle:dmesg"].ok, "a part cut to its bound is still collected"
+    assert calls(fleet, NODE, "nvidia-bug-report"), "the report was written on the node"
+    assert not list(remote.iterdir()), "and not left there"
+
+
 @pytest.mark.slow  # a real Slurm and a grade run: `make test-slow`
 def test_grade_2_refuses_a_slurm_node_in_service(tmp_path: Path) -> None:
     fleet = _fleet(tmp_path)  # Slurm (the simulator's scontrol), in service
