@@ -19,7 +19,8 @@ from gpuops.decide.stores import Stores
 from gpuops.inventory.hosts import Inventory
 from gpuops.match.durations import parse_duration
 from gpuops.ops.cmdwire import CommandUsageError
-from gpuops.ops.commands import Caller, Commands
+from gpuops.ops.commands import MAX_REASON, Caller, Commands
+from gpuops.record.audit import read_audit
 from gpuops.settings import ChatopsSettings
 
 pytestmark = pytest.mark.integration
@@ -65,3 +66,11 @@ async def test_a_silence_longer_than_allowed_or_of_a_label_no_host_has_is_refuse
     forced = await commands.execute("silence label:rack=r9 1h new rack --force", ALICE)
     assert "label:rack=r9" in forced, "a label about to exist, forced"
     assert len(await stores.silences.all()) == 2
+
+
+async def test_a_reason_as_long_as_allowed_is_audited_whole(bus: Bus) -> None:
+    commands, _ = _commands(bus)
+    reason = " ".join(f"w{i:03d}" for i in range(MAX_REASON // 5 + 1))[:MAX_REASON]
+    await commands.execute(f"silence node:node-001 1h {reason}", ALICE)
+    notes = [r.summary async for r in read_audit(bus.js) if r.type == "note"]
+    assert any(reason in n and "characters)" not in n for n in notes), notes

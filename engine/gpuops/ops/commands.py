@@ -567,7 +567,12 @@ DENSITY_THRESHOLD = 10.0  # percent p95 utilisation over a day, as rules/density
 NOT_PUBLISHABLE = ENGINE_ONLY_KINDS | {"probe"}
 
 
-def _shown(text: str, limit: int = 300) -> str:
+# A command line in an audit note: room for a whole reason and the words before it (a
+# line longer than this was not typed by a person: it is cut, with a marker).
+MAX_SHOWN = MAX_REASON + 300
+
+
+def _shown(text: str, limit: int = MAX_SHOWN) -> str:
     """A command line as the audit note shows it: whole, or cut with a marker."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
