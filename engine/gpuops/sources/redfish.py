@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import math
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -70,23 +71,41 @@ class Client(Protocol):
 
 
 class Http:
-    """GETs to one Redfish service, each body refused as soon as it passes `max_bytes`."""
+    """GETs to one Redfish service, each body refused as soon as it passes `max_bytes`,
+    and all of them by `deadline` (time.monotonic()): a BMC that answers every read just
+    within `timeout_s` (a byte at a time) would otherwise hold its thread for as long as
+    it likes, and each poll would start another."""
 
-    def __init__(self, target: RedfishTarget, timeout_s: float, max_bytes: int) -> None:
+    def __init__(
+        self, target: RedfishTarget, timeout_s: float, max_bytes: int, deadline: float
+    ) -> None:
         password = target.password_file.read_text().strip() if target.password_file else ""
         headers = urllib3.make_headers(basic_auth=f"{target.user}:{password}")
         headers |= {"Accept": "application/json", "OData-Version": "4.0"}
         self.url, self.max_bytes = target.url, max_bytes
+        self.timeout_s, self.deadline = timeout_s, deadline
         self.pool = urllib3.PoolManager(
             headers=headers,
-            timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
             retries=urllib3.Retry(connect=1, read=1, redirect=5, raise_on_redirect=False),
             ca_certs=str(target.ca) if target.ca else None,
         )
 
+    def _left(self, path: str) -> float:
+        """Seconds a wait may last now: `timeout_s`, or less near the deadline."""
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise SourceError("slow", f"GET {path}: not read within the poll", target=self.url)
+        return min(self.timeout_s, left)
+
     def get(self, path: str) -> Answer:
         """The answer to `GET path`; its body read only when it is a 200."""
-        resp = self.pool.request("GET", self.url + path, preload_content=False)
+        wait = self._left(path)
+        resp = self.pool.request(
+            "GET",
+            self.url + path,
+            preload_content=False,
+            timeout=urllib3.Timeout(connect=wait, read=wait),
+        )
         if resp.status != 200:
             resp.close()  # its body is not read, so the connection cannot carry another
             return Answer(resp.status)
@@ -104,10 +123,13 @@ class Http:
         if length.isdigit() and int(length) > self.max_bytes:
             raise SourceError("too_large", f"{too_large}: {length}", target=self.url)
         body = bytearray()
-        for chunk in resp.stream(CHUNK):  # decompressed, CHUNK at most each
+        # read1: what one socket read brought (decompressed, CHUNK at most), so the
+        # deadline is looked at after every wait, not after a whole trickled CHUNK.
+        while chunk := resp.read1(CHUNK):
             body += chunk
             if len(body) > self.max_bytes:
                 raise SourceError("too_large", too_large, target=self.url)
+            self._left(path)
         return bytes(body)
 
     def close(self) -> None:
@@ -250,8 +272,10 @@ def _state(value: Any) -> str:
 
 
 def read_target(target: RedfishTarget, cfg: RedfishSourceSettings) -> list[Reading]:
-    """Read every document the service links (blocking: the source runs it in a thread)."""
-    client = Http(target, cfg.timeout_s, cfg.max_bytes)
+    """Read every document the service links (blocking: the source runs it in a thread),
+    within one poll's interval (past it, at most one wait of `timeout_s` more)."""
+    deadline = time.monotonic() + cfg.interval_s
+    client = Http(target, cfg.timeout_s, cfg.max_bytes, deadline)
     try:
         return Reader(client, target.url, cfg.max_documents).readings()
     except SourceError:
@@ -294,6 +318,13 @@ def events_of(
 Read = Callable[[RedfishTarget, RedfishSourceSettings], list[Reading]]
 
 
+def _retrieved(done: asyncio.Future[list[Reading]]) -> None:
+    """Take a read's error, so that one which ended after its poll stopped waiting is not
+    logged as never retrieved (the poll that waited already logged it)."""
+    if not done.cancelled():
+        done.exception()
+
+
 class RedfishSource:
     """Polls every target each interval and publishes its readings; a target that does not
     answer is logged and tried again next interval, and so is NATS."""
@@ -313,17 +344,12 @@ class RedfishSource:
         self.cfg, self.inventory, self.publisher, self.clock = cfg, inventory, publisher, clock
         self.read = read
         self.failed: dict[str, str] = {}  # target url -> why, for the last poll
+        self._reading: dict[str, asyncio.Future[list[Reading]]] = {}  # url -> its read
 
     async def poll_once(self) -> list[dict[str, Any]]:
         """Every target once, concurrently; the events published."""
-        # A target that answers each request just in time could hold the poll for its
-        # every document: one interval at most, then it is down for this poll.
         results = await asyncio.gather(
-            *(
-                asyncio.wait_for(asyncio.to_thread(self.read, t, self.cfg), self.cfg.interval_s)
-                for t in self.cfg.targets
-            ),
-            return_exceptions=True,
+            *(self._read_one(t) for t in self.cfg.targets), return_exceptions=True
         )
         now, events = self.clock.now(), []
         self.failed = {}
@@ -339,6 +365,20 @@ class RedfishSource:
                 subject_for("facility", event["node"]), payload, event["id"]
             )
         return events
+
+    async def _read_one(self, target: RedfishTarget) -> list[Reading]:
+        """One target's readings in a worker thread, waited for one interval at most.
+
+        A thread cannot be stopped: one that outlives the wait goes on to its own
+        deadline (read_target's), and until it ends the target is not read again, so a
+        slow BMC holds one thread, never one more a poll."""
+        running = self._reading.get(target.url)
+        if running is not None and not running.done():
+            raise SourceError("slow", f"{target.url}: still reading from the last poll")
+        reading = asyncio.ensure_future(asyncio.to_thread(self.read, target, self.cfg))
+        reading.add_done_callback(_retrieved)  # its error is the poll's, or no one's
+        self._reading[target.url] = reading
+        return await asyncio.wait_for(asyncio.shield(reading), self.cfg.interval_s)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Poll until `stop`; NATS or a target away costs that poll, never the loop."""
