@@ -74,6 +74,9 @@ class Busy:
     recheck_s: float
 
 
+# The try `_claim` gives an intent too old to run that no executor began: none.
+NOT_BEGUN = 0
+
 # A claim's states while an executor holds it (renewed, waited out while fresh): taken
 # (`claimed`: the run's start not yet recorded, nothing run), the playbook `running`, the
 # run `ended` and its outcome being recorded. `done` ends it.
@@ -337,14 +340,21 @@ class Executor:
             {"raw": raw[:2048].decode(errors="replace")},
         )
 
-    async def _claim(self, intent: Intent) -> int | Busy | None:
+    async def _claim(self, intent: Intent, may_start: bool = True) -> int | Busy | None:
         """The try number when this executor now runs the intent; Busy while another
-        executor's claim on it is fresh; None when it must not run (ack it)."""
+        executor's claim on it is fresh; None when it must not run (ack it).
+
+        `may_start` False (an intent too old to run): only a run some executor began is
+        settled (an ended run recorded, one cut short recorded as interrupted, never run
+        again); NOT_BEGUN when none began, so the intent is refused.
+        """
         now = self.clock.now()
         fresh = Claim(state="claimed", at=now, rule=intent.rule, renewed=now)
-        if await self.claims.cas(fresh, 0, intent.key):
+        if may_start and await self.claims.cas(fresh, 0, intent.key):
             return 1
         held, revision = await self.claims.get(intent.key)
+        if not may_start and (held is None or held.state not in ("running", "ended")):
+            return NOT_BEGUN
         if held is not None and held.state in HELD:
             age = now - held.renewed
             if age < self.claim_stale_s:
@@ -370,12 +380,13 @@ class Executor:
             )
             return None
         spec = self.catalog.get(intent.action.playbook)
-        if spec is not None and spec.retry_safe and held.tries < 2:
+        retry_safe = may_start and spec is not None and spec.retry_safe
+        if retry_safe and held.tries < 2:
             again = Claim(
                 state="claimed", at=now, rule=intent.rule, tries=held.tries + 1, renewed=now
             )
             return again.tries if await self.claims.cas(again, revision, intent.key) else None
-        await self._interrupted(intent, held, revision, spec is not None and spec.retry_safe)
+        await self._interrupted(intent, held, revision, retry_safe)
         return None
 
     async def _record_again(self, intent: Intent, held: Claim, revision: int) -> None:
@@ -385,21 +396,15 @@ class Executor:
             await self._conclude_claim(intent, taken)
 
     async def _settle_aged(self, intent: Intent, msg: Msg) -> bool:
-        """An intent too old to run that an executor took: what its run came to is
-        recorded (an ended run's outcome, or a run cut short as interrupted), never run
-        again. False when nobody took it, or its start was never recorded: refuse it."""
-        held, revision = await self.claims.get(intent.key)
-        if held is None or held.state not in ("running", "ended"):
+        """An intent too old to run: settled as `_claim` settles a run some executor
+        began; False when none began (refuse it)."""
+        taken = await self._claim(intent, may_start=False)
+        if taken == NOT_BEGUN:
             return False
-        age = self.clock.now() - held.renewed
-        if age < self.claim_stale_s:  # its executor is alive: look again when it may not be
-            await msg.nak(delay=min(self.claim_stale_s - age, self.claim_stale_s / 4))
-            return True
-        if held.state == "ended" and held.outcome is not None:
-            await self._record_again(intent, held, revision)
-        elif held.state == "running":
-            await self._interrupted(intent, held, revision, retry_safe=False)
-        await msg.ack()
+        if isinstance(taken, Busy):  # its executor is alive: look again when it may not be
+            await msg.nak(delay=taken.recheck_s)
+        else:
+            await msg.ack()
         return True
 
     async def _interrupted(
