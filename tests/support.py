@@ -1,7 +1,8 @@
 """Helpers the test suites share: a free loopback port, the CLI as a user runs it, a
 real Prometheus, one match decided through the pipeline's entry, the headers that
 make a message a node's own (gpuops.bus.identity), and published messages read back as
-v1 events whatever telemetry format they went out in."""
+v1 events whatever telemetry format they went out in, and a drain intent as the engine
+decides one."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import pytest
 from gpuops import subjects
 from gpuops.bus.identity import KeyRing
 from gpuops.bus.wire import Expander
-from gpuops.models import Decision, Match, Request
+from gpuops.models import ActionSpec, Decision, Intent, Match, Request
 from gpuops.signing import load_key
 from gpuops.spine.pipeline import Pipeline
 
@@ -149,3 +151,19 @@ def fleet_gpus(tmp_path: Path, t: float) -> list[dict[str, Any]]:
     assert sample is not None
     gpus: list[dict[str, Any]] = sample["data"]["gpus"]
     return gpus
+
+
+def drain_intent(
+    key: str, node: str = "node-001", reason: str = "GPU 0 at 91 C", **action: Any
+) -> Intent:
+    """An overheat rule's drain of `node`, decided now (unsigned; `gpuops.signing.sign`)."""
+    now = time.time()
+    return Intent(
+        key=key,
+        rule="overheat",
+        node=node,
+        action=ActionSpec(playbook="drain.yml", vars={"reason": reason}, **action),
+        event_id=f"event-{key}",
+        event_ts=now,
+        decided_at=now,
+    )

@@ -20,12 +20,13 @@ from gpuops.act.runner import RunRequest, run_playbook
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
 from gpuops.clock import SystemClock
-from gpuops.models import ActionSpec, Intent, RunStatus, action_subject
+from gpuops.models import RunStatus, action_subject
 from gpuops.signing import load_key, sign
 from gpuops.sim.fleet import SimFleet
 from gpuops.spine.app import signing_key_path
 
 from tests.conftest import counted, engine_settings, run_outcomes, running_engine, wait_for
+from tests.support import drain_intent
 
 pytestmark = pytest.mark.faults
 
@@ -70,16 +71,7 @@ async def test_a_run_through_the_executor_leaves_no_secret_in_its_evidence(
         console={"tokens": [{"user": "ops", "token": CONSOLE_TOKEN}]},
         chatops={"webhooks": [{"url": WEBHOOK}]},
     )
-    now = time.time()
-    intent = Intent(
-        key="secrets-drain",
-        rule="overheat",
-        node="node-001",
-        action=ActionSpec(playbook="drain.yml", vars={"reason": "GPU 0 at 91 C"}),
-        event_id="e-secrets",
-        event_ts=now,
-        decided_at=now,
-    )
+    intent = drain_intent("secrets-drain")
     signed = sign(intent, load_key(signing_key_path(settings)))
     await bus.js.publish(action_subject(intent.node), signed.model_dump_json().encode())
     async with running_engine(settings, bus) as app:
@@ -149,18 +141,9 @@ def test_a_bmc_password_is_masked_in_a_run_nobody_sealed(
     every password of a run whose executor died before sealing it."""
     monkeypatch.setenv("GPUOPS_BMC_PASSWORD", password)
     fleet = SimFleet.create(tmp_path / "sim", nodes=1, gpus=1)
-    now = time.time()
-    intent = Intent(
-        key="unsealed-drain",
-        rule="overheat",
-        node="node-001",
-        action=ActionSpec(playbook="drain.yml", vars={"reason": "GPU 0 at 91 C"}),
-        event_id="e-unsealed",
-        event_ts=now,
-        decided_at=now,
-    )
+    intent = drain_intent("unsealed-drain")
     evidence = Evidence(tmp_path / "runs")
-    run_id = new_run_id(now)
+    run_id = new_run_id(intent.decided_at)
     book = resolve(Path(__file__).resolve().parents[2] / "playbooks", "drain.yml", None, tmp_path)
     request = RunRequest.for_intents(
         [intent], book, fleet.root / "inventory", 120, run_id=run_id, evidence=evidence

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from gpuops.bus.conn import Bus
 from gpuops.bus.server import EmbeddedNats
-from gpuops.models import ActionSpec, Intent, RunOutcome, RunStatus, action_subject
+from gpuops.models import Intent, RunOutcome, RunStatus, action_subject
 from gpuops.record.audit import read_audit
 from gpuops.settings import Settings
 from gpuops.signing import load_key, sign
@@ -32,22 +32,13 @@ from tests.conftest import (
     running_engine,
     wait_for,
 )
-from tests.support import gpuops_argv
+from tests.support import drain_intent, gpuops_argv
 
 pytestmark = pytest.mark.integration
 
 
 def _intent(node: str, reason: str, **action: Any) -> Intent:
-    now = time.time()
-    return Intent(
-        key=f"batch-{node}",
-        rule="overheat",
-        node=node,
-        action=ActionSpec(playbook="drain.yml", vars={"reason": reason}, **action),
-        event_id=f"event-{node}",
-        event_ts=now,
-        decided_at=now,
-    )
+    return drain_intent(f"batch-{node}", node, reason, **action)
 
 
 async def _publish(bus: Bus, intents: list[Intent]) -> None:
