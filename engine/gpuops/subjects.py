@@ -9,6 +9,7 @@
     gpuops.cmd.<user>.<command>       an operator's command to the engine (request/reply;
                                       only <user> may publish there)
     _INBOX.<role>.>                   a role's replies and deliveries (its own inbox)
+    _INBOX.cli.<user>.>               one operator's replies and deliveries (their own)
     _INBOX.node.<node>.>              a node's agent's replies (its own inbox)
 
 A node name becomes one subject token: anything but letters, digits, `_` and `-` turns
@@ -124,6 +125,12 @@ INBOX = "_INBOX"
 def inbox_of(role: str) -> str:
     """The inbox prefix of a role's connections (`nats.connect(inbox_prefix=...)`)."""
     return f"{INBOX}.{token(role)}"
+
+
+def operator_inbox(user: str) -> str:
+    """The inbox prefix of one operator's connections: a command's answer or a read's
+    deliveries are that person's, not every operator's."""
+    return f"{inbox_of('cli')}.{token(user)}"
 
 
 def node_inbox(node: str) -> str:

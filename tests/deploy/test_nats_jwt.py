@@ -154,7 +154,9 @@ def _inbox(creds: str) -> str:
     path = Path(creds)
     if path.parent.name == "nodes":
         return subjects.node_inbox(path.stem)
-    return subjects.inbox_of("cli" if path.parent.name == "operators" else path.stem)
+    if path.parent.name == "operators":
+        return subjects.operator_inbox(path.stem)
+    return subjects.inbox_of(path.stem)
 
 
 # nats-py's flush() writes its PING ahead of commands still in its buffer (2.16), so a
@@ -228,3 +230,27 @@ async def test_the_engine_sets_up_jetstream_in_the_account(
         server.url, NatsSettings(creds=site / "creds/executor.creds"), setup="open", role="executor"
     )
     await executor.close()
+
+
+async def test_an_operator_with_only_their_creds_reads_and_commands_as_themselves(
+    server: EmbeddedNats, site: Path
+) -> None:
+    # The operator sets nats.creds and nothing else: their user name is the JWT's, and
+    # so are their inbox (JetStream's answers come there) and their command subject.
+    engine = await connect(server.url, NatsSettings(creds=site / "creds/engine.creds"))
+
+    async def respond(msg: Msg) -> None:
+        await msg.respond(msg.subject.encode())
+
+    await engine.nc.subscribe("gpuops.cmd.>", cb=respond)
+    await engine.nc.flush()
+    creds = site / "creds/operators/operator.creds"
+    ops = await connect(server.url, NatsSettings(creds=creds), setup="open", role="cli")
+    try:
+        assert ops.user == "operator"
+        assert (await ops.js.account_info()).streams >= 1, "a JetStream read answers"
+        reply = await ops.nc.request(subjects.command(ops.user, "status"), b"{}", timeout=WAIT_S)
+        assert reply.data == subjects.command("operator", "status").encode()
+    finally:
+        await ops.close()
+        await engine.close()

@@ -1,7 +1,7 @@
 """What one NATS user may not do to another's work, on a real server with the real
-permissions: read or answer another's deliveries through its inbox, or change the
-engine's consumers through the JetStream API; and what a role notices when its own
-durable consumer was changed behind its back."""
+permissions: read or answer another's deliveries through its inbox (an operator
+another operator's too), or change the engine's consumers through the JetStream API;
+and what a role notices when its own durable consumer was changed behind its back."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import nats
 import pytest
 from gpuops import subjects
-from gpuops.bus.auth import Credentials, node_credentials, read_credentials
+from gpuops.bus.auth import Credentials, node_credentials, operators_dir, read_credentials
 from gpuops.bus.conn import ACTIONS, EVENTS, Bus, open_bus
 from gpuops.bus.embedded import enrol
 from gpuops.bus.partitions import durable
@@ -57,7 +57,7 @@ async def test_no_other_user_reads_or_answers_the_executors_deliveries(tmp_path:
         await engine.js.publish("gpuops.actions.node-001", b'{"intent": 1}')
         snoops = {
             "node": (node_credentials(state, "node-001"), subjects.node_inbox("node-001")),
-            "cli": (read_credentials(state, "cli"), subjects.inbox_of("cli")),
+            "cli": (read_credentials(state, "cli"), subjects.operator_inbox("operator")),
         }
         for who, (cred, inbox) in snoops.items():
             await _snoop_on_the_executor(state, engine.url, who, cred, inbox)
@@ -91,6 +91,36 @@ async def _snoop_on_the_executor(
         await snoop.close()
 
 
+async def test_an_operator_hears_only_answers_to_their_own_requests(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    operators_dir(state).mkdir(parents=True)
+    mallory = Credentials("mallory", "mallory-has-her-own-password")
+    (operators_dir(state) / "mallory.json").write_text(
+        json.dumps({"user": mallory.user, "password": mallory.password})
+    )
+
+    async def respond(msg: Msg) -> None:
+        await msg.respond(b"yours")
+
+    async with open_bus(NatsSettings(), state) as engine:
+        answer = await engine.nc.subscribe("gpuops.cmd.>", cb=respond)
+        errors: list[str] = []
+        snoop = await _client(mallory, engine.url, subjects.operator_inbox("mallory"), errors)
+        try:
+            heard = [await snoop.subscribe(s) for s in ("_INBOX.cli.>", "_INBOX.cli.operator.>")]
+            for subject in ("_INBOX.cli.>", "_INBOX.cli.operator.>"):
+                await wait_for(lambda s=subject: _refused(errors, "subscription", s), 10)
+            async with open_bus(NatsSettings(), state, role="cli") as ops:
+                reply = await ops.nc.request("gpuops.cmd.operator.status", b"{}", timeout=5)
+                assert reply.data == b"yours", "the operator's own answer still comes"
+            mine = await snoop.request("gpuops.cmd.mallory.status", b"{}", timeout=5)
+            assert mine.data == b"yours", "and mallory's to her"
+            assert all(h.pending_msgs == 0 for h in heard), "mallory heard no other answer"
+        finally:
+            await snoop.close()
+            await answer.unsubscribe()
+
+
 async def test_an_operator_cannot_change_the_engines_consumer_by_any_create_subject(
     tmp_path: Path,
 ) -> None:
@@ -109,7 +139,8 @@ async def test_an_operator_cannot_change_the_engines_consumer_by_any_create_subj
             f"$JS.API.CONSUMER.DURABLE.CREATE.{EVENTS}.{name}": {**tampered, "durable_name": name},
         }
         errors: list[str] = []
-        cli = await _client(read_credentials(state, "cli"), engine.url, "_INBOX.cli", errors)
+        cred = read_credentials(state, "cli")
+        cli = await _client(cred, engine.url, subjects.operator_inbox(cred.user), errors)
         try:
             for subject, config in attempts.items():
                 body = json.dumps({"stream_name": EVENTS, "config": config}).encode()

@@ -215,7 +215,8 @@ PERMISSIONS: dict[Role, Permissions] = {
             *_kv((*KV_BUCKETS, *ENGINE_ONLY), ()),
             *_FLOW,
         ),
-        subscribe=(subjects.AGENT_REQUESTS, *_own_inbox("cli")),
+        # Each operator's own inbox is added by `operator_permissions`.
+        subscribe=(subjects.AGENT_REQUESTS,),
         deny_publish=(subjects.ACTIONS, subjects.events_of("chatops"), subjects.ALL_COMMANDS),
     ),
 }
@@ -241,7 +242,8 @@ def check_user_name(name: str) -> str:
 
 
 def operator_permissions(user: str) -> Permissions:
-    """The CLI's permissions for one operator: its own command subject, nobody else's.
+    """The CLI's permissions for one operator: its own command subject and inbox,
+    nobody else's.
 
     The engine takes the user from the subject a command arrives on, and the server lets
     only this user publish there: that is what makes the identity unforgeable.
@@ -250,7 +252,7 @@ def operator_permissions(user: str) -> Permissions:
     own = subjects.commands_of(check_user_name(user))
     return Permissions(
         publish=(*base.publish, own),
-        subscribe=base.subscribe,
+        subscribe=(*base.subscribe, subjects.inbox_within(subjects.operator_inbox(user))),
         deny_publish=tuple(d for d in base.deny_publish if d != subjects.ALL_COMMANDS),
     )
 

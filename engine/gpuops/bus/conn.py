@@ -48,6 +48,7 @@ from gpuops.bus.buckets import BUCKETS, LEASES_KEY, Buckets
 from gpuops.bus.client import connect_forever as connect_forever
 from gpuops.bus.client import first_connect
 from gpuops.bus.embedded import announce, new_server, remembered_url, store_dir, url_file
+from gpuops.bus.natsjwt import creds_name
 from gpuops.bus.partitions import events_transform, telemetry_transform
 from gpuops.bus.server import EmbeddedNats
 from gpuops.errors import BusError
@@ -163,6 +164,22 @@ class Bus:
         await self.nc.close()
 
 
+def user_of(cfg: NatsSettings, credentials: Credentials | None) -> str:
+    """The NATS user a connection is: the embedded server's generated one, the configured
+    `nats.user`, or the name in the `nats.creds` file's JWT (a site's operator mode); ""
+    when there is none (a server without users)."""
+    if credentials is not None:
+        return credentials.user
+    if cfg.user:
+        return cfg.user
+    if cfg.creds is not None:
+        try:
+            return creds_name(cfg.creds.read_text())
+        except OSError as exc:
+            raise BusError(f"cannot read nats.creds {cfg.creds}: {exc}") from exc
+    return ""
+
+
 async def connect(
     url: str,
     cfg: NatsSettings | None = None,
@@ -184,7 +201,9 @@ async def connect(
     `role` names the inbox prefix, the only one its user may subscribe.
     """
     cfg = cfg or NatsSettings()
-    inbox = subjects.inbox_of(role)
+    user = user_of(cfg, credentials)
+    # An operator's replies come to their own inbox (with no user, the server checks none).
+    inbox = subjects.operator_inbox(user) if role == "cli" and user else subjects.inbox_of(role)
     nc = await first_connect(url, cfg, name, credentials, buffer=buffer, inbox=inbox)
     js = nc.jetstream(timeout=10)
     try:
@@ -196,7 +215,6 @@ async def connect(
     except (JsError, NatsError, TimeoutError) as exc:
         await nc.close()
         raise BusError(f"cannot set up JetStream at {url} ({setup}): {exc}") from exc
-    user = credentials.user if credentials is not None else (cfg.user or "")
     return Bus(nc=nc, js=js, kv=kv, url=url, user=user)
 
 

@@ -223,3 +223,18 @@ def creds_seed(text: str) -> Key:
         if "BEGIN USER NKEY SEED" in line:
             return key_from_seed("user", lines[at + 1])
     raise BusError("not a NATS creds file: it holds no user seed")
+
+
+def creds_name(text: str) -> str:
+    """The user name a `.creds` file's JWT gives its user (the server names the user so
+    in subject templates; an operator's command subject and inbox carry it)."""
+    lines = text.splitlines()
+    for at, line in enumerate(lines[:-1]):
+        if "BEGIN NATS USER JWT" in line:
+            try:
+                body = lines[at + 1].split(".")[1]
+                claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+                return str(claims["name"])
+            except (IndexError, ValueError, KeyError, TypeError) as exc:
+                raise BusError(f"not a NATS creds file: its JWT does not read ({exc})") from None
+    raise BusError("not a NATS creds file: it holds no user JWT")
