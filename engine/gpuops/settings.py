@@ -469,10 +469,18 @@ class AlertmanagerSettings(BaseModel):
         default=None,
         description="the bearer token Alertmanager sends; unset, the route refuses every post",
     )
+    # Labels Prometheus (or the site's relabelling) sets on a target's series: an exporter
+    # cannot write them (honor_labels: false keeps its own as exported_<name>). Never one
+    # an exporter writes, such as dcgm-exporter's Hostname: that is `claim_label`.
     node_labels: tuple[str, ...] = Field(
-        default=("Hostname", "instance", "node"),
+        default=("instance",),
         min_length=1,
         description="the first of these labels an alert has names its node (instance: no port)",
+    )
+    claim_label: str = Field(
+        default="Hostname",
+        max_length=128,
+        description="the exporter's own host name label: checked against the node (: none)",
     )
     gpu_label: str = Field(default="gpu", min_length=1)
     # Alertmanager batches a group's alerts into one post: more than the app's 64 KiB, bounded.

@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,10 +17,14 @@ from gpuops.bus.store import NatsKV
 from gpuops.clock import SystemClock
 from gpuops.http import HttpServer
 from gpuops.intake.alertmanager import PATH, AlertmanagerReceiver
+from gpuops.inventory.hosts import Inventory
 from gpuops.record.metrics import Metrics, by_label, total
 from gpuops.settings import AlertmanagerSettings
+from gpuops.sources.binding import Binding
 
 pytestmark = pytest.mark.integration
+NODES = frozenset({"node-001", "node-002"})
+INVENTORY = Inventory(Path("inv"), NODES, {}, {})
 TOKEN = "am-secret-7b1f-0123456789abcdef"
 ALERTS = "gpuops.events.*.alert.>"  # stored under their partition
 
@@ -40,6 +45,7 @@ async def _receiver(bus: Bus, **settings: Any) -> AsyncIterator[Receiver]:
         NatsKV(bus.kv["history"]),
         SystemClock(),
         metrics.registry,
+        Binding(INVENTORY, "Hostname"),
         on_dead=lambda reason: metrics.dead_letters.labels(reason).inc(),
     )
     server = HttpServer(metrics.registry, lambda: (True, {}), mounts=[route.mount])
@@ -59,8 +65,9 @@ async def receiver(bus: Bus) -> AsyncIterator[Receiver]:
 def alert(
     node: str | None, fingerprint: str, status: str = "firing", **labels: str
 ) -> dict[str, Any]:
-    """One alert as Alertmanager's webhook sends it."""
-    named = {"Hostname": node} if node else {}
+    """One alert as Alertmanager's webhook sends it: Prometheus's target label, and
+    dcgm-exporter's own claim that agrees."""
+    named = {"instance": f"{node}:9400", "Hostname": node} if node else {}
     return {
         "status": status,
         "labels": {"alertname": "GpuXidError", **named, **labels},
@@ -184,6 +191,19 @@ async def test_an_oversize_body_or_batch_is_refused_and_counted(receiver: Receiv
     assert await stored(receiver.bus) == {}
 
 
+async def test_an_exporters_claim_of_another_node_is_forged_and_not_published(
+    receiver: Receiver,
+) -> None:
+    # node-002's exporter writes Hostname="node-001" beside an XID 79: Prometheus's alert
+    # carries both labels, and the target (instance) is node-002's.
+    forged = {**alert("node-002", "f1", xid="79")}
+    forged["labels"] = {**forged["labels"], "Hostname": "node-001"}
+    status, reply = await post(receiver, notification(forged, alert("node-002", "f2")))
+    assert (status, reply) == (200, {"alerts": 2, "dead_letter": 1, "published": 1})
+    assert await stored(receiver.bus) == {"gpuops.events.alert.node-002": 1}, "none for node-001"
+    assert await stored(receiver.bus, DLQ, "gpuops.dlq.>") == {"gpuops.dlq.forged": 1}
+
+
 async def test_an_alert_without_a_node_is_a_dead_letter_and_the_batch_goes_on(
     receiver: Receiver,
 ) -> None:
@@ -191,7 +211,7 @@ async def test_an_alert_without_a_node_is_a_dead_letter_and_the_batch_goes_on(
         alert("node-001", "f1", gpu="2", xid="79"),
         alert(None, "f2", job="dcgm"),
         alert("node-002", "f3", annotations="ok"),
-        {"status": "firing", "labels": {"Hostname": "node-002"}},  # no times, no fingerprint
+        {"status": "firing", "labels": {"instance": "node-002"}},  # no times, no fingerprint
         {**alert("node-002", "f4"), "fingerprint": "a.>"},  # could not be a KV key
     )
     status, reply = await post(receiver, batch)
@@ -206,6 +226,7 @@ async def test_an_alert_without_a_node_is_a_dead_letter_and_the_batch_goes_on(
     assert event["source"] == "alertmanager" and event["data"]["gpu"] == 2
     assert event["data"]["labels"] == {
         "alertname": "GpuXidError",
+        "instance": "node-001:9400",
         "Hostname": "node-001",
         "gpu": "2",
         "xid": "79",

@@ -77,7 +77,7 @@ def webhook(*alerts: dict[str, Any]) -> dict[str, Any]:
 def am_alert(node: str, fingerprint: str) -> dict[str, Any]:
     return {
         "status": "firing",
-        "labels": {**HOT, "Hostname": node},
+        "labels": {**HOT, "instance": f"{node}:9400", "Hostname": node},
         "annotations": {},
         "startsAt": "2026-03-01T10:00:00Z",
         "endsAt": "0001-01-01T00:00:00Z",
@@ -135,7 +135,7 @@ def alertmanager(tmp_path: Path, webhook_url: str) -> Iterator[str]:
     config = {
         "route": {
             "receiver": "gpuops",
-            "group_by": ["alertname", "Hostname"],
+            "group_by": ["alertname", "instance"],
             "group_wait": "0s",
             "group_interval": "1s",
             "repeat_interval": "1h",
@@ -209,13 +209,13 @@ async def test_a_real_alertmanager_delivers_alerts_the_engine_decides_and_resolv
     with alertmanager(tmp_path, hook) as am:
         await wait_for(lambda: _ready(am), 15)
         started = _iso(time.time())
-        known = {"labels": {**HOT, "Hostname": "node-001"}, "startsAt": started}
-        stranger = {"labels": {**HOT, "Hostname": "node-999"}, "startsAt": started}
+        known = {"labels": {**HOT, "instance": "node-001:9400"}, "startsAt": started}
+        stranger = {"labels": {**HOT, "instance": "node-999:9400"}, "startsAt": started}
         await _post_alerts(am, [known, stranger])
         await wait_for(lambda: decisions(bus, "node-001", "alert-gpu-temp-critical"), 20)
         [d] = await decisions(bus, "node-001", "alert-gpu-temp-critical")
         assert d["accepted"] and [a["playbook"] for a in d["actions"]] == ["drain.yml"]
-        assert d["facts"]["labels"]["Hostname"] == "node-001"
+        assert d["facts"]["labels"]["instance"] == "node-001:9400"
         await wait_for(lambda: total(engine.engine.metrics.unknown_nodes) >= 1, 10)
         assert await decisions(bus, "node-999", "alert-gpu-temp-critical") == []
         # The GPU cooled: Alertmanager sends the resolution, which closes the episode.

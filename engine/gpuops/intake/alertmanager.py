@@ -12,6 +12,13 @@ labels under `data.labels`) published to the bus like an agent's, so the engine'
 intake, rules and safety stages take it like any other event. An alert whose labels
 name no usable node is a dead letter with its reason; the rest of the batch goes on.
 
+The node is the alert's target's (gpuops.sources.binding, as for a scrape): the first of
+`node_labels`, labels Prometheus sets (`instance`), found in the inventory by name or
+`ansible_host`. The exporter's own host name label (`claim_label`, dcgm-exporter's
+`Hostname`) is copied into the alert by Prometheus's rule but written by the exporter, so
+a compromised node could name any host there: it is only checked against the target's
+node, and an alert whose claim names another node is dead-lettered as `forged`.
+
 Alertmanager repeats a firing alert every `repeat_interval` (hours; far past the events
 stream's duplicate window), and a pair of Alertmanagers each send every notification.
 A repeat is not a new decision: the event id is a hash of (fingerprint, status,
@@ -52,6 +59,7 @@ from gpuops.models import (
 )
 from gpuops.settings import AlertmanagerSettings
 from gpuops.signing import same_secret
+from gpuops.sources.binding import FORGED, Binding
 
 log = logging.getLogger(__name__)
 
@@ -189,12 +197,31 @@ def gpu_of(value: str | None) -> int | None:
     return None
 
 
-def to_event(alert: WebhookAlert, settings: AlertmanagerSettings, now: float) -> Event:
-    """The `alert` event for one alert; EventError when its node or name is missing or bad."""
-    node = node_of(alert.labels, settings.node_labels)
-    if node is None:
+def target_node(
+    labels: dict[str, str], settings: AlertmanagerSettings, binding: Binding | None
+) -> str:
+    """The node an alert is about: its target's, as the inventory names it (a host the
+    inventory lacks as the label says: the engine acts on no unknown host); EventError
+    when no label names it, or the exporter's own claim names another node."""
+    host = node_of(labels, settings.node_labels)
+    if host is None:
         wanted = ", ".join(settings.node_labels)
         raise EventError("no_node", f"no node label: the alert has none of {wanted}")
+    node = (binding.node_of(host) if binding is not None else None) or host
+    label = settings.claim_label
+    claim = labels.get(label, "").strip() if label else ""
+    if claim and claim != node and (binding is None or not binding.agrees(node, {label: claim})):
+        raise EventError(
+            FORGED, f"its {label} label names {claim!r}, but its target {host!r} is {node}"
+        )
+    return node
+
+
+def to_event(
+    alert: WebhookAlert, settings: AlertmanagerSettings, now: float, binding: Binding | None = None
+) -> Event:
+    """The `alert` event for one alert; EventError when its node or name is missing or bad."""
+    node = target_node(alert.labels, settings, binding)
     name = alert.labels.get("alertname", "")
     if not name:
         raise EventError("schema", "no alertname label")
@@ -259,9 +286,11 @@ class AlertmanagerReceiver:
         kv: KV,
         clock: Clock,
         registry: CollectorRegistry,
+        binding: Binding,
         on_dead: Callable[[str], None] | None = None,
     ) -> None:
         self.settings, self.publisher, self.clock = settings, publisher, clock
+        self.binding = binding
         self.seen: Store[AlertSeen] = Store(kv, AlertSeen, "alert")
         self.on_dead = on_dead
         self.rejections = Counter(
@@ -342,7 +371,7 @@ class AlertmanagerReceiver:
         """Publish one alert unless it is a repeat; a dead letter when it cannot be read."""
         try:
             alert = WebhookAlert.model_validate(raw)
-            event = to_event(alert, self.settings, self.clock.now())
+            event = to_event(alert, self.settings, self.clock.now(), self.binding)
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             why = f"{'.'.join(map(str, first['loc'])) or 'alert'}: {first['msg']}"

@@ -62,6 +62,7 @@ from gpuops.scale.leases import default_replica_id
 from gpuops.scale.replica import Partitions, ReplicaLock, filters
 from gpuops.settings import Settings, secret_values
 from gpuops.signing import load_key
+from gpuops.sources.binding import Binding
 from gpuops.spine.build import Engine, build_engine
 from gpuops.spine.pipeline import Pipeline
 from gpuops.spine.statemodels import model_of
@@ -536,6 +537,7 @@ class App:
             self.engine.buckets.history,
             self.clock,
             self.engine.metrics.registry,
+            Binding(self.inventory, self.settings.sources.alertmanager.claim_label),
             on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),
         )
 

@@ -1,4 +1,5 @@
-"""The Alertmanager receiver's pure parts: node and GPU from labels, ids, dedupe verdicts."""
+"""The Alertmanager receiver's pure parts: node (the target's, the exporter's claim checked) and
+GPU from labels, ids, dedupe verdicts."""
 
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ from gpuops.intake.alertmanager import (
     gpu_of,
     judge,
     node_of,
+    target_node,
     to_event,
 )
+from gpuops.inventory.hosts import Inventory
 from gpuops.models import AlertEvent
 from gpuops.settings import AlertmanagerSettings, load_settings
+from gpuops.sources.binding import Binding
 
 NAMES = AlertmanagerSettings().node_labels
 STARTS = "2026-03-01T10:00:00.123Z"
@@ -39,13 +43,42 @@ def webhook_alert(status: str = "firing", **labels: str) -> WebhookAlert:
 
 
 def test_the_node_is_the_first_label_present_and_instance_loses_its_port() -> None:
-    assert node_of({"Hostname": "gpu-a01", "instance": "x:9400"}, NAMES) == "gpu-a01"
+    assert NAMES == ("instance",), "by default only the label Prometheus sets"
+    assert node_of({"Hostname": "gpu-a01", "instance": "x:9400"}, NAMES) == "x"
     assert node_of({"instance": "gpu-a02:9400", "node": "other"}, NAMES) == "gpu-a02"
     assert node_of({"instance": "gpu-a03"}, NAMES) == "gpu-a03"
     assert node_of({"instance": "[fd00::1]:9400"}, NAMES) == "fd00::1"
-    assert node_of({"Hostname": " ", "node": "gpu-a04"}, NAMES) == "gpu-a04"
-    assert node_of({"job": "dcgm"}, NAMES) is None
+    assert node_of({"instance": " ", "node": "gpu-a04"}, ("instance", "node")) == "gpu-a04"
+    assert node_of({"job": "dcgm", "Hostname": "gpu-a01"}, NAMES) is None
     assert node_of({"host": "gpu-a05"}, ("host",)) == "gpu-a05"
+
+
+INVENTORY = Inventory(
+    Path("inv"),
+    frozenset({"gpu-a01", "gpu-a02"}),
+    {},
+    {"gpu-a01": {"ansible_host": "10.0.0.1"}, "gpu-a02": {"ansible_host": "10.0.0.2"}},
+)
+
+
+def test_the_node_is_the_targets_and_the_exporters_own_claim_must_agree() -> None:
+    # An exporter writes its own Hostname: a compromised gpu-a02 claiming gpu-a01 would
+    # have had gpu-a01 rebooted. The node is the target's, by name or address.
+    settings, binding = AlertmanagerSettings(), Binding(INVENTORY, "Hostname")
+    labels = {"instance": "10.0.0.1:9400", "Hostname": "gpu-a01.lab"}
+    assert target_node(labels, settings, binding) == "gpu-a01", "its address, its short name"
+    assert target_node({"instance": "gpu-a02:9400"}, settings, binding) == "gpu-a02"
+    with pytest.raises(EventError) as forged:
+        target_node({"instance": "10.0.0.2:9400", "Hostname": "gpu-a01"}, settings, binding)
+    assert forged.value.reason == "forged"
+    assert "'gpu-a01'" in forged.value.message and "gpu-a02" in forged.value.message
+    unchecked = settings.model_copy(update={"claim_label": ""})
+    assert (
+        target_node({"instance": "gpu-a02:9400", "Hostname": "x"}, unchecked, binding) == "gpu-a02"
+    )
+    assert target_node({"instance": "gpu-zz:9400"}, settings, binding) == "gpu-zz", (
+        "a host the inventory lacks, as named: the engine acts on no unknown host"
+    )
 
 
 def test_a_gpu_is_an_index_label_or_nothing() -> None:
@@ -54,9 +87,8 @@ def test_a_gpu_is_an_index_label_or_nothing() -> None:
 
 
 def test_an_alert_becomes_an_alert_event_with_its_labels_kept() -> None:
-    event = to_event(
-        webhook_alert(Hostname="gpu-a01", gpu="3", xid="79"), AlertmanagerSettings(), 5.0
-    )
+    labels = {"instance": "gpu-a01:9400", "Hostname": "gpu-a01", "gpu": "3", "xid": "79"}
+    event = to_event(webhook_alert(**labels), AlertmanagerSettings(), 5.0)
     assert isinstance(event, AlertEvent)
     assert (event.node, event.source, event.epoch) == ("gpu-a01", "alertmanager", 5.0)
     data = event.data
@@ -66,12 +98,7 @@ def test_an_alert_becomes_an_alert_event_with_its_labels_kept() -> None:
         3,
         "0f3b2c1d",
     )
-    assert data.labels == {
-        "alertname": "GpuXidError",
-        "Hostname": "gpu-a01",
-        "gpu": "3",
-        "xid": "79",
-    }
+    assert data.labels == {"alertname": "GpuXidError", **labels}
     assert data.annotations == {"summary": "XID on GPU"}
     assert data.starts_at == datetime(2026, 3, 1, 10, 0, 0, 123000, tzinfo=UTC)
     assert data.ends_at is None, "a firing alert has no end yet"
@@ -99,12 +126,13 @@ def test_ids_are_the_same_for_a_repeat_and_differ_by_status_and_occurrence() -> 
     ("labels", "reason", "why"),
     [
         (
-            {"job": "dcgm"},
+            {"job": "dcgm", "Hostname": "gpu-a01"},
             "no_node",
-            "no node label: the alert has none of Hostname, instance, node",
+            "no node label: the alert has none of instance",
         ),
-        ({"Hostname": "bad/name"}, "bad_node", "alert.node: String should match pattern"),
-        ({"Hostname": "gpu-a01", "alertname": ""}, "schema", "no alertname label"),
+        ({"instance": "bad/name:9400"}, "bad_node", "alert.node: String should match pattern"),
+        ({"instance": "gpu-a01:9400", "alertname": ""}, "schema", "no alertname label"),
+        ({"instance": "gpu-a01:9400", "Hostname": "gpu-a02"}, "forged", "its Hostname label"),
     ],
 )
 def test_an_alert_that_cannot_be_an_event_says_why(
@@ -134,4 +162,5 @@ def test_the_token_comes_from_the_environment_and_is_kept_secret(tmp_path: Path)
     settings = load_settings(tmp_path / "gpuops.yml", {}, environ).sources.alertmanager
     assert settings.token is not None and settings.token.get_secret_value() == token
     assert token not in repr(settings)
-    assert settings.node_labels == ("Hostname", "instance", "node") and settings.gpu_label == "gpu"
+    assert settings.node_labels == ("instance",) and settings.claim_label == "Hostname"
+    assert settings.gpu_label == "gpu"
