@@ -26,6 +26,7 @@ _DROPS = {
     "bad_gpu": "no usable `gpu` label (a GPU index)",
     "mig_instance": "MIG instances only (GPU_I_ID set), not whole GPUs",
     "not_finite": "NaN or infinite values",
+    "out_of_range": "values past 2**64 in magnitude, more than any reading",
     "invalid": "values that are not a valid sample",
 }
 

@@ -2,8 +2,8 @@
 
 Each series comes with the node its scrape target is (gpuops.sources.binding): a
 series that names no usable GPU, or whose value is NaN or infinite (a Prometheus stale
-marker, or a field DCGM could not read), is dropped and counted by reason; it never
-becomes a published value.
+marker, or a field DCGM could not read) or larger than any reading can be, is dropped
+and counted by reason; it never becomes a published value.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
-from gpuops.models import MAX_GPUS, GpuSample, new_event
+from gpuops.models import MAX_GPUS, MAX_MAGNITUDE, GpuSample, new_event
 from gpuops.sources import dcgm
 
 log = logging.getLogger(__name__)
@@ -104,6 +102,10 @@ LAST_TIME = 253_402_300_799.0  # 9999-12-31T23:59:59Z
 def _unusable(s: Series, gpu_label: str) -> str | None:
     if not math.isfinite(s.value):
         return "not_finite"
+    # Past what an event may hold, a value is junk; and two finite ones near 1e308,
+    # summed (FB used + free, per-link counters), overflow to inf and break conversion.
+    if abs(s.value) > MAX_MAGNITUDE:
+        return "out_of_range"
     if s.ts is not None and not 0.0 <= s.ts <= LAST_TIME:  # NaN fails both
         return "bad_timestamp"
     if s.labels.get(dcgm.MIG_LABEL):
@@ -143,11 +145,14 @@ def telemetry_event(
     """One telemetry event for the node's GPUs, or None when none is valid."""
     gpus = []
     for index in sorted(reading.gpus):
+        # One GPU's bad page costs its own sample only: anything its conversion raises
+        # (ValidationError is a ValueError) would otherwise end the scrape of every node.
         try:
             gpus.append(gpu_sample(index, reading.gpus[index]))
-        except ValidationError as exc:
+        except (ValueError, ArithmeticError) as exc:
             dropped["invalid"] += 1
-            log.warning("node %s GPU %d: not a valid sample, dropped (%s)", node, index, exc)
+            why = f"{type(exc).__name__}: {exc}"
+            log.warning("node %s GPU %d: not a valid sample, dropped (%s)", node, index, why)
     if not gpus:
         return None
     t = reading.ts if reading.ts is not None else now
