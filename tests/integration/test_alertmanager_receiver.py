@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,27 @@ async def test_an_exporters_claim_of_another_node_is_forged_and_not_published(
     assert (status, reply) == (200, {"alerts": 2, "dead_letter": 1, "published": 1})
     assert await stored(receiver.bus) == {"gpuops.events.alert.node-002": 1}, "none for node-001"
     assert await stored(receiver.bus, DLQ, "gpuops.dlq.>") == {"gpuops.dlq.forged": 1}
+
+
+async def test_what_the_intake_would_refuse_is_refused_before_it_is_kept(bus: Bus) -> None:
+    # A startsAt a day ahead, once kept in KV, made the alert's true notifications
+    # "stale" for that day; an event past the intake's size (multi-byte labels within
+    # their character bounds) was published, refused there, and its repeats answered
+    # "duplicate".
+    ahead = datetime.now(UTC) + timedelta(days=1)
+    future = {**alert("node-001", "f1"), "startsAt": ahead.isoformat()}
+    huge = alert("node-001", "f2", **{f"k{i}": "\u6e29" * 1000 for i in range(60)})
+    huge["annotations"] = {f"a{i}": "\u6e29" * 1000 for i in range(40)}
+    async for r in _receiver(bus, token=TOKEN):
+        status, reply = await post(r, notification(future, huge))
+        assert (status, reply) == (200, {"alerts": 2, "dead_letter": 2})
+        assert await stored(bus, DLQ, "gpuops.dlq.>") == {
+            "gpuops.dlq.future": 1,
+            "gpuops.dlq.too_large": 1,
+        }
+        again = await post(r, notification(alert("node-001", "f1"), huge))
+        assert again == (200, {"alerts": 2, "published": 1, "dead_letter": 1})
+        assert await stored(bus) == {"gpuops.events.alert.node-001": 1}
 
 
 async def test_an_alert_without_a_node_is_a_dead_letter_and_the_batch_goes_on(

@@ -49,7 +49,7 @@ from gpuops.bus.publish import Publisher
 from gpuops.bus.store import KV, Store
 from gpuops.clock import Clock, rfc3339
 from gpuops.errors import EventError
-from gpuops.intake.decode import dead_letter
+from gpuops.intake.decode import MAX_EVENT_BYTES, MAX_FUTURE_S, dead_letter
 from gpuops.models import (
     EVENT_ADAPTER,
     MAX_ALERT_LABELS,
@@ -288,9 +288,10 @@ class AlertmanagerReceiver:
         registry: CollectorRegistry,
         binding: Binding,
         on_dead: Callable[[str], None] | None = None,
+        max_future_s: float = MAX_FUTURE_S,
     ) -> None:
         self.settings, self.publisher, self.clock = settings, publisher, clock
-        self.binding = binding
+        self.binding, self.max_future_s = binding, max_future_s
         self.seen: Store[AlertSeen] = Store(kv, AlertSeen, "alert")
         self.on_dead = on_dead
         self.rejections = Counter(
@@ -379,10 +380,14 @@ class AlertmanagerReceiver:
         except EventError as dead:
             return await self._dead(raw, dead)
         starts = alert.starts_at.timestamp()
+        payload = event.model_dump_json().encode()
+        try:
+            self._check(starts, payload)
+        except EventError as dead:  # before its KV record: it would shadow the true alert
+            return await self._dead(raw, dead)
         seen, _ = await self.seen.get(alert.fingerprint)
         outcome = judge(seen, alert.status, starts)
         if outcome is Outcome.PUBLISHED:
-            payload = event.model_dump_json().encode()
             await self.publisher.publish(subjects.event("alert", event.node), payload, event.id)
             record = AlertSeen(
                 status=alert.status, starts_at=starts, event_id=event.id, at=self.clock.now()
@@ -395,6 +400,17 @@ class AlertmanagerReceiver:
             await self.seen.update(newer, alert.fingerprint)
         self.alerts.labels(outcome.value).inc()
         return outcome
+
+    def _check(self, starts: float, payload: bytes) -> None:
+        """What the engine's intake would refuse, refused here before anything is kept:
+        a start far ahead of this clock (its KV record would make the true notifications
+        of that alert look stale for as long), and an event past the intake's size (its
+        labels' escapes and multi-byte text can be several times their characters)."""
+        ahead = starts - self.clock.now()
+        if ahead > self.max_future_s:
+            raise EventError("future", f"startsAt is {ahead:.0f} s ahead of this clock")
+        if len(payload) > MAX_EVENT_BYTES:
+            raise EventError("too_large", f"{len(payload)} bytes > {MAX_EVENT_BYTES}")
 
     async def _dead(self, raw: dict[str, Any], dead: EventError) -> Outcome:
         body = json.dumps(raw, sort_keys=True, default=str).encode()

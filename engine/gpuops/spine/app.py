@@ -539,6 +539,7 @@ class App:
             self.engine.metrics.registry,
             Binding(self.inventory, self.settings.sources.alertmanager.claim_label),
             on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),
+            max_future_s=self.settings.max_future_skew_s,
         )
 
     async def run_drift_check(self, group: str) -> str:
