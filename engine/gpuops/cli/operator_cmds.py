@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from gpuops.cli.terminal import cells, err, out, run_async, settings_from
+from gpuops.cli.terminal import cells, err, one_line, out, run_async, settings_from
 from gpuops.errors import EventError
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ def _print_failed_tasks(records: list[AuditRecord]) -> None:
         b = r.body
         out.print(
             f"  {rfc3339(r.at)[:19]} {r.node} {b.get('playbook')} run {b.get('run_id') or '-'}: "
-            f"task {b['failed_task']!r}: {b.get('failed_message') or '-'}",
+            f"task {one_line(b['failed_task'])!r}: {one_line(b.get('failed_message') or '-')}",
             markup=False,
             highlight=False,
         )

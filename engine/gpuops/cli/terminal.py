@@ -5,6 +5,7 @@ Errors are reported by the CLI group."""
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -46,6 +47,15 @@ def telemetry_format_option(what: str) -> Callable[[F], F]:
         show_default=True,
         help=f"{what}: 2 compact (static facts once, readings as arrays), 1 every field (JSON)",
     )
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+
+
+def one_line(text: object) -> str:
+    """Text a node or the network wrote, as one line with no control characters: its
+    newlines cannot fake lines of ours, nor its escapes move the cursor or clear the screen."""
+    return _CONTROL.sub(" ", str(text))
 
 
 def cells(*values: object) -> list[str]:
