@@ -187,10 +187,15 @@ class Agent:
 
     async def _drain_signals(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
+            try:
                 signal = await asyncio.wait_for(self._signals.get(), 0.5)
+            except TimeoutError:
+                continue
+            try:
                 if not self._duplicate(signal):
                     await self.publish_health(signal.kind, signal.data, signal.source)
+            except Exception:  # like _every: one signal that fails must not end the agent
+                log.exception("health signal %s from %s not published", signal.kind, signal.source)
 
     def _duplicate(self, signal: HealthSignal) -> bool:
         """An XID for a (gpu, xid) already reported within `xid_dedupe_s`, by either path."""
