@@ -44,6 +44,7 @@ class Spool:
         self.unreadable = 0  # lines of the file that did not read, skipped at start
         self.write_failures = 0  # writes that failed; their events stayed in memory
         self._failing = False  # the last write failed: say so once, and when it mends
+        self._sending: Spooled | None = None  # the event a flush awaits the ack of
         with contextlib.suppress(OSError):  # an unusable place is told by the first write
             path.parent.mkdir(parents=True, exist_ok=True)
         self._dropped = _read_count(self._dropped_path)
@@ -62,7 +63,9 @@ class Spool:
         self._items.append(item)
         over = len(self._items) - self.max_events
         if over > 0:
-            del self._items[:over]
+            # The event a flush is sending may yet be acked: drop the oldest after it.
+            start = 1 if self._items[0] is self._sending else 0
+            del self._items[start : start + over]
             self._count_dropped(over)
         self._save()
 
@@ -70,24 +73,34 @@ class Spool:
         """Held events, oldest first."""
         return list(self._items)
 
-    def commit(self, n: int) -> None:
-        """Forget the first `n` events (they were published)."""
-        del self._items[:n]
-        self._save()
-
     async def flush(self, send: Callable[[Spooled], Awaitable[bool]]) -> bool:
         """Send held events in order, stopping at the first that fails (NATS is still
-        away); True when none is left."""
-        pending = self.pending()
-        done = 0
-        for item in pending:
-            if not await send(item):
+        away); True when every one it tried went out.
+
+        Events may be pushed (and the oldest dropped) while a send awaits its ack, so
+        each event sent is forgotten by itself, never by its place in the spool.
+        """
+        done, ok = 0, True
+        for item in self.pending():
+            if item not in self._items:
+                continue  # dropped while an earlier one was sent, unsent (counted then)
+            ok = await self._send_one(send, item)
+            if not ok:
                 break
+            with contextlib.suppress(ValueError):  # another flush may have sent it too
+                self._items.remove(item)
             done += 1
         if done:
-            self.commit(done)
+            self._save()
             log.info("flushed %d spooled events", done)
-        return done == len(pending)
+        return ok
+
+    async def _send_one(self, send: Callable[[Spooled], Awaitable[bool]], item: Spooled) -> bool:
+        self._sending = item
+        try:
+            return await send(item)
+        finally:
+            self._sending = None
 
     def _load(self) -> list[Spooled]:
         """The events the file holds; a line that does not read is skipped and counted."""

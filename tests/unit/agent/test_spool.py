@@ -40,3 +40,45 @@ def test_a_failed_write_keeps_the_events_in_memory_within_the_bound(tmp_path: Pa
     path.rmdir()  # the disk has room again: the next write puts everything held there
     spool.push(_event(5))
     assert [i.msg_id for i in Spool(path).pending()] == ["e3", "e4", "e5"]
+
+
+def _full(path: Path) -> Spool:
+    spool = Spool(path, max_events=5)
+    for n in range(1, 6):
+        spool.push(_event(n))
+    return spool
+
+
+async def test_an_event_pushed_while_a_flush_awaits_its_acks_is_kept(tmp_path: Path) -> None:
+    """The reviewer's race: a full spool flushing, an XID arriving at the second ack."""
+    spool, sent = _full(tmp_path / "spool.jsonl"), []
+
+    async def send(item: Spooled) -> bool:
+        sent.append(item.msg_id)
+        if len(sent) == 2:
+            spool.push(_event(6))
+        return True
+
+    assert await spool.flush(send)
+    assert sent == ["e1", "e2", "e3", "e4", "e5"]
+    assert [i.msg_id for i in spool.pending()] == ["e6"], "the unsent event stays"
+    assert [i.msg_id for i in Spool(tmp_path / "spool.jsonl").pending()] == ["e6"]
+    assert spool.dropped == 0, "nothing was lost"
+
+
+async def test_a_drop_during_a_flush_is_of_an_unsent_event_and_it_is_not_sent(
+    tmp_path: Path,
+) -> None:
+    spool, sent = _full(tmp_path / "spool.jsonl"), []
+
+    async def send(item: Spooled) -> bool:
+        sent.append(item.msg_id)
+        if len(sent) == 2:  # e2 awaits its ack: the push drops e3, the oldest unsent
+            spool.push(_event(6))
+            spool.push(_event(7))
+        return True
+
+    assert await spool.flush(send)
+    assert sent == ["e1", "e2", "e4", "e5"]
+    assert [i.msg_id for i in spool.pending()] == ["e6", "e7"]
+    assert spool.dropped == 1
