@@ -35,6 +35,8 @@ class FakeNvml:
         self.gpus = gpus
         self.lost: set[int] = set()
         self.events: deque[Any] = deque()
+        self.event_waits = 0
+        self.event_wait_error: int | None = None  # an NVML_ERROR_* every event wait answers
         self.calls = 0
         self.shutdown = False
         for name in dir(pynvml):
@@ -222,6 +224,9 @@ class FakeNvml:
         self.registered = mask
 
     def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> Any:
+        self.event_waits += 1
+        if self.event_wait_error is not None:  # at once, as NVML answers for a lost GPU
+            raise pynvml.NVMLError(self.event_wait_error)
         if not self.events:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
         return self.events.popleft()

@@ -34,9 +34,15 @@ from gpuops.bus.identity import Signer
 from gpuops.bus.wire import KEYFRAME_EVERY_S, TelemetryWriter
 from gpuops.clock import Clock
 from gpuops.diagnose.topology import differences, load_manifest
+from gpuops.errors import EngineError
 from gpuops.models import new_event, subject_for
 
 log = logging.getLogger(__name__)
+
+# A failing NVML event wait (a lost GPU's answer) is tried again after this pause, and
+# warned of once, then once per EVENT_WARN_EVERY_S while it goes on failing.
+EVENT_RETRY_S = 1.0
+EVENT_WARN_EVERY_S = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +83,38 @@ def event(
 ) -> dict[str, Any]:
     """An event in format v1 from this agent (source `agent`, or `kmsg` from the kernel log)."""
     return new_event(kind, node, t, data, source)
+
+
+class _Repeats:
+    """A failure that repeats, warned of on its first time and then once per `every_s`
+    with the count since (a warning per try would bury the log)."""
+
+    def __init__(self, what: str, clock: Clock, every_s: float) -> None:
+        self.what, self.clock, self.every_s = what, clock, every_s
+        self.count = 0
+        self._warned_at = float("-inf")
+
+    def failed(self, exc: Exception) -> None:
+        """One more failure: warn when it is the first, or the last warning is old."""
+        self.count += 1
+        now = self.clock.now()
+        if self.count > 1 and now - self._warned_at < self.every_s:
+            return
+        self._warned_at = now
+        log.warning(
+            "%s failed (%s), %d in a row; trying again",
+            self.what,
+            exc,
+            self.count,
+            exc_info=not isinstance(exc, EngineError),  # a bug's traceback; NVML's says it all
+        )
+
+    def mended(self) -> None:
+        """It worked: say so when it had been failing."""
+        if self.count:
+            log.info("%s works again after %d failures", self.what, self.count)
+        self.count = 0
+        self._warned_at = float("-inf")
 
 
 def default_node() -> str:
@@ -175,13 +213,15 @@ class Agent:
 
     def _listen(self, loop: asyncio.AbstractEventLoop, halt: threading.Event) -> None:
         """Thread: wait on NVML events with a short timeout so stopping is prompt."""
+        failures = _Repeats("NVML event wait", self.clock, EVENT_WARN_EVERY_S)
         while not halt.is_set():
             try:
                 signals = self.backend.wait_events(200)
-            except Exception:
-                log.exception("NVML event wait failed")
-                halt.wait(1.0)
+            except Exception as exc:  # a failing wait answers at once: pause, or it spins
+                failures.failed(exc)
+                halt.wait(EVENT_RETRY_S)
                 continue
+            failures.mended()
             for signal in signals:
                 loop.call_soon_threadsafe(self._signals.put_nowait, signal)
 

@@ -27,7 +27,8 @@ class GpuBackend(Protocol):
         ...
 
     def wait_events(self, timeout_ms: int) -> list[HealthSignal]:
-        """Block up to `timeout_ms` for XID and ECC events."""
+        """Block up to `timeout_ms` for XID and ECC events; SourceError when the wait
+        fails (the caller pauses before the next)."""
         ...
 
     def pci_bus_ids(self) -> dict[tuple[int, int, int], int]:

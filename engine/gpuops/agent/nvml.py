@@ -17,6 +17,7 @@ from typing import Any
 from gpuops.agent.backend import HealthSignal
 from gpuops.agent.gpm import Gpm
 from gpuops.agent.nvlink import NvLinks
+from gpuops.errors import SourceError
 
 log = logging.getLogger(__name__)
 
@@ -226,13 +227,16 @@ class NvmlBackend:
         return self._events
 
     def wait_events(self, timeout_ms: int) -> list[HealthSignal]:
+        """XID and ECC events within `timeout_ms`; SourceError when NVML refuses the wait."""
         nv = self.nv
         try:
             data = nv.nvmlEventSetWait_v2(self._event_set(), timeout_ms)
         except nv.NVMLError as exc:
-            if getattr(exc, "value", None) != nv.NVML_ERROR_TIMEOUT:
-                log.warning("NVML event wait: %s", exc)
-            return []
+            if getattr(exc, "value", None) == nv.NVML_ERROR_TIMEOUT:
+                return []  # nothing happened: the usual answer
+            # Any other answer (a lost GPU's) comes at once, not after the timeout: the
+            # caller must pause before asking again, so it is told rather than given [].
+            raise SourceError("down", str(exc), target="NVML") from exc
         gpu = self._get(nv.nvmlDeviceGetIndex, data.device)
         gpu = 0 if gpu is None else int(gpu)
         if data.eventType == nv.nvmlEventTypeXidCriticalError:

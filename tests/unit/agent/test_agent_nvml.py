@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pynvml
+import pytest
+from gpuops.agent.agent import Agent, AgentSettings
 from gpuops.agent.nvml import NvmlBackend
+from gpuops.clock import ManualClock
+from gpuops.errors import SourceError
 from gpuops.models import GpuSample
+from nats.aio.client import Client
 
 from tests.fake_pynvml import SNAPSHOT, FakeNvml
 
@@ -75,3 +84,42 @@ def test_xid_and_ecc_events_are_read_with_a_short_timeout() -> None:
     assert second[0].kind == "ecc" and second[0].data == {"gpu": 0, "type": "dbe", "count": 1}
     mask = pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeSingleBitEccError
     assert nvml.registered & mask == mask
+
+
+def test_an_event_wait_nvml_refuses_is_an_error_not_an_empty_answer() -> None:
+    nvml = FakeNvml(gpus=2)
+    nvml.event_wait_error = pynvml.NVML_ERROR_GPU_IS_LOST
+    with pytest.raises(SourceError, match="GPU is lost"):
+        NvmlBackend(nvml).wait_events(200)
+
+
+async def test_a_failing_event_wait_is_retried_after_a_pause_and_warned_of_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    nvml = FakeNvml(gpus=2)
+    nvml.event_wait_error = pynvml.NVML_ERROR_GPU_IS_LOST  # answered at once, every time
+    settings = AgentSettings(node="n1", spool_path=tmp_path / "spool.jsonl")
+    agent = Agent(settings, NvmlBackend(nvml), Client(), ManualClock())
+    halt = threading.Event()
+    listener = threading.Thread(target=agent._listen, args=(asyncio.get_running_loop(), halt))
+    with caplog.at_level(logging.INFO, logger="gpuops.agent.agent"):
+        listener.start()
+        try:
+            await asyncio.sleep(1.5)
+            assert nvml.event_waits <= 3, f"{nvml.event_waits} waits in 1.5 s: it spins"
+            nvml.event_wait_error = None  # the wait works again: events flow
+            nvml.events.append(
+                SimpleNamespace(
+                    eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=79, device=1
+                )
+            )
+            signal = await asyncio.wait_for(agent._signals.get(), 5)
+        finally:
+            halt.set()
+            await asyncio.to_thread(listener.join, 5)
+    assert signal.data["xid"] == 79
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [m for level, m in said if level == logging.WARNING] == [
+        "NVML event wait failed (NVML: GPU is lost), 1 in a row; trying again"
+    ]
+    assert any("works again after" in m for level, m in said if level == logging.INFO)
