@@ -8,6 +8,7 @@ that answers from a recorded H200 snapshot.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 from collections.abc import Callable
@@ -35,6 +36,10 @@ class NvmlBackend:
         self.handles = [
             self.nv.nvmlDeviceGetHandleByIndex(i) for i in range(self.nv.nvmlDeviceGetCount())
         ]
+        # An event names its GPU by handle: found here, not by asking NVML for the index,
+        # which a GPU that fell off the bus (XID 79) answers with GPU_IS_LOST.
+        self._by_address = {_address(h): i for i, h in enumerate(self.handles)}
+        self.unmapped_events = 0  # events from a handle not among these: dropped
         self.lost: set[int] = set()
         self._events: Any = None
         self.gpm = Gpm(self.nv, self._get)
@@ -237,8 +242,17 @@ class NvmlBackend:
             # Any other answer (a lost GPU's) comes at once, not after the timeout: the
             # caller must pause before asking again, so it is told rather than given [].
             raise SourceError("down", str(exc), target="NVML") from exc
-        gpu = self._get(nv.nvmlDeviceGetIndex, data.device)
-        gpu = 0 if gpu is None else int(gpu)
+        gpu = self._by_address.get(_address(data.device))
+        if gpu is None:  # the events stream requires a GPU: a guess could fault a healthy one
+            self.unmapped_events += 1
+            log.warning(
+                "NVML event (type %s, data %s) from a device not among this node's %d GPUs: "
+                "dropped (the kernel log's report of an XID names its PCI address)",
+                data.eventType,
+                data.eventData,
+                len(self.handles),
+            )
+            return []
         if data.eventType == nv.nvmlEventTypeXidCriticalError:
             return [
                 HealthSignal(
@@ -247,6 +261,14 @@ class NvmlBackend:
             ]
         kind = "dbe" if data.eventType == nv.nvmlEventTypeDoubleBitEccError else "sbe"
         return [HealthSignal("ecc", {"gpu": gpu, "type": kind, "count": 1})]
+
+
+def _address(handle: Any) -> Any:
+    """What identifies a device handle. pynvml's are ctypes pointers, and an event's is a
+    new pointer object on each read (== compares objects): their address is the same."""
+    if isinstance(handle, ctypes._Pointer):
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    return handle
 
 
 def _milli(value: Any) -> float | None:

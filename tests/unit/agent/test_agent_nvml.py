@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import threading
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pynvml
 import pytest
@@ -123,3 +125,59 @@ async def test_a_failing_event_wait_is_retried_after_a_pause_and_warned_of_once(
         "NVML event wait failed (NVML: GPU is lost), 1 in a row; trying again"
     ]
     assert any("works again after" in m for level, m in said if level == logging.INFO)
+
+
+class IndexRefused(FakeNvml):
+    """NVML refusing a device's index: `refusal` is the NVML_ERROR_* it answers."""
+
+    def __init__(self, gpus: int, refusal: int) -> None:
+        super().__init__(gpus)
+        self.refusal = refusal
+
+    def nvmlDeviceGetIndex(self, h: int) -> int:
+        raise pynvml.NVMLError(self.refusal)
+
+
+def _xid_on(device: Any, xid: int = 79) -> SimpleNamespace:
+    return SimpleNamespace(
+        eventType=pynvml.nvmlEventTypeXidCriticalError, eventData=xid, device=device
+    )
+
+
+@pytest.mark.parametrize("refusal", [pynvml.NVML_ERROR_UNKNOWN, pynvml.NVML_ERROR_GPU_IS_LOST])
+def test_an_events_gpu_is_its_handles_whatever_nvml_says_of_its_index(refusal: int) -> None:
+    nvml = IndexRefused(gpus=4, refusal=refusal)  # XID 79: the GPU has fallen off the bus
+    backend = NvmlBackend(nvml)
+    nvml.events.append(_xid_on(3))
+    [signal] = backend.wait_events(200)
+    assert (signal.kind, signal.data["gpu"], signal.data["xid"]) == ("xid", 3, 79)
+
+
+def test_an_event_from_an_unknown_handle_is_dropped_never_put_on_gpu_0() -> None:
+    nvml = FakeNvml(gpus=4)
+    backend = NvmlBackend(nvml)
+    nvml.events.append(_xid_on(7))
+    assert backend.wait_events(200) == []
+    assert backend.unmapped_events == 1
+
+
+class PointerHandles(FakeNvml):
+    """Handles as pynvml gives them: ctypes pointers, a new object for each event read."""
+
+    def __init__(self, gpus: int) -> None:
+        super().__init__(gpus)
+        self.devices = (ctypes.c_char * gpus)()  # one byte each: distinct addresses
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> Any:
+        return self.handle(i)
+
+    def handle(self, i: int) -> Any:
+        return ctypes.cast(ctypes.addressof(self.devices) + i, pynvml.c_nvmlDevice_t)
+
+
+def test_an_events_handle_is_matched_by_address_as_pynvml_hands_out_new_pointers() -> None:
+    nvml = PointerHandles(gpus=4)
+    backend = NvmlBackend(nvml)
+    nvml.events.append(_xid_on(nvml.handle(2)))
+    [signal] = backend.wait_events(200)
+    assert signal.data["gpu"] == 2
