@@ -3,6 +3,8 @@
 Health events are published to JetStream with `Nats-Msg-Id` and the store's ack awaited;
 when that fails they go to the spool and are flushed in order once NATS answers again.
 Telemetry is published without waiting: a lost sample is replaced by the next one.
+Heartbeats are not spooled either, for the same reason: an outage's would push its XIDs
+out of the spool.
 The client may still be connecting when the agent starts (NATS down at boot): sampling
 and spooling begin at once, and the spool drains when the connection comes up.
 """
@@ -307,12 +309,15 @@ class Agent:
             self._ib_last, self._ib_sent_at = summary, now
 
     async def publish_heartbeat(self) -> None:
-        """I am alive (and how many spooled events I had to drop)."""
+        """I am alive (and how many spooled events I had to drop).
+
+        Never spooled: the next heartbeat replaces a lost one, and an outage's heartbeats
+        would push its XIDs out of the spool. Nor sent ahead of held events: those first.
+        """
         self.seq += 1
-        await self.publish_health(
-            "heartbeat",
-            {"seq": self.seq, "agent_version": __version__, "spool_dropped": self.spool.dropped},
-        )
+        data = {"seq": self.seq, "agent_version": __version__, "spool_dropped": self.spool.dropped}
+        if not len(self.spool) and await self._send(self._item("heartbeat", data)):
+            self._count("heartbeat")
 
     async def probe(self, nonce: str | None = None) -> None:
         """Run the known-answer probe on every GPU and publish each result (echoing the
@@ -325,20 +330,37 @@ class Agent:
                 for k, v in result.items()
                 if k in ("gpu", "ok", "outcome", "error", "duration_s")
             }
-            await self.publish_health("probe", data | ({"nonce": nonce} if nonce else {}))
+            # A scheduled pass is replaced by the next hour's: a full spool drops it before
+            # a fault. A failure, or an answer to a validation request, is kept like an XID.
+            passed = data.get("ok") is True and not nonce
+            await self.publish_health(
+                "probe", data | ({"nonce": nonce} if nonce else {}), replaceable=passed
+            )
 
     async def _on_probe_request(self, msg: Any) -> None:
         await self.probe(requested_nonce(msg.data))
         if msg.reply:
             await self.nc.publish(msg.reply, b"probed")
 
-    async def publish_health(self, kind: str, data: dict[str, Any], source: str = "agent") -> None:
-        """Publish with a message id and an awaited ack; spool if that fails."""
-        payload = event(kind, self.s.node, self.clock.now(), data, source)
-        item = Spooled(subject_for(kind, self.s.node), json.dumps(payload), payload["id"])
+    async def publish_health(
+        self, kind: str, data: dict[str, Any], source: str = "agent", replaceable: bool = False
+    ) -> None:
+        """Publish with a message id and an awaited ack; spool if that fails (`replaceable`:
+        a full spool drops it before any event that is not)."""
+        item = self._item(kind, data, source, replaceable)
         if len(self.spool) or not await self._send(item):
             self.spool.push(item)  # keep order: nothing overtakes what is already spooled
             return
+        self._count(kind)
+
+    def _item(
+        self, kind: str, data: dict[str, Any], source: str = "agent", replaceable: bool = False
+    ) -> Spooled:
+        payload = event(kind, self.s.node, self.clock.now(), data, source)
+        subject = subject_for(kind, self.s.node)
+        return Spooled(subject, json.dumps(payload), payload["id"], replaceable)
+
+    def _count(self, kind: str) -> None:
         self.sent[kind] = self.sent.get(kind, 0) + 1
 
     def _headers(self, data: bytes, extra: dict[str, str] | None = None) -> dict[str, str] | None:
@@ -359,6 +381,6 @@ class Agent:
                 item.subject, data, headers=self._headers(data, {"Nats-Msg-Id": item.msg_id})
             )
         except (NatsError, JsError, TimeoutError) as exc:
-            log.warning("publish to %s failed (%s); spooling", item.subject, exc)
+            log.warning("publish to %s failed (%s)", item.subject, exc)
             return False
         return True

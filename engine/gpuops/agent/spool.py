@@ -5,9 +5,9 @@ a restart. The file never stops the agent: a line that does not read (a torn wri
 skipped and counted as dropped, and a write that fails (disk full, read-only) leaves the
 events in memory, still bounded, until a later write succeeds. Each write is fsynced
 before it replaces the file, so a power cut leaves the old file or the new, whole.
-When full, the oldest events are dropped and counted (the count survives restarts and
-is reported on the next heartbeat). Telemetry never comes here: the next sample
-replaces a lost one.
+When full, events are dropped and counted (the count survives restarts and is reported
+on the next heartbeat): replaceable ones first (a passing scheduled probe), then the
+oldest. Telemetry and heartbeats never come here: the next one replaces a lost one.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ class Spooled:
     subject: str
     payload: str
     msg_id: str
+    replaceable: bool = False  # a full spool drops these first (a passing scheduled probe)
 
 
 class Spool:
@@ -59,15 +61,22 @@ class Spool:
         return len(self._items)
 
     def push(self, item: Spooled) -> None:
-        """Keep one event; drop the oldest when full."""
+        """Keep one event; when full, drop one: a replaceable one, else the oldest."""
         self._items.append(item)
         over = len(self._items) - self.max_events
         if over > 0:
-            # The event a flush is sending may yet be acked: drop the oldest after it.
-            start = 1 if self._items[0] is self._sending else 0
-            del self._items[start : start + over]
-            self._count_dropped(over)
+            self._drop(over)
         self._save()
+
+    def _drop(self, n: int) -> None:
+        """Drop `n` events: replaceable ones first, then the oldest. Never the one a flush
+        is sending: it may yet be acked."""
+        held = [i for i in self._items if i is not self._sending]
+        victims = [i for i in held if i.replaceable][:n]
+        victims += [i for i in held if not i.replaceable][: n - len(victims)]
+        gone = {id(i) for i in victims}
+        self._items = [i for i in self._items if id(i) not in gone]
+        self._count_dropped(len(victims))
 
     def pending(self) -> list[Spooled]:
         """Held events, oldest first."""
@@ -162,11 +171,13 @@ def _parse(line: bytes) -> Spooled | None:
     subject, payload, msg_id = (raw.get(k) for k in FIELDS)
     if not (isinstance(subject, str) and isinstance(payload, str) and isinstance(msg_id, str)):
         return None
-    return Spooled(subject, payload, msg_id)
+    return Spooled(subject, payload, msg_id, raw.get("replaceable") is True)
 
 
 def _line(item: Spooled) -> bytes:
-    raw = {"subject": item.subject, "payload": item.payload, "msg_id": item.msg_id}
+    raw: dict[str, Any] = {"subject": item.subject, "payload": item.payload, "msg_id": item.msg_id}
+    if item.replaceable:
+        raw["replaceable"] = True
     return json.dumps(raw).encode() + b"\n"
 
 

@@ -1,4 +1,4 @@
-"""The agent's health-signal loop outlives a signal that cannot be published."""
+"""The agent's health events: a signal that fails, and what waits in the spool for NATS."""
 
 from __future__ import annotations
 
@@ -36,3 +36,35 @@ async def test_a_signal_that_fails_is_logged_and_the_next_one_goes_out(tmp_path:
 def _xids(agent: Agent) -> list[int]:
     events = [json.loads(item.payload) for item in agent.spool.pending()]
     return [e["data"]["xid"] for e in events if e["kind"] == "xid"]
+
+
+async def test_heartbeats_while_nats_is_away_are_not_spooled_and_the_xid_stays(
+    tmp_path: Path,
+) -> None:
+    settings = AgentSettings(node="n1", spool_path=tmp_path / "spool.jsonl", spool_max=5)
+    agent = Agent(settings, NvmlBackend(FakeNvml()), Client(), ManualClock())  # NATS away
+    await agent.publish_health("xid", {"gpu": 0, "xid": 79, "message": "fallen off"}, "kmsg")
+    for _ in range(10):  # five minutes of heartbeats, twice the spool
+        await agent.publish_heartbeat()
+    kinds = [json.loads(item.payload)["kind"] for item in agent.spool.pending()]
+    assert kinds == ["xid"] and agent.spool.dropped == 0
+    assert agent.seq == 10, "each heartbeat has its number: a gap shows what was lost"
+
+
+async def test_passing_scheduled_probes_give_way_to_faults_in_a_full_spool(tmp_path: Path) -> None:
+    settings = AgentSettings(
+        node="n1", spool_path=tmp_path / "spool.jsonl", spool_max=4, probe_command=("true",)
+    )
+    agent = Agent(settings, NvmlBackend(FakeNvml(gpus=2)), Client(), ManualClock())  # NATS away
+    await agent.publish_health("xid", {"gpu": 0, "xid": 79}, "kmsg")
+    await agent.probe()  # two passes, one per GPU: the next hour's replace them
+    await agent.publish_health("xid", {"gpu": 1, "xid": 48}, "kmsg")
+    await agent.probe(nonce="abc")  # answers a validation request: kept like a fault
+    held = [json.loads(item.payload) for item in agent.spool.pending()]
+    assert [(e["kind"], e["data"].get("xid", e["data"].get("nonce"))) for e in held] == [
+        ("xid", 79),
+        ("xid", 48),
+        ("probe", "abc"),
+        ("probe", "abc"),
+    ]
+    assert agent.spool.dropped == 2

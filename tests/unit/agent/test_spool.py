@@ -82,3 +82,17 @@ async def test_a_drop_during_a_flush_is_of_an_unsent_event_and_it_is_not_sent(
     assert sent == ["e1", "e2", "e4", "e5"]
     assert [i.msg_id for i in spool.pending()] == ["e6", "e7"]
     assert spool.dropped == 1
+
+
+def test_a_full_spool_drops_replaceable_events_before_older_faults(tmp_path: Path) -> None:
+    path = tmp_path / "spool.jsonl"
+    spool = Spool(path, max_events=3)
+    spool.push(_event(1))  # an XID
+    for n in (2, 3):  # an hour's passing probes
+        spool.push(Spooled("gpuops.events.probe.n1", json.dumps({"n": n}), f"e{n}", True))
+    spool.push(_event(4))
+    spool.push(_event(5))
+    assert [i.msg_id for i in spool.pending()] == ["e1", "e4", "e5"]
+    assert spool.dropped == 2
+    spool.push(_event(6))  # no replaceable one left: the oldest goes
+    assert [i.msg_id for i in Spool(path, max_events=3).pending()] == ["e4", "e5", "e6"]
