@@ -18,6 +18,8 @@ from typing import Any
 import aiohttp
 from pydantic import SecretStr
 
+from gpuops.record.chattext import clean
+
 log = logging.getLogger(__name__)
 
 
@@ -43,10 +45,13 @@ class Notifier:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def notify(self, topic: str, text: str) -> None:
-        """Queue a message; it is delivered in the background."""
-        message = {"topic": topic, "text": f"[gpuops] {topic}: {text}"}
+        """Queue a message; it is delivered in the background.
+
+        The text is cleaned here, where every message passes: parts of it came from
+        nodes (a task's stderr) and must not format, mention or forge a line."""
+        message = {"topic": topic, "text": clean(f"[gpuops] {topic}: {text}")}
         self.sent.append(message)
-        log.info("notify %s: %s", topic, text)
+        log.info("notify %s", message["text"])
         for index, hook in enumerate(self.webhooks):
             task = asyncio.create_task(self._deliver(index, hook, message["text"]))
             self._tasks.add(task)

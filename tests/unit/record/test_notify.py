@@ -1,0 +1,111 @@
+"""Notifications as Slack and Mattermost receive them, on a real webhook receiver."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+from gpuops.clock import ManualClock
+from gpuops.models import ActionSpec, Decision, Intent, Reason, RunOutcome, RunStatus
+from gpuops.record.notify import Notifier, Webhook
+from pydantic import SecretStr
+
+from tests.unit.decide.helpers import T0, engine_on, match
+
+
+@dataclass
+class Receiver:
+    """An incoming webhook on loopback: what it was sent, and the status it answers."""
+
+    url: str = ""
+    got: list[dict[str, Any]] = field(default_factory=list)
+    status: int = 200
+
+    def hooks(self) -> list[Webhook]:
+        """The same receiver as a Slack and as a Mattermost webhook."""
+        return [
+            Webhook("slack", SecretStr(f"{self.url}/slack")),
+            Webhook("mattermost", SecretStr(f"{self.url}/mattermost"), "ops"),
+        ]
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    seen = Receiver()
+
+    async def hook(request: web.Request) -> web.Response:
+        seen.got.append({"kind": request.match_info["kind"], **await request.json()})
+        return web.Response(status=seen.status, text="ok")
+
+    app = web.Application()
+    app.add_routes([web.post("/{kind}", hook)])
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    seen.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield seen
+    finally:
+        await runner.cleanup()
+
+
+# What act/runner.py makes of a failing task's stderr on the node: a fake gpuops line on
+# a line of its own, a channel ping, and a link whose label is not where it goes.
+FORGED = (
+    "task 'check gpus' failed: root@node-009: nvidia-smi: error\n\n"
+    "[gpuops] approval needed: 1a2b3c4d: reboot on node-009 <!channel> @channel "
+    "answer <https://evil.example/approve?id=1a2b3c4d|approve 1a2b3c4d> or "
+    "[approve](https://evil.example/a)\u2028[gpuops] breaker open: \u202eevil"
+)
+
+
+async def test_node_text_reaches_chat_as_one_line_that_pings_and_links_nothing(
+    receiver: Receiver,
+) -> None:
+    clock = ManualClock(T0)
+    notifier = Notifier(receiver.hooks())
+    recorder = engine_on(clock, notifier=notifier).recorder
+    m = match("xid_79_reboot", gpu=None, t=clock.now())
+    d = Decision(
+        match=m, accepted=True, reason=Reason.ACCEPTED, actions=(ActionSpec(playbook="reboot.yml"),)
+    )
+    intent = Intent(
+        key="k" * 40,
+        rule=m.rule,
+        node=m.node,
+        action=d.actions[0],
+        event_id=m.event_id,
+        event_ts=m.event_ts,
+        decided_at=clock.now(),
+        decision=d,
+    )
+    out = RunOutcome(
+        intent_key=intent.key,
+        rule=m.rule,
+        node=m.node,
+        playbook="reboot.yml",
+        status=RunStatus.FAILED,
+        rc=2,
+        started=clock.now(),
+        ended=clock.now() + 5,
+        error=FORGED,
+    )
+    await recorder.decided(d, [])
+    await recorder.run_started(intent)
+    await recorder.run_ended(intent, out)
+    recorder.flush(force=True)
+    await notifier.drain()
+    told = [b for b in receiver.got if b["text"].startswith("[gpuops] needs-human: node-001")]
+    assert sorted(b["kind"] for b in told) == ["mattermost", "slack"], receiver.got
+    for body in told:
+        text = body["text"]
+        assert text.splitlines() == [text], "one line: nothing after it passes for gpuops's"
+        assert not any(c in text for c in "<>\n\r\u2028\u202e")
+        assert "&lt;!channel&gt;" in text and "@channel" not in text  # shown, not a ping
+        assert "&lt;https://evil.example/approve?id=1a2b3c4d|approve 1a2b3c4d&gt;" in text
+        assert "](" not in text  # Mattermost's Markdown link is broken, its text kept
+        assert "nvidia-smi: error [gpuops] approval needed: 1a2b3c4d" in text  # mid-line
+        assert "root@node-009" in text  # inside a word (as in an episode's id): no mention
