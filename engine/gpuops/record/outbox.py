@@ -5,7 +5,7 @@ by topic and rule; the first of a group waits `group_wait_s` for others to join,
 ones go out at most every `group_interval_s`. When one flush would name more than
 `storm_nodes` nodes across groups, a single fleet-wide message replaces them. A GPU-level
 note on a node that has a node-level episode open is inhibited (the node-level one says
-what matters: the node is being rebooted or drained).
+what matters: the node is being rebooted or drained), unless it hands the GPU to a person.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from gpuops.record.notify import Notifier
 
 NAMES_SHOWN = 8
 NAMED_IN_STORMS = frozenset({"needs-human"})
+# Never inhibited: the node-level episode that inhibits may take no action at all (a
+# drift waiting for approval), and a person must act on the GPU whatever else is open.
+NEVER_INHIBITED = frozenset({"needs-human"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +93,7 @@ class Outbox:
         node_level = inhibited()
         batches: list[tuple[tuple[str, str], list[Tell]]] = []
         for key, grp in due:
-            kept = [t for t in grp.tells if not (t.level == "gpu" and t.node in node_level)]
+            kept = [t for t in grp.tells if not _inhibited(t, node_level)]
             self.inhibited += len(grp.tells) - len(kept)
             grp.tells, grp.sent = [], now
             if kept:
@@ -113,6 +116,10 @@ class Outbox:
         counts = Counter(f"{topic} {rule}" for (topic, rule), tells in batches for _ in tells)
         parts = ", ".join(f"{what} x{n}" for what, n in counts.most_common())
         self.notifier.notify("storm", f"{sum(counts.values())} notes on {nodes} nodes: {parts}")
+
+
+def _inhibited(tell: Tell, node_level: set[str]) -> bool:
+    return tell.level == "gpu" and tell.node in node_level and tell.topic not in NEVER_INHIBITED
 
 
 def _group_text(rule: str, tells: list[Tell], all_names: bool = False) -> str:

@@ -8,7 +8,7 @@ from gpuops.bus.buckets import Buckets
 from gpuops.bus.publish import MemoryPublisher
 from gpuops.clock import ManualClock
 from gpuops.match.loader import load_rules
-from gpuops.models import EVENT_ADAPTER, Intent, Reason
+from gpuops.models import EVENT_ADAPTER, ActionSpec, Decision, Intent, Reason
 from gpuops.record.metrics import Metrics
 from gpuops.record.notify import Notifier
 from gpuops.record.outbox import Grouping, Outbox, Tell
@@ -116,6 +116,36 @@ def test_a_storm_is_one_message_and_gpu_notes_under_a_node_fault_are_inhibited()
     texts = [m["text"] for m in notifier.sent]
     assert any("n2" in t for t in texts) and any("fell off the bus" in t for t in texts)
     assert not any("GPU 3" in t for t in texts)
+
+
+async def test_a_gpu_that_needs_a_person_is_told_under_a_node_episode_that_acts_on_nothing() -> (
+    None
+):
+    clock, notifier = ManualClock(T0), Notifier()
+    recorder = engine_on(clock, notifier=notifier).recorder
+    # A node-level fault that only waits: a drift held for approval (no reboot, no drain).
+    drift = match("drift-needs-approval", gpu=None, kind="drift", t=clock.now())
+    await recorder.decided(
+        Decision(
+            match=drift,
+            accepted=False,
+            reason=Reason.APPROVAL_PENDING,
+            actions=(ActionSpec(playbook="baseline.yml"),),
+        ),
+        [],
+    )
+    # Meanwhile a GPU's ladder ran out: only a person can help it.
+    gpu = match("xid_79_gpu_reset", gpu=3, t=clock.now()).model_copy(update={"gpus": (3,)})
+    capped = "3 resets in 1d; a person must look"
+    await recorder.decided(
+        Decision(match=gpu, accepted=False, reason=Reason.ATTEMPT_CAP, detail=capped), []
+    )
+    assert recorder.episodes.node_level() == {"node-001"}
+    clock.advance(15)
+    recorder.flush()
+    [human] = _told(notifier, "needs-human")
+    assert "node-001 GPU 3" in human and capped in human
+    assert recorder.outbox.inhibited == 0
 
 
 def test_a_group_of_a_few_nodes_is_one_message_naming_them() -> None:
