@@ -26,6 +26,9 @@ _SPLIT = "\u200b"
 # digits and `.-_:@`. One inside a word (an episode's `rule@node:opened`) is left whole,
 # so what people copy from a message still works in their tools.
 _MENTION = re.compile(r"(?<![\w.:@-])@(?=\w)")
+# Where a message is cut, the rest is in `gpuops status` (nodes and why) or the audit trail.
+_CUT = " ... ({:,} more characters: `gpuops status` and the audit trail have the rest)"
+_PART_ENTITY = re.compile(r"&[a-z]*$")
 
 
 def one_line(text: str) -> str:
@@ -40,3 +43,13 @@ def clean(text: str) -> str:
     text = one_line(text).translate(_ENTITIES)
     text = _MENTION.sub("@" + _SPLIT, text)
     return text.replace("](", "]" + _SPLIT + "(")
+
+
+def capped(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    # The note's length at the most characters it could name, so the count fits after.
+    head = text[: max(0, limit - len(_CUT.format(len(text))))]
+    head = _PART_ENTITY.sub("", head)  # never half an entity (`&am`)
+    return head + _CUT.format(len(text) - len(head))

@@ -18,9 +18,16 @@ from typing import Any
 import aiohttp
 from pydantic import SecretStr
 
-from gpuops.record.chattext import clean
+from gpuops.record.chattext import capped, clean
 
 log = logging.getLogger(__name__)
+
+# Slack cuts a message's text at 40,000 characters and Mattermost's posts at 16,383; one
+# a person reads on a phone is far shorter. Longer ones say what they left out.
+MAX_TEXT = 3500
+# Answers worth trying again: a timeout, a rate limit, and every 5xx. Any other 4xx
+# says the request itself is wrong (a revoked webhook, a bad payload): it never succeeds.
+RETRIED_4XX = frozenset({408, 429})
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +56,7 @@ class Notifier:
 
         The text is cleaned here, where every message passes: parts of it came from
         nodes (a task's stderr) and must not format, mention or forge a line."""
-        message = {"topic": topic, "text": clean(f"[gpuops] {topic}: {text}")}
+        message = {"topic": topic, "text": capped(clean(f"[gpuops] {topic}: {text}"), MAX_TEXT)}
         self.sent.append(message)
         log.info("notify %s", message["text"])
         for index, hook in enumerate(self.webhooks):
@@ -72,6 +79,8 @@ class Notifier:
                     if reply.status < 300:
                         return
                     why = f"HTTP {reply.status}"
+                    if reply.status < 500 and reply.status not in RETRIED_4XX:
+                        break
             except (aiohttp.ClientError, TimeoutError) as exc:
                 why = type(exc).__name__
             log.warning(
@@ -84,6 +93,7 @@ class Notifier:
             )
             await asyncio.sleep(delay)
             delay *= 2
+        log.warning("webhook #%d (%s) gave up: %s", index, hook.kind, why)
         self.failed += 1
 
     async def drain(self) -> None:

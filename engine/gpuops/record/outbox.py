@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from gpuops.record.notify import Notifier
 
 NAMES_SHOWN = 8
+# Room for names in one message (the Notifier caps a message at 3,500 characters): 2,000
+# nodes' names were 96,117 characters, past what Slack and Mattermost take.
+NAMES_CHARS = 3000
 NAMED_IN_STORMS = frozenset({"needs-human"})
 # Never inhibited: the node-level episode that inhibits may take no action at all (a
 # drift waiting for approval), and a person must act on the GPU whatever else is open.
@@ -128,6 +131,22 @@ def _group_text(rule: str, tells: list[Tell], all_names: bool = False) -> str:
         text = t.text if t.node in t.text else f"{t.node}: {t.text}"
         return f"{text} [{t.episode}]" if t.episode else text
     names = sorted({t.node for t in tells})
+    return f"{rule} on {len(names)} nodes ({_names(names, all_names)}): {tells[0].text}"
+
+
+def _names(names: list[str], all_names: bool) -> str:
+    """The names that fit; those left out counted where every one matters."""
     limit = len(names) if all_names else NAMES_SHOWN
-    shown = ", ".join(names[:limit]) + (" ..." if len(names) > limit else "")
-    return f"{rule} on {len(names)} nodes ({shown}): {tells[0].text}"
+    shown: list[str] = []
+    room = NAMES_CHARS
+    for name in names[:limit]:
+        room -= len(name) + 2
+        if room < 0:
+            break
+        shown.append(name)
+    left = len(names) - len(shown)
+    if not left:
+        return ", ".join(shown)
+    if not all_names:
+        return ", ".join(shown) + " ..."
+    return ", ".join(shown) + f" and {left:,} more: `gpuops status` names them"

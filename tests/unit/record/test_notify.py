@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,7 +11,8 @@ import pytest
 from aiohttp import web
 from gpuops.clock import ManualClock
 from gpuops.models import ActionSpec, Decision, Intent, Reason, RunOutcome, RunStatus
-from gpuops.record.notify import Notifier, Webhook
+from gpuops.record.notify import MAX_TEXT, Notifier, Webhook
+from gpuops.record.outbox import Outbox, Tell
 from pydantic import SecretStr
 
 from tests.unit.decide.helpers import T0, engine_on, match
@@ -18,11 +20,12 @@ from tests.unit.decide.helpers import T0, engine_on, match
 
 @dataclass
 class Receiver:
-    """An incoming webhook on loopback: what it was sent, and the status it answers."""
+    """An incoming webhook on loopback: what it was sent; it answers `answers` in turn,
+    then 200."""
 
     url: str = ""
     got: list[dict[str, Any]] = field(default_factory=list)
-    status: int = 200
+    answers: list[int] = field(default_factory=list)
 
     def hooks(self) -> list[Webhook]:
         """The same receiver as a Slack and as a Mattermost webhook."""
@@ -38,7 +41,7 @@ async def receiver() -> AsyncIterator[Receiver]:
 
     async def hook(request: web.Request) -> web.Response:
         seen.got.append({"kind": request.match_info["kind"], **await request.json()})
-        return web.Response(status=seen.status, text="ok")
+        return web.Response(status=seen.answers.pop(0) if seen.answers else 200, text="ok")
 
     app = web.Application()
     app.add_routes([web.post("/{kind}", hook)])
@@ -109,3 +112,40 @@ async def test_node_text_reaches_chat_as_one_line_that_pings_and_links_nothing(
         assert "](" not in text  # Mattermost's Markdown link is broken, its text kept
         assert "nvidia-smi: error [gpuops] approval needed: 1a2b3c4d" in text  # mid-line
         assert "root@node-009" in text  # inside a word (as in an episode's id): no mention
+
+
+async def test_a_needs_human_message_on_2000_nodes_fits_and_counts_what_it_left_out(
+    receiver: Receiver,
+) -> None:
+    notifier = Notifier(receiver.hooks())
+    box = Outbox(notifier)
+    for i in range(2000):
+        node = f"dgx-h100-rack{i // 16:03d}-node{i:05d}.cluster.example.com"
+        box.add(Tell("needs-human", "xid_79_reboot", node, "node", f"{node}: reboot failed"), T0)
+    why = "task 'reboot' failed: " + "kernel: NVRM: Xid 79 & more\n" * 500  # 14,500 chars
+    notifier.notify("needs-human", f"node-001: {why}")
+    box.flush(T0, force=True)
+    await notifier.drain()
+    texts = [b["text"] for b in receiver.got]
+    assert len(texts) == 4 and all(len(t) <= MAX_TEXT for t in texts)
+    [many] = {t for t in texts if "xid_79_reboot on 2000 nodes" in t}
+    named = many.split(" and ")[0].count(".cluster.example.com")
+    assert named > 50 and f"and {2000 - named:,} more: `gpuops status` names them" in many
+    [long] = {t for t in texts if t.startswith("[gpuops] needs-human: node-001: task")}
+    assert long.endswith("more characters: `gpuops status` and the audit trail have the rest)")
+    assert not long.split(" ... (")[0].endswith(("&", "&a", "&am", "&amp"))  # no half entity
+
+
+async def test_a_refused_message_is_not_sent_again_but_a_rate_limited_one_is(
+    receiver: Receiver,
+) -> None:
+    receiver.answers = [404] * 4  # a webhook deleted in Slack: no later try can succeed
+    notifier = Notifier(receiver.hooks()[:1], backoff_s=0.01)
+    notifier.notify("incident", "node-001 hot")
+    await asyncio.wait_for(notifier.drain(), 10)
+    assert len(receiver.got) == 1 and notifier.failed == 1
+    receiver.answers = [429, 503]  # slow down, then a server's hiccup: both pass
+    notifier.notify("incident", "node-002 hot")
+    await asyncio.wait_for(notifier.drain(), 10)
+    assert [b["text"] for b in receiver.got[1:]] == ["[gpuops] incident: node-002 hot"] * 3
+    assert notifier.failed == 1
