@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,3 +150,84 @@ async def test_a_refused_message_is_not_sent_again_but_a_rate_limited_one_is(
     await asyncio.wait_for(notifier.drain(), 10)
     assert [b["text"] for b in receiver.got[1:]] == ["[gpuops] incident: node-002 hot"] * 3
     assert notifier.failed == 1
+
+
+@dataclass
+class Outage:
+    """A receiver's port that refuses connections until `up_at` on the manual clock, then
+    serves `receiver`; the Notifier's sleep moves the clock, so nothing waits for real."""
+
+    clock: ManualClock
+    up_at: float
+    slept: list[float] = field(default_factory=list)
+    sock: socket.socket = field(default_factory=socket.socket)
+    runner: web.AppRunner | None = None
+    got: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.sock.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+
+    @property
+    def hook(self) -> Webhook:
+        return Webhook("mattermost", SecretStr(f"http://127.0.0.1:{self.port}/hook"), "ops")
+
+    @property
+    def port(self) -> int:
+        return int(self.sock.getsockname()[1])
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.clock.advance(seconds)
+        if self.runner is None and self.clock.now() >= self.up_at:
+            await self._start()
+
+    async def _start(self) -> None:
+        async def hook(request: web.Request) -> web.Response:
+            self.got.append(await request.json())
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.add_routes([web.post("/hook", hook)])
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        port = self.port
+        self.sock.close()
+        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+
+    async def close(self) -> None:
+        self.sock.close()
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+async def test_a_receiver_down_for_ten_minutes_still_gets_the_escalation_in_order() -> None:
+    clock = ManualClock(T0)
+    outage = Outage(clock, up_at=T0 + 600)
+    notifier = Notifier([outage.hook], clock=clock, sleep=outage.sleep)
+    try:
+        notifier.notify("needs-human", "node-007: gpu_reset.yml failed; a person must look")
+        notifier.notify("incident", "node-008 hot")
+        await asyncio.wait_for(notifier.drain(), 10)
+    finally:
+        await outage.close()
+    assert [b["text"] for b in outage.got] == [
+        "[gpuops] needs-human: node-007: gpu_reset.yml failed; a person must look",
+        "[gpuops] incident: node-008 hot",
+    ]
+    assert notifier.failed == 0 and max(outage.slept) == 300.0  # backoff capped at 5 min
+    assert sum(outage.slept) < 600 + 300  # tried again within one cap of coming back
+
+
+async def test_undelivered_messages_are_bounded_in_number_and_in_time() -> None:
+    clock = ManualClock(T0)
+    outage = Outage(clock, up_at=T0 + 2 * 3600)  # down for longer than a message is kept
+    notifier = Notifier([outage.hook], clock=clock, sleep=outage.sleep, queue_max=3)
+    try:
+        for i in range(5):
+            notifier.notify("incident", f"node-{i:03d} hot")
+        await asyncio.wait_for(notifier.drain(), 10)
+    finally:
+        await outage.close()
+    assert notifier.dropped == 2  # the two oldest, pushed out by the bound
+    assert notifier.failed == 3  # the others, given up after an hour
+    assert outage.got == [] and 3600 <= clock.now() - T0 < 3600 + 300
