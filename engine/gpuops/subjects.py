@@ -97,7 +97,8 @@ AGENT_REQUESTS = f"{PREFIX}.agent.*.>"
 ALL_COMMANDS = f"{PREFIX}.cmd.>"
 # The dead letters `gpuops ingest prometheus` writes, as the agent's user, about a target
 # it refused (gpuops.sources.binding): a forged node, a target that is no inventory host.
-SOURCE_REFUSALS = ("forged", "unknown_target")
+FORGED, UNKNOWN_TARGET = "forged", "unknown_target"
+SOURCE_REFUSALS = (FORGED, UNKNOWN_TARGET)
 
 
 def events_of(kind: str) -> str:

@@ -19,9 +19,9 @@ from gpuops.clock import SystemClock
 from gpuops.http import HttpServer
 from gpuops.intake.alertmanager import PATH, AlertmanagerReceiver
 from gpuops.inventory.hosts import Inventory
+from gpuops.inventory.targets import Targets
 from gpuops.record.metrics import Metrics, by_label, total
 from gpuops.settings import AlertmanagerSettings
-from gpuops.sources.binding import Binding
 
 pytestmark = pytest.mark.integration
 NODES = frozenset({"node-001", "node-002"})
@@ -46,7 +46,7 @@ async def _receiver(bus: Bus, **settings: Any) -> AsyncIterator[Receiver]:
         NatsKV(bus.kv["history"]),
         SystemClock(),
         metrics.registry,
-        Binding(INVENTORY, "Hostname"),
+        Targets(INVENTORY, "Hostname"),
         on_dead=lambda reason: metrics.dead_letters.labels(reason).inc(),
     )
     server = HttpServer(metrics.registry, lambda: (True, {}), mounts=[route.mount])

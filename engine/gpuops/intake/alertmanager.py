@@ -12,7 +12,7 @@ labels under `data.labels`) published to the bus like an agent's, so the engine'
 intake, rules and safety stages take it like any other event. An alert whose labels
 name no usable node is a dead letter with its reason; the rest of the batch goes on.
 
-The node is the alert's target's (gpuops.sources.binding, as for a scrape): the first of
+The node is the alert's target's (gpuops.inventory.targets, as for a scrape): the first of
 `node_labels`, labels Prometheus sets (`instance`), found in the inventory by name or
 `ansible_host`. The exporter's own host name label (`claim_label`, dcgm-exporter's
 `Hostname`) is copied into the alert by Prometheus's rule but written by the exporter, so
@@ -50,6 +50,7 @@ from gpuops.bus.store import KV, Store
 from gpuops.clock import Clock, rfc3339
 from gpuops.errors import EventError
 from gpuops.intake.decode import MAX_EVENT_BYTES, MAX_FUTURE_S, dead_letter
+from gpuops.inventory.targets import Targets
 from gpuops.models import (
     EVENT_ADAPTER,
     MAX_ALERT_LABELS,
@@ -59,7 +60,6 @@ from gpuops.models import (
 )
 from gpuops.settings import AlertmanagerSettings
 from gpuops.signing import same_secret
-from gpuops.sources.binding import FORGED, Binding
 
 log = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ def gpu_of(value: str | None) -> int | None:
 
 
 def target_node(
-    labels: dict[str, str], settings: AlertmanagerSettings, binding: Binding | None
+    labels: dict[str, str], settings: AlertmanagerSettings, targets: Targets | None
 ) -> str:
     """The node an alert is about: its target's, as the inventory names it (a host the
     inventory lacks as the label says: the engine acts on no unknown host); EventError
@@ -207,21 +207,21 @@ def target_node(
     if host is None:
         wanted = ", ".join(settings.node_labels)
         raise EventError("no_node", f"no node label: the alert has none of {wanted}")
-    node = (binding.node_of(host) if binding is not None else None) or host
+    node = (targets.node_of(host) if targets is not None else None) or host
     label = settings.claim_label
     claim = labels.get(label, "").strip() if label else ""
-    if claim and claim != node and (binding is None or not binding.agrees(node, {label: claim})):
+    if claim and claim != node and (targets is None or not targets.agrees(node, {label: claim})):
         raise EventError(
-            FORGED, f"its {label} label names {claim!r}, but its target {host!r} is {node}"
+            subjects.FORGED, f"its {label} label names {claim!r}, but its target {host!r} is {node}"
         )
     return node
 
 
 def to_event(
-    alert: WebhookAlert, settings: AlertmanagerSettings, now: float, binding: Binding | None = None
+    alert: WebhookAlert, settings: AlertmanagerSettings, now: float, targets: Targets | None = None
 ) -> Event:
     """The `alert` event for one alert; EventError when its node or name is missing or bad."""
-    node = target_node(alert.labels, settings, binding)
+    node = target_node(alert.labels, settings, targets)
     name = alert.labels.get("alertname", "")
     if not name:
         raise EventError("schema", "no alertname label")
@@ -286,12 +286,12 @@ class AlertmanagerReceiver:
         kv: KV,
         clock: Clock,
         registry: CollectorRegistry,
-        binding: Binding,
+        targets: Targets,
         on_dead: Callable[[str], None] | None = None,
         max_future_s: float = MAX_FUTURE_S,
     ) -> None:
         self.settings, self.publisher, self.clock = settings, publisher, clock
-        self.binding, self.max_future_s = binding, max_future_s
+        self.targets, self.max_future_s = targets, max_future_s
         self.seen: Store[AlertSeen] = Store(kv, AlertSeen, "alert")
         self.on_dead = on_dead
         self.rejections = Counter(
@@ -372,7 +372,7 @@ class AlertmanagerReceiver:
         """Publish one alert unless it is a repeat; a dead letter when it cannot be read."""
         try:
             alert = WebhookAlert.model_validate(raw)
-            event = to_event(alert, self.settings, self.clock.now(), self.binding)
+            event = to_event(alert, self.settings, self.clock.now(), self.targets)
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             why = f"{'.'.join(map(str, first['loc'])) or 'alert'}: {first['msg']}"

@@ -45,6 +45,7 @@ from gpuops.intake.compact import FactsBook
 from gpuops.intake.consumer import Intake, Priority
 from gpuops.intake.scheduler import DriftScheduler
 from gpuops.inventory.hosts import Inventory, load_inventory
+from gpuops.inventory.targets import Targets
 from gpuops.match.builtin import with_builtins
 from gpuops.match.loader import load_rules, rule_files
 from gpuops.match.rules import RuleSet
@@ -62,7 +63,6 @@ from gpuops.scale.leases import default_replica_id
 from gpuops.scale.replica import Partitions, ReplicaLock, filters
 from gpuops.settings import Settings, secret_values
 from gpuops.signing import load_key
-from gpuops.sources.binding import Binding
 from gpuops.spine.build import Engine, build_engine
 from gpuops.spine.pipeline import Pipeline
 from gpuops.spine.statemodels import model_of
@@ -537,7 +537,7 @@ class App:
             self.engine.buckets.history,
             self.clock,
             self.engine.metrics.registry,
-            Binding(self.inventory, self.settings.sources.alertmanager.claim_label),
+            Targets(self.inventory, self.settings.sources.alertmanager.claim_label),
             on_dead=lambda reason: self.engine.metrics.dead_letters.labels(reason).inc(),
             max_future_s=self.settings.max_future_skew_s,
         )

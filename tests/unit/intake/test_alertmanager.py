@@ -21,9 +21,9 @@ from gpuops.intake.alertmanager import (
     to_event,
 )
 from gpuops.inventory.hosts import Inventory
+from gpuops.inventory.targets import Targets
 from gpuops.models import AlertEvent
 from gpuops.settings import AlertmanagerSettings, load_settings
-from gpuops.sources.binding import Binding
 
 NAMES = AlertmanagerSettings().node_labels
 STARTS = "2026-03-01T10:00:00.123Z"
@@ -64,19 +64,19 @@ INVENTORY = Inventory(
 def test_the_node_is_the_targets_and_the_exporters_own_claim_must_agree() -> None:
     # An exporter writes its own Hostname: a compromised gpu-a02 claiming gpu-a01 would
     # have had gpu-a01 rebooted. The node is the target's, by name or address.
-    settings, binding = AlertmanagerSettings(), Binding(INVENTORY, "Hostname")
+    settings, targets = AlertmanagerSettings(), Targets(INVENTORY, "Hostname")
     labels = {"instance": "10.0.0.1:9400", "Hostname": "gpu-a01.lab"}
-    assert target_node(labels, settings, binding) == "gpu-a01", "its address, its short name"
-    assert target_node({"instance": "gpu-a02:9400"}, settings, binding) == "gpu-a02"
+    assert target_node(labels, settings, targets) == "gpu-a01", "its address, its short name"
+    assert target_node({"instance": "gpu-a02:9400"}, settings, targets) == "gpu-a02"
     with pytest.raises(EventError) as forged:
-        target_node({"instance": "10.0.0.2:9400", "Hostname": "gpu-a01"}, settings, binding)
+        target_node({"instance": "10.0.0.2:9400", "Hostname": "gpu-a01"}, settings, targets)
     assert forged.value.reason == "forged"
     assert "'gpu-a01'" in forged.value.message and "gpu-a02" in forged.value.message
     unchecked = settings.model_copy(update={"claim_label": ""})
     assert (
-        target_node({"instance": "gpu-a02:9400", "Hostname": "x"}, unchecked, binding) == "gpu-a02"
+        target_node({"instance": "gpu-a02:9400", "Hostname": "x"}, unchecked, targets) == "gpu-a02"
     )
-    assert target_node({"instance": "gpu-zz:9400"}, settings, binding) == "gpu-zz", (
+    assert target_node({"instance": "gpu-zz:9400"}, settings, targets) == "gpu-zz", (
         "a host the inventory lacks, as named: the engine acts on no unknown host"
     )
 
