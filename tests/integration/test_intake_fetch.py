@@ -137,6 +137,54 @@ async def test_a_sample_whose_handling_failed_is_a_dead_letter_not_acked_away(bu
     assert info.num_ack_pending == 0 and info.num_pending == 0, "nothing comes back"
 
 
+async def test_a_health_event_still_failing_on_its_last_delivery_is_a_dead_letter(
+    bus: Bus,
+) -> None:
+    """NAK'd on its last delivery, a health event would never come back, and the acks of
+    later events would move the floor past it (the next takeover replaying it as decided):
+    it goes to the dead letters as `undecided` and is acked, so published = handled +
+    dead-lettered. The server's max_deliver is the intake's, made small here."""
+    handled: list[str] = []
+    tries = 0
+
+    async def handle(event: Event | Telemetry) -> None:
+        nonlocal tries
+        if event.node == "bad":
+            tries += 1
+            raise RuntimeError("a decider bug")
+        handled.append(event.node)
+
+    dead = await bus.nc.subscribe("gpuops.dlq.>")
+    intake = Intake(
+        bus.js, SystemClock(), stream=EVENTS, subject="gpuops.events.>", durable="p5",
+        handler=handle, max_deliver=3, redeliver_s=0.05,
+    )  # fmt: skip
+    published = ["bad", "n1", "n2"]
+    for node in published:
+        await bus.js.publish(f"gpuops.events.xid.{node}", _xid(node))
+    stop = asyncio.Event()
+    task = asyncio.create_task(intake.run(stop))
+    try:
+        letter = await dead.next_msg(timeout=20)
+        await wait_for(lambda: len(handled) == 2, 20)
+
+        async def acked() -> bool:  # acks are published without waiting for an answer
+            return (await bus.js.consumer_info(EVENTS, "p5")).ack_floor.stream_seq == 3
+
+        await wait_for(acked, 10)
+        info = await bus.js.consumer_info(EVENTS, "p5")
+    finally:
+        stop.set()
+        await task
+    record = json.loads(letter.data)
+    assert letter.subject == "gpuops.dlq.undecided"
+    assert "a decider bug" in record["error"] and json.loads(record["payload"])["node"] == "bad"
+    assert tries == 3, "delivered max_deliver times, then dead-lettered"
+    assert sorted([*handled, "bad"]) == sorted(published), "published = handled + dead-lettered"
+    assert intake.dead == {"undecided": 1}
+    assert info.num_ack_pending == 0 and info.num_pending == 0, "acked, not left to the server"
+
+
 class _FaultyBook(FactsBook):
     """A book whose join fails as a decoder's bug would, on one node's samples: not an
     EventError, which is how every refusal the decoder knows is raised."""

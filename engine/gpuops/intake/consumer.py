@@ -35,6 +35,10 @@ EXPIRES_S = 0.5  # a pull waits this long for a first message before asking agai
 # Telemetry gives the loop back this often, so a health event that came in is read and
 # decided within a slice or two rather than after a whole batch.
 SLICE_S = 0.001
+# A health event whose handling failed is redelivered this many times in all, each after
+# a pause: a handler bug must not redeliver one event forever.
+MAX_DELIVER = 20
+REDELIVER_S = 5.0
 
 
 class Priority:
@@ -101,6 +105,8 @@ class Intake:
         create: bool = True,
         identity: Verifier | None = None,
         facts: FactsBook | None = None,
+        max_deliver: int = MAX_DELIVER,
+        redeliver_s: float = REDELIVER_S,
     ) -> None:
         self.js = js
         self.nc: Client = js._nc  # the context's connection: acks and pulls go on it
@@ -128,6 +134,8 @@ class Intake:
         # Telemetry v2's static facts per node, shared by an engine's intakes (None:
         # v2 samples are refused as `schema`).
         self.facts = facts
+        self.max_deliver = max_deliver
+        self.redeliver_s = redeliver_s
         self.dead: Counter[str] = Counter()
         # What a batch left unhandled when its handling raised (the failing message
         # first): the loop starts again on the same consumer, which does not deliver
@@ -142,7 +150,7 @@ class Intake:
             # Long enough for a batch handled slowly on a loaded host not to come back;
             # short enough that what a crashed engine held is decided again soon.
             ack_wait=120.0 if self.ack_all else 60.0,
-            max_deliver=20,  # a handler bug must not redeliver one event forever
+            max_deliver=self.max_deliver,
             max_ack_pending=max(1000, self.batch * 4),
             filter_subject=self.subject,
         )
@@ -268,18 +276,33 @@ class Intake:
         except LeaseLost:
             raise  # the partition went to another replica: nothing more is handled or acked
         except Exception as exc:
-            if not self.ack_all:
+            if not self.ack_all and not self._last_delivery(msg):
                 log.exception("handling %s %s failed; it will be redelivered", event.kind, event.id)
-                await nak(self.nc, msg, 5.0)
+                await nak(self.nc, msg, self.redeliver_s)
                 return
-            # The batch's ack (AckAll) covers this message too: it is not redelivered. It
-            # goes to the dead letters with its error, counted, so a sample the engine could
-            # not decide is never dropped unseen; its node's next sample is decided afresh.
-            log.exception("handling %s %s failed; dead-lettered as undecided", event.kind, event.id)
-            try:
-                await self._dead_letter(msg, EventError("undecided", f"handling failed: {exc}"))
-            except (NatsError, OSError) as gone:  # the bus may be what failed: counted still
-                log.error("%s %s not dead-lettered either: %s", event.kind, event.id, gone)
+            await self._undecided(msg, event, exc)
+            return
+        if not self.ack_all:
+            await ack(self.nc, msg)
+
+    def _last_delivery(self, msg: Msg) -> bool:
+        """Whether the server delivers this message no more (max_deliver reached)."""
+        return 0 < self.max_deliver <= msg.metadata.num_delivered
+
+    async def _undecided(self, msg: Msg, event: Event | Telemetry, exc: Exception) -> None:
+        """A message whose handling failed and that is not delivered again goes to the dead
+        letters with its error, counted, so nothing published is dropped unseen: a
+        telemetry sample (the batch's ack, AckAll, covers it; its node's next sample is
+        decided afresh), or a health event on its last delivery (NAK'd, it would never come
+        back, and once later events are acked the floor would pass it, so the next
+        takeover would replay it into the windows as if it had been decided)."""
+        log.exception("handling %s %s failed; dead-lettered as undecided", event.kind, event.id)
+        try:
+            await self._dead_letter(msg, EventError("undecided", f"handling failed: {exc}"))
+        except (NatsError, OSError) as gone:  # the bus may be what failed
+            if not self.ack_all:
+                raise  # unacked and held (self._held): tried again when the intake restarts
+            log.error("%s %s not dead-lettered either: %s", event.kind, event.id, gone)
             return
         if not self.ack_all:
             await ack(self.nc, msg)
