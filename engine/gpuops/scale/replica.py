@@ -135,15 +135,28 @@ class Partitions:
         held = self.ownership.held.get(p)
         if held is None:
             return  # lost again before its takeover began
-        # Both streams at once: each takeover waits on the cluster (consumers made and
-        # deleted through its metadata leader), and the matcher's windows are per kind.
-        await asyncio.gather(*(self._take(p, held.epoch, t) for t in (False, True)))
+        await self._take_both(p, held.epoch)
         self.matcher.seed(self._nodes.get(p, frozenset()), self.clock.now())
         stop = asyncio.Event()
         self.workers[p] = Worker(stop, asyncio.create_task(self._consume(p, stop)))
         self.ready.add(p)
         self.metrics.takeover_seconds.observe(time.monotonic() - began)
         self.metrics.partitions_held.set(len(self.ready))
+
+    async def _take_both(self, p: int, epoch: int) -> None:
+        """Take both streams over at once: each takeover waits on the cluster (consumers
+        made and deleted through its metadata leader), and the matcher's windows are per
+        kind. When one fails the other is stopped before the failure goes on: the gain is
+        then tried again on windows cleared, and a takeover still replaying into them
+        would count the partition's events twice (a count rule firing early)."""
+        takes = [asyncio.create_task(self._take(p, epoch, t)) for t in (False, True)]
+        try:
+            await asyncio.gather(*takes)
+        except BaseException:
+            for take in takes:
+                take.cancel()
+            await asyncio.gather(*takes, return_exceptions=True)
+            raise
 
     async def _take(self, p: int, epoch: int, telemetry: bool) -> None:
         stream = TELEMETRY if telemetry else EVENTS
