@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
@@ -46,6 +47,12 @@ Feed = Callable[[Event | Telemetry], None]
 # Reads of a stream's consumers while takeovers delete some under it: each one that
 # finds a deleted consumer is followed by the takeover's own, already made.
 SNAPSHOT_READS = 5
+# A warm-up's fetch that brings nothing while its consumer still has messages pending is
+# NATS stalled (a host overloaded, a blip), not the end of what was decided: asked this
+# many times in all, then TimeoutError (the takeover is started again while its lease
+# holds) rather than windows left with part of what was decided.
+WARM_FETCH_S = 2.0
+WARM_FETCH_TRIES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +220,8 @@ async def _warm(
     """Feed the partition's messages stored after `since`, up to the floor: those the
     intake took (a forged one was dead-lettered, and must not move a window now), read
     as the intake reads them: telemetry v2 joined to its node's static facts in `book`
-    (learnt from the keyframes read again, else from KV)."""
+    (learnt from the keyframes read again, else from KV). Every one of them, or
+    TimeoutError: a read cut short would leave the windows short of what was decided."""
     config = ConsumerConfig(
         deliver_policy=DeliverPolicy.BY_START_TIME,
         opt_start_time=datetime.fromtimestamp(since, UTC),
@@ -223,11 +231,7 @@ async def _warm(
     )
     fed = 0
     async with one_read(js, subject, stream, config) as sub:
-        while True:
-            try:
-                msgs = await sub.fetch(1024, timeout=2.0)
-            except (NatsTimeout, TimeoutError):
-                return fed  # nothing more stored
+        while msgs := await _more(sub):
             for msg in msgs:
                 meta = msg.metadata
                 if meta.sequence.stream > floor:
@@ -237,3 +241,17 @@ async def _warm(
                     fed += 1
                 if not meta.num_pending:
                     return fed
+    return fed
+
+
+async def _more(sub: JetStreamContext.PullSubscription) -> list[Msg]:
+    """The read's next messages; [] only when its consumer says none is pending."""
+    for _ in range(WARM_FETCH_TRIES):
+        with contextlib.suppress(NatsTimeout, TimeoutError):
+            return await sub.fetch(1024, timeout=WARM_FETCH_S)
+        if not (await sub.consumer_info()).num_pending:
+            return []  # nothing stored after the last read (or nothing since `since`)
+    raise TimeoutError(
+        f"warming the windows stalled: {WARM_FETCH_TRIES} fetches of {WARM_FETCH_S:.0f} s "
+        "brought nothing while messages were pending"
+    )
