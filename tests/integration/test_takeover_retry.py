@@ -166,3 +166,28 @@ async def test_a_takeover_warms_every_decided_event_through_a_nats_stall(
         os.kill(pid, signal.SIGCONT)  # never left stopped, whatever the takeover did
     assert done.floor == decided
     assert done.warmed == fed == decided, "every decided event is in the windows"
+
+
+async def test_a_partition_given_back_when_its_consumer_went_keeps_no_task(
+    bus: Bus, tmp_path: Path
+) -> None:
+    """A partition's consumer deleted under it (taken over elsewhere) is given back by a
+    task of its own; done, the task is let go (every one was kept for the engine's life)."""
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "dbe.yml").write_text(DBE)
+    matcher = Matcher(load_rules([tmp_path / "rules"], ROOT / "playbooks"))
+    parts = Partitions(
+        bus.js, bus.buckets.leases, "replica-a", PARTS, 6.0, SystemClock(), matcher,
+        frozenset({NODE}), lambda *made: _intake(bus, *made), Metrics(),
+    )  # fmt: skip
+    try:
+        await parts.ownership.round()
+        await wait_for(lambda: PART in parts.ready and PART in parts.workers, 20)
+        await bus.js.delete_consumer(EVENTS, parts.names[(False, PART)])
+        await wait_for(lambda: not parts.ownership.holds(PART), 20)
+        await wait_for(lambda: not parts._releasing, 5)
+    finally:
+        parts.ownership.closing.set()
+        await parts.ownership.release_all()
+        for p in list(parts.workers):
+            await parts.lose(p)

@@ -243,7 +243,11 @@ class Partitions:
                 # over afresh rather than left with nobody reading it.
                 log.warning("partition %d: %s; giving it back", p, exc)
                 stop.set()
-                self._releasing.add(asyncio.create_task(self.ownership.release(p)))
+                # Held until done (the loop keeps only weak references to tasks), then
+                # dropped: an engine whose consumers are taken often must not keep them all.
+                release = asyncio.create_task(self.ownership.release(p))
+                self._releasing.add(release)
+                release.add_done_callback(self._releasing.discard)
                 return
             except LeaseLost as exc:  # the fence: this batch stays unacked; go on if held
                 log.warning("partition %d: %s; its batch is left to be delivered again", p, exc)
