@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from gpuops.bus.conn import EVENTS, Bus
@@ -107,6 +108,24 @@ class _TelemetrySlow(Partitions):
         return await super()._take_over(p, epoch, telemetry, stream, probe)
 
 
+def _matcher(tmp_path: Path) -> Matcher:
+    """The matcher over the count rule alone."""
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "dbe.yml").write_text(DBE)
+    return Matcher(load_rules([tmp_path / "rules"], ROOT / "playbooks"))
+
+
+P = TypeVar("P", bound=Partitions)
+
+
+def _partitions(kind: type[P], bus: Bus, matcher: Matcher) -> P:
+    """One replica's partitions of the node's stream (`kind`: Partitions or a test's)."""
+    return kind(
+        bus.js, bus.buckets.leases, "replica-a", PARTS, 6.0, SystemClock(), matcher,
+        frozenset({NODE}), lambda *made: _intake(bus, *made), Metrics(),
+    )  # fmt: skip
+
+
 async def test_a_takeover_started_again_replays_the_decided_events_once(
     bus: Bus, tmp_path: Path
 ) -> None:
@@ -114,13 +133,8 @@ async def test_a_takeover_started_again_replays_the_decided_events_once(
     running when the telemetry one failed; the gain cleared the windows and started again,
     and both replayed the 3 decided XID 48s: the count rule fired on the 4th, not the 5th."""
     await _decided_by_last_owner(bus, 3)
-    (tmp_path / "rules").mkdir()
-    (tmp_path / "rules" / "dbe.yml").write_text(DBE)
-    matcher = Matcher(load_rules([tmp_path / "rules"], ROOT / "playbooks"))
-    parts = _TelemetrySlow(
-        bus.js, bus.buckets.leases, "replica-a", PARTS, 6.0, SystemClock(), matcher,
-        frozenset({NODE}), lambda *made: _intake(bus, *made), Metrics(),
-    )  # fmt: skip
+    matcher = _matcher(tmp_path)
+    parts = _partitions(_TelemetrySlow, bus, matcher)
     try:
         await parts.ownership.round()  # takes every partition; the gains run beside it
         await wait_for(lambda: PART in parts.ready, 20)
@@ -173,13 +187,7 @@ async def test_a_partition_given_back_when_its_consumer_went_keeps_no_task(
 ) -> None:
     """A partition's consumer deleted under it (taken over elsewhere) is given back by a
     task of its own; done, the task is let go (every one was kept for the engine's life)."""
-    (tmp_path / "rules").mkdir()
-    (tmp_path / "rules" / "dbe.yml").write_text(DBE)
-    matcher = Matcher(load_rules([tmp_path / "rules"], ROOT / "playbooks"))
-    parts = Partitions(
-        bus.js, bus.buckets.leases, "replica-a", PARTS, 6.0, SystemClock(), matcher,
-        frozenset({NODE}), lambda *made: _intake(bus, *made), Metrics(),
-    )  # fmt: skip
+    parts = _partitions(Partitions, bus, _matcher(tmp_path))
     try:
         await parts.ownership.round()
         await wait_for(lambda: PART in parts.ready and PART in parts.workers, 20)
