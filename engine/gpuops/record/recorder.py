@@ -8,6 +8,7 @@ and the episode's run times. Nothing here sends work back up the pipeline.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Awaitable
 from typing import Any, NamedTuple
@@ -74,9 +75,14 @@ def decision_msg_id(d: Decision) -> str:
     after a crash. The verdict is part of it because a replay may come out differently: a
     drop recorded just before a crash (its event not acked yet) and the acceptance of the
     same event redelivered once the lock's lease ran out are both true, and the intents
-    stored belong to the second; keeping only the first would leave them unexplained."""
+    stored belong to the second; keeping only the first would leave them unexplained.
+
+    The match is hashed, as intent keys are: an event id (200 characters) or a node name
+    (253) does not fit whole, and text cut short let one event's decisions on different
+    GPUs share an id (JetStream kept the first)."""
     m = d.match
-    return f"decision-{d.reason.value}-{m.event_id}-{m.rule}-{m.key}"[:250]
+    digest = hashlib.sha256(f"{m.event_id}|{m.rule}|{m.key}".encode()).hexdigest()[:40]
+    return f"decision-{d.reason.value}-{digest}"
 
 
 class Recorder:
