@@ -9,13 +9,14 @@ the moment it would run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
 from gpuops.bus.store import KV, Store
-from gpuops.errors import ConfigError
+from gpuops.errors import ConfigError, Contended
 from gpuops.models import Decision, Match
 
 
@@ -49,10 +50,30 @@ class ApprovalRecord(BaseModel):
     decided_at: float | None = None
 
 
-def approval_id(d: Decision) -> str:
-    """Derived from the held match, so a decision replayed after a crash opens it once."""
+# An id is 64 bits of a hash of the held match (16 hex digits): 32 bits met another
+# decision's id after some 65,000 events. Two matches that still meet take the next id
+# of the match's own sequence, so a replay of either finds its own record again.
+ID_HEX = 16
+ID_PROBES = 4
+
+
+def approval_id(d: Decision, probe: int = 0) -> str:
+    """Derived from the held match, so a decision replayed after a crash opens it once;
+    `probe` counts the ids this match found held by another match."""
     m = d.match
-    return hashlib.sha256(f"{m.rule}|{m.key}|{m.event_id}".encode()).hexdigest()[:8]
+    again = f"|{probe}" if probe else ""
+    return hashlib.sha256(f"{m.rule}|{m.key}|{m.event_id}{again}".encode()).hexdigest()[:ID_HEX]
+
+
+def _if_absent(new: ApprovalRecord, old: ApprovalRecord | None) -> ApprovalRecord | None:
+    """`new` where there is no record yet; the stored one stays."""
+    return new if old is None else None
+
+
+def _same_match(record: ApprovalRecord, d: Decision) -> bool:
+    """Whether a stored record holds this decision's match (what its id is made of)."""
+    m = record.match
+    return (m.rule, m.key, m.event_id) == (d.match.rule, d.match.key, d.match.event_id)
 
 
 class ApprovalStore:
@@ -63,11 +84,24 @@ class ApprovalStore:
 
     async def open(self, d: Decision, now: float, timeout_s: float) -> tuple[ApprovalRecord, bool]:
         """A pending approval for a held decision (the existing one when already open),
-        and whether this call opened it (the decision made again finds it open)."""
+        and whether this call opened it (the decision made again finds it open).
+        Contended when every id of the match is another match's (never in practice)."""
+        for probe in range(ID_PROBES):
+            record = self._record(d, approval_id(d, probe), now, timeout_s)
+            stored = await self.store.update(functools.partial(_if_absent, record), record.id)
+            if stored is record:
+                return record, True
+            if stored is not None and _same_match(stored, d):
+                return stored, False  # the one found is another object
+        raise Contended(self.store.key(approval_id(d)), ID_PROBES)
+
+    @staticmethod
+    def _record(d: Decision, ident: str, now: float, timeout_s: float) -> ApprovalRecord:
+        """A new pending record of a held decision."""
         m = d.match
         plays = ", ".join(a.playbook for a in d.actions) or "nothing"
-        record = ApprovalRecord(
-            id=approval_id(d),
+        return ApprovalRecord(
+            id=ident,
             rule=m.rule,
             node=m.node,
             key=m.key,
@@ -78,8 +112,6 @@ class ApprovalStore:
             created=now,
             expires=now + timeout_s,
         )
-        stored = await self.store.update(lambda old: record if old is None else None, record.id)
-        return stored or record, stored is record  # the one found is another object
 
     async def get(self, approval_id: str) -> ApprovalRecord | None:
         """One record."""
