@@ -15,7 +15,7 @@ from gpuops.clock import ManualClock
 from gpuops.decide.breaker import BreakerState
 from gpuops.models import Match, Reason
 from gpuops.ops.commands import Caller
-from gpuops.record.approvals import ApprovalStatus
+from gpuops.record.approvals import SETTLED_KEPT_S, ApprovalStatus
 from gpuops.record.notify import Notifier, Webhook
 from gpuops.sim.fleet import SimFleet
 from pydantic import SecretStr
@@ -88,6 +88,34 @@ async def test_denied_and_expired_approvals_run_nothing(
         assert any(m["topic"] == "approval expired" for m in app.notifier.sent)
     assert (await bus.js.stream_info(ACTIONS)).state.messages == 0
     assert calls(fleet, "node-001") == [] and calls(fleet, "node-002") == []
+
+
+async def test_settled_approvals_are_deleted_a_day_after_and_a_pending_one_is_kept(
+    tmp_path: Path, bus: Bus, fleet: SimFleet, nats_server: EmbeddedNats
+) -> None:
+    settings = engine_settings(tmp_path, fleet, nats_server.url)
+    clock = ManualClock(1_800_000_000.0)
+    async with running_engine(settings, bus, clock) as app:
+        engine = app.engine
+        await engine.breaker.set_state(BreakerState.HALF_OPEN, "test", clock.now(), "alice")
+        await decide(engine.pipeline, _overheat("node-001", clock.now()))
+        [expired] = await engine.approvals.all()
+        clock.advance(settings.safety.approval_timeout_s + SETTLED_KEPT_S - 60)
+        await decide(engine.pipeline, _overheat("node-002", clock.now()))
+        await engine.answers.settle()
+        assert {r.node: r.status for r in await engine.approvals.all()} == {
+            "node-001": ApprovalStatus.EXPIRED,
+            "node-002": ApprovalStatus.PENDING,
+        }
+        clock.advance(61)
+        await engine.answers.settle()
+        assert expired.id not in await engine.approvals.ids()
+        [pending] = await engine.approvals.all()
+        assert pending.node == "node-002" and pending.status is ApprovalStatus.PENDING
+        reply = await app.commands().run(f"approve {pending.id}", ALICE)
+        assert reply.startswith(f"approved {pending.id}")
+        gone = await app.commands().run(f"approve {expired.id}", ALICE)
+        assert f"no approval {expired.id!r}" in gone
 
 
 async def test_notifications_retry_with_backoff_until_delivered() -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Iterable
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
-from gpuops.bus.store import KV, Store
-from gpuops.errors import ConfigError, Contended
+from gpuops.bus.store import KV, Store, together
+from gpuops.errors import ConfigError, Contended, StateUnreadable
 from gpuops.models import Decision, Match
 
 
@@ -28,6 +29,12 @@ class ApprovalStatus(StrEnum):
     DENIED = "denied"
     EXPIRED = "expired"
     EXECUTED = "executed"
+
+
+SETTLED = frozenset({ApprovalStatus.DENIED, ApprovalStatus.EXPIRED, ApprovalStatus.EXECUTED})
+# A settled record is deleted this long after its window closed (`expires`): `approve`
+# still says what became of it meanwhile, and the audit trail keeps its history.
+SETTLED_KEPT_S = 86400.0
 
 
 class ApprovalRecord(BaseModel):
@@ -48,6 +55,11 @@ class ApprovalRecord(BaseModel):
     expires: float
     by: str = ""
     decided_at: float | None = None
+
+    @property
+    def settled(self) -> bool:
+        """Denied, expired or executed: nothing changes it any more."""
+        return self.status in SETTLED
 
 
 # An id is 64 bits of a hash of the held match (16 hex digits): 32 bits met another
@@ -148,3 +160,27 @@ class ApprovalStore:
         """Every approval record that decodes (one that does not approves nothing)."""
         found, _ = await self.store.readable()
         return [r for _, r in found]
+
+    async def ids(self) -> list[str]:
+        """The id of every record stored (one listing, no record read)."""
+        keys = await self.store.kv.keys(self.store.prefix + ".")
+        return [key.removeprefix(self.store.prefix + ".") for key in keys]
+
+    async def read(self, ids: Iterable[str]) -> list[tuple[ApprovalRecord, int]]:
+        """The records of `ids` that are there and decode, with their revisions."""
+        wanted = list(ids)
+        keys = [self.store.key(i) for i in wanted]
+        entries = await together(*(self.store.kv.get(key) for key in keys))
+        found: list[tuple[ApprovalRecord, int]] = []
+        for key, entry in zip(keys, entries, strict=True):
+            try:
+                record, revision = self.store.decode(entry, key)
+            except StateUnreadable:
+                continue  # approves nothing; `state` names it for a repair
+            if record is not None:
+                found.append((record, revision))
+        return found
+
+    async def remove(self, approval_id: str, revision: int) -> bool:
+        """Delete a settled record if nobody wrote it since `revision`."""
+        return await self.store.delete(approval_id, revision=revision)
