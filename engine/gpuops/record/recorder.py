@@ -35,12 +35,13 @@ REPEAT_PERIOD_S = 60.0
 
 class _Written(NamedTuple):
     """The last record written of a (rule, key, verdict): when, for which event, the
-    repeats it reported, and the repeats skipped since."""
+    repeats it reported, the repeats skipped since, and the last of those (when)."""
 
     at: float
     event_id: str
     reported: int
     since: int
+    skipped: tuple[Decision, float] | None = None
 
 
 def decision_record(
@@ -181,7 +182,7 @@ class Recorder:
             # record again, with the same count; the audit stores it once, by its id.
             return last.reported
         if last is not None and now - last.at < REPEAT_PERIOD_S:
-            self._repeats[slot] = last._replace(since=last.since + 1)
+            self._repeats[slot] = last._replace(since=last.since + 1, skipped=(d, now))
             return None
         reported = last.since if last is not None else 0
         self._repeats[slot] = _Written(now, event, reported, 0)
@@ -257,4 +258,14 @@ class Recorder:
         await self.episodes.sweep()
         self.flush()
         for slot in [s for s, w in self._repeats.items() if now - w.at > REPEAT_PERIOD_S]:
+            await self._write_skipped(self._repeats[slot])
             del self._repeats[slot]
+
+    async def _write_skipped(self, written: _Written) -> None:
+        """The last repeat a slot skipped, recorded with the count of the others: the
+        next record of the slot would have carried them, and the slot is going."""
+        if written.skipped is None:
+            return
+        d, at = written.skipped
+        record = decision_record(d, [], at, None, written.since - 1)
+        await self.auditor.write(record, decision_msg_id(d))
