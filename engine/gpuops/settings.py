@@ -69,6 +69,10 @@ def _site_inventory() -> Path:
     return shipped.site_dir() / "inventories" / "sim"
 
 
+# A node lock's lease, and so the oldest intent an executor runs (`safety.lock_lease_s`).
+LOCK_LEASE_S = 1800.0
+
+
 class NatsSettings(BaseModel):
     """How to reach NATS; with no `url`, gpuops starts an embedded nats-server."""
 
@@ -108,6 +112,10 @@ class NatsSettings(BaseModel):
     # the store: the newest 1 GiB / 14 days stay, for a person to look at.
     dlq_max_bytes: int = Field(default=1 << 30, ge=1 << 20)
     dlq_max_age_s: float = Field(default=14 * 86400.0, gt=0)
+    # How long the audit stream remembers a record's message id: a decision's record is
+    # written by the engine and again by the executor that claims its intent, which may
+    # be as old as `safety.lock_lease_s`. `Settings` raises it to that (never lower).
+    audit_dedupe_s: float = Field(default=LOCK_LEASE_S, ge=600)
     # Telemetry and health events are split by node into this many partitions (NATS's
     # subject mapping); engine replicas share them out. Every replica must agree, and it
     # is set once: at least the most replicas you will run (docs/operations.md).
@@ -172,7 +180,8 @@ class SafetySettings(BaseModel):
 
     stale_after_s: float = Field(default=900.0, gt=0)
     equivalence_window_s: float = Field(default=1800.0, ge=0)
-    lock_lease_s: float = Field(default=1800.0, gt=0)
+    # Also the oldest an intent may be when an executor runs it (gpuops.act.executor).
+    lock_lease_s: float = Field(default=LOCK_LEASE_S, gt=0)
     attempt_cap: int = Field(default=5, ge=1)
     attempt_window_s: float = Field(default=7 * 86400.0, gt=0)
     breaker_share: float = Field(default=0.05, gt=0, le=1)
@@ -567,6 +576,24 @@ class Settings(BaseModel):
         pattern=r"^[A-Za-z0-9_-]{1,64}$",
         description="this engine replica's name (default: host name and state dir)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _audit_dedupe_covers_intents(cls, data: Any) -> Any:
+        """The audit's duplicate window is at least the oldest an intent may run at
+        (`safety.lock_lease_s`), or the executor's copy of a decision's record, written
+        when it claims the intent, is stored twice. Derived here, once, for every role
+        that sets the streams up from these settings."""
+        if not isinstance(data, dict):
+            return data
+        try:
+            safety = SafetySettings.model_validate(data.get("safety", {}))
+            nats = NatsSettings.model_validate(data.get("nats", {}))
+        except ValidationError:
+            return data  # validation proper says what is wrong, and where
+        if nats.audit_dedupe_s >= safety.lock_lease_s:
+            return data
+        return {**data, "nats": nats.model_copy(update={"audit_dedupe_s": safety.lock_lease_s})}
 
 
 def secret_values(model: object) -> frozenset[str]:

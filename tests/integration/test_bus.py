@@ -40,9 +40,12 @@ from gpuops.bus.conn import (
     open_bus,
 )
 from gpuops.bus.embedded import enrol, port_file, publishers_dir, url_file
+from gpuops.bus.publish import JetStreamPublisher
 from gpuops.bus.server import EmbeddedNats, _alive
 from gpuops.errors import BusError
-from gpuops.settings import NatsSettings
+from gpuops.models import AuditRecord
+from gpuops.record.audit import Auditor
+from gpuops.settings import NatsSettings, Settings
 from gpuops.signing import load_key
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
@@ -404,6 +407,37 @@ async def test_stream_limits_come_from_settings_and_update_existing_streams(
         audit = (await bus.js.stream_info(AUDIT)).config
         assert audit.max_bytes == 64 << 20 and audit.max_age == 3600.0
         assert (await bus.js.stream_info(EVENTS)).config.max_bytes == 32 << 20
+    finally:
+        await bus.close()
+
+
+async def test_the_audit_remembers_message_ids_as_long_as_an_intent_may_wait(
+    nats_server: EmbeddedNats,
+) -> None:
+    default = Settings()
+    bus = await connect(nats_server.url, default.nats)
+    try:
+        window = (await bus.js.stream_info(AUDIT)).config.duplicate_window
+        assert window is not None and window >= default.safety.lock_lease_s
+    finally:
+        await bus.close()
+    longer = Settings.model_validate({"safety": {"lock_lease_s": 7200}})
+    bus = await connect(nats_server.url, longer.nats)  # the stream exists: it is updated
+    try:
+        assert (await bus.js.stream_info(AUDIT)).config.duplicate_window == 7200.0
+        # The engine's record of a decision, and the executor's copy when it claims the
+        # intent (an hour later, inside the window): one is stored.
+        auditor = Auditor(JetStreamPublisher(bus.js))
+        record = AuditRecord(type="decision", at=1.0, node="node-001", summary="d")
+        await auditor.write(record, "decision-accepted-abc")
+        await auditor.write(record, "decision-accepted-abc")
+        assert (await bus.js.stream_info(AUDIT)).state.messages == 1
+    finally:
+        await bus.close()
+    bus = await connect(nats_server.url, longer.nats)  # set up again: nothing changes
+    try:
+        info = await bus.js.stream_info(AUDIT)
+        assert info.config.duplicate_window == 7200.0 and info.state.messages == 1
     finally:
         await bus.close()
 

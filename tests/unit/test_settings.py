@@ -92,3 +92,18 @@ def test_a_grant_must_name_one_principal_exactly(tmp_path: Path, user: str) -> N
     config.write_text(f"chatops:\n  permissions:\n    drain: {{users: ['{user}']}}\n")
     with pytest.raises(ConfigError, match="is not a principal"):
         load_settings(config, {}, {})
+
+
+def test_the_audit_dedupe_window_covers_the_oldest_intent_an_executor_runs(
+    tmp_path: Path,
+) -> None:
+    default = Settings()
+    assert default.nats.audit_dedupe_s >= default.safety.lock_lease_s
+    config = tmp_path / "gpuops.yaml"
+    config.write_text("safety:\n  lock_lease_s: 7200\n")
+    longer = load_settings(config)
+    assert longer.nats.audit_dedupe_s == 7200.0, "raised to the intents' age limit"
+    kept = Settings.model_validate(
+        {"safety": {"lock_lease_s": 600}, "nats": {"audit_dedupe_s": 3600}}
+    )
+    assert kept.nats.audit_dedupe_s == 3600.0, "a longer window set is kept"

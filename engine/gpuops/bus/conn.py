@@ -98,8 +98,8 @@ STREAMS: tuple[StreamConfig, ...] = (
         retention=RetentionPolicy.LIMITS,
         max_age=90 * _DAY,
         # A decision's record is written by the engine and again, from its intent, by the
-        # executor (in case the engine died first): one copy is stored.
-        duplicate_window=600.0,
+        # executor (in case the engine died first): one copy is stored. The window is the
+        # settings' (nats.audit_dedupe_s, at least the oldest intent an executor runs).
         storage=StorageType.FILE,
     ),
     # Anyone who can publish can fill it: capped (nats.dlq_*), the oldest dropped first.
@@ -289,7 +289,12 @@ def stream_configs(cfg: NatsSettings | None = None) -> list[StreamConfig]:
             "num_replicas": cfg.telemetry_replicas or cfg.replicas,
             "max_bytes": cfg.telemetry_max_bytes,
         },
-        AUDIT: {"max_bytes": cfg.audit_max_bytes, "max_age": cfg.audit_max_age_s},
+        AUDIT: {
+            "max_bytes": cfg.audit_max_bytes,
+            "max_age": cfg.audit_max_age_s,
+            # JetStream refuses a window longer than the stream keeps its records.
+            "duplicate_window": min(cfg.audit_dedupe_s, cfg.audit_max_age_s),
+        },
         DLQ: {"max_bytes": cfg.dlq_max_bytes, "max_age": cfg.dlq_max_age_s},
     }
     return [
@@ -305,10 +310,11 @@ def stream_configs(cfg: NatsSettings | None = None) -> list[StreamConfig]:
 
 
 def _limits(values: dict[str, Any]) -> dict[str, Any]:
-    # as_dict() speaks the server's units: max_age in nanoseconds.
+    # as_dict() speaks the server's units: max_age and duplicate_window in nanoseconds.
     out = dict(values)
-    if "max_age" in out:
-        out["max_age"] = int(out["max_age"] * 1_000_000_000)
+    for span in ("max_age", "duplicate_window"):
+        if span in out:
+            out[span] = int(out[span] * 1_000_000_000)
     return out
 
 
