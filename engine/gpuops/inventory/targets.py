@@ -57,12 +57,17 @@ class Targets:
         self.node_label = node_label
         self.target_label = target_label
         self._spellings: dict[str, frozenset[str]] = {}
+        exact: dict[str, set[str]] = {}
         for node in sorted(h for h in inventory.hosts if _NODE.match(h)):
             address = inventory.hostvars.get(node, {}).get("ansible_host")
             names = {_key(n) for n in (node, address) if isinstance(n, str) and n}
+            exact[node] = names
             self._spellings[node] = frozenset(names | {_short(n) or n for n in names})
-        # Exact names and addresses first: `gpu-1` is found even next to `gpu-1.lab`.
-        self._full = _index((n, node) for node, names in self._spellings.items() for n in names)
+        # Exact names and addresses first: `gpu-1` is found even next to `gpu-1.lab`, whose
+        # short spelling it shares (a shared spelling is no one's, so it must not hide it).
+        full = _index((n, node) for node, names in exact.items() for n in names)
+        loose = _index((n, node) for node, names in self._spellings.items() for n in names)
+        self._full = loose | full
         shorts = ((_short(_key(node)) or node, node) for node in self._spellings)
         self._short = _index(shorts)
         self._agrees: dict[tuple[str, str], bool] = {}

@@ -29,6 +29,12 @@ def test_a_target_is_found_by_name_address_or_short_name_and_never_guessed() -> 
     assert b.node_of("10.0.0.3") is None and b.node_of("") is None
 
 
+def test_an_exact_name_is_found_beside_a_full_name_that_shares_its_short_one() -> None:
+    b = Binding(inventory(**{"gpu-1": None, "gpu-1.lab": None}))
+    assert b.node_of("gpu-1") == "gpu-1" and b.node_of("gpu-1.lab") == "gpu-1.lab"
+    assert b.node_of("gpu-1.other") is None, "two nodes have that short name: neither is guessed"
+
+
 def test_the_exporters_claim_is_checked_against_the_targets_node() -> None:
     b = Binding(FLEET)
     assert b.agrees("gpu-1", _s(Hostname="gpu-1").labels) and b.agrees("gpu-1", _s().labels)
