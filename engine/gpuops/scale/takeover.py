@@ -229,9 +229,9 @@ async def _warm(
         filter_subject=subject,
         max_ack_pending=-1,
     )
-    fed = 0
+    fed, pending = 0, None
     async with one_read(js, subject, stream, config) as sub:
-        while msgs := await _more(sub):
+        while msgs := await _more(sub, pending):
             for msg in msgs:
                 meta = msg.metadata
                 if meta.sequence.stream > floor:
@@ -239,17 +239,29 @@ async def _warm(
                 with contextlib.suppress(EventError):  # dead-lettered when it came
                     feed(await read_stored(msg, verifier, book))
                     fed += 1
-                if not meta.num_pending:
+                pending = meta.num_pending
+                if not pending:
                     return fed
     return fed
 
 
-async def _more(sub: JetStreamContext.PullSubscription) -> list[Msg]:
-    """The read's next messages; [] only when its consumer says none is pending."""
+async def _more(sub: JetStreamContext.PullSubscription, pending: int | None) -> list[Msg]:
+    """The read's next messages; [] only when none are pending after the last one read.
+
+    `pending`: how many the last message read said were left (None before the first:
+    then the read's consumer is asked). A fetch that brings nothing (it timed out, or its
+    expired pull was answered with a status alone) while some are left is a stall. The
+    read acks nothing, so what the server sent a pull nobody waits for anymore is gone
+    from it: after a few tries the warm-up raises TimeoutError, and the takeover is
+    started again on a new read."""
     for _ in range(WARM_FETCH_TRIES):
+        msgs: list[Msg] = []
         with contextlib.suppress(NatsTimeout, TimeoutError):
-            return await sub.fetch(1024, timeout=WARM_FETCH_S)
-        if not (await sub.consumer_info()).num_pending:
+            msgs = await sub.fetch(1024, timeout=WARM_FETCH_S)
+        if msgs:
+            return msgs
+        left = pending if pending is not None else (await sub.consumer_info()).num_pending
+        if not left:
             return []  # nothing stored after the last read (or nothing since `since`)
     raise TimeoutError(
         f"warming the windows stalled: {WARM_FETCH_TRIES} fetches of {WARM_FETCH_S:.0f} s "
